@@ -1,0 +1,8 @@
+//! vsnap's typed configuration.
+//!
+//! `runtime`: the TOML file that configures the shim, found through containerd's
+//! runtime options (`ConfigPath`, or the inline `ConfigBody`) or the default path.
+
+pub mod runtime;
+
+pub use runtime::{ConfigError, RuntimeConfig, DEFAULT_CONFIG_PATH};

@@ -1,0 +1,165 @@
+//! The runtime configuration file (TOML). Unknown keys and bad values are
+//! errors that name the key, so a typo never silently falls back to a default.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Read when containerd passes no runtime options and this file exists.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vsnap/config.toml";
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// The runc binary (a name on PATH or an absolute path).
+    pub runc_binary: PathBuf,
+    /// runc's state root. Unset: derived from containerd's state folder, so
+    /// every containerd instance has its own.
+    pub runc_root: Option<PathBuf>,
+    /// Let runc manage cgroups through systemd.
+    pub systemd_cgroup: bool,
+    /// Pass `--no-pivot` to runc (rootfs on a ramdisk).
+    pub no_pivot_root: bool,
+    /// Shim log level: error, warn, info, debug, trace.
+    pub log_level: LogLevel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            runc_binary: PathBuf::from("runc"),
+            runc_root: None,
+            systemd_cgroup: false,
+            no_pivot_root: false,
+            log_level: LogLevel::Info,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("runtime config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("runtime config {origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+impl RuntimeConfig {
+    /// Parses a config body; `origin` names it in errors (a path or "inline").
+    pub fn parse(body: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: RuntimeConfig = toml::from_str(body).map_err(|e| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message: e.message().to_string(),
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let body = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&body, &path.display().to_string())
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message,
+        };
+        if self.runc_binary.as_os_str().is_empty() {
+            return Err(invalid("runc_binary: must not be empty".into()));
+        }
+        if let Some(root) = &self.runc_root {
+            if !root.is_absolute() {
+                return Err(invalid(format!(
+                    "runc_root: {} is not an absolute path",
+                    root.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_body_gives_defaults() {
+        assert_eq!(
+            RuntimeConfig::parse("", "inline").unwrap(),
+            RuntimeConfig::default()
+        );
+    }
+
+    #[test]
+    fn known_keys_are_read() {
+        let c = RuntimeConfig::parse(
+            "runc_binary = \"/usr/sbin/runc\"\nrunc_root = \"/run/x\"\nlog_level = \"debug\"\n",
+            "inline",
+        )
+        .unwrap();
+        assert_eq!(c.runc_binary, PathBuf::from("/usr/sbin/runc"));
+        assert_eq!(c.runc_root, Some(PathBuf::from("/run/x")));
+        assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = RuntimeConfig::parse("runc_binry = \"x\"\n", "/etc/vsnap/config.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("runc_binry"), "{err}");
+        assert!(err.contains("/etc/vsnap/config.toml"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let err = RuntimeConfig::parse("log_level = \"loud\"\n", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("loud"), "{err}");
+        let err = RuntimeConfig::parse("runc_root = \"relative\"\n", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("runc_root"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_names_the_path() {
+        let err = RuntimeConfig::load(Path::new("/nonexistent/vsnap.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/vsnap.toml"), "{err}");
+    }
+}

@@ -1,0 +1,74 @@
+//! The shim's one error type, mapped to ttrpc status codes in one place.
+
+use containerd_shim_protos::ttrpc::{self, Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller asked for something malformed: bad options, bad spec.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such container or process.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not fit the process's current state.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Something that already exists.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// A runc invocation failed; `detail` is runc's own last error line.
+    #[error("{phase}: runc {verb} failed: {detail}")]
+    Runc {
+        phase: String,
+        verb: &'static str,
+        detail: String,
+    },
+    /// Any other I/O failure, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
+            Error::NotFound(_) => Code::NOT_FOUND,
+            Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Code::NOT_FOUND
+            }
+            _ => Code::UNKNOWN,
+        }
+    }
+}
+
+impl From<Error> for ttrpc::Error {
+    fn from(e: Error) -> Self {
+        let mut status = Status::new();
+        status.set_code(e.code());
+        status.set_message(e.to_string());
+        ttrpc::Error::RpcStatus(status)
+    }
+}
+
+impl From<containerd_shim::Error> for Error {
+    fn from(e: containerd_shim::Error) -> Self {
+        Error::Other(e.to_string())
+    }
+}

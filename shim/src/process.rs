@@ -1,0 +1,117 @@
+//! One process of a container (its init or an exec): status, stdio, exit.
+
+use containerd_shim::asynchronous::io::{IoTasks, Pty, Stdio};
+use containerd_shim_protos::api::Status as TaskStatus;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::exits::Exit;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Paused,
+    Stopped,
+}
+
+impl From<Status> for TaskStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Created => TaskStatus::CREATED,
+            Status::Running => TaskStatus::RUNNING,
+            Status::Paused => TaskStatus::PAUSED,
+            Status::Stopped => TaskStatus::STOPPED,
+        }
+    }
+}
+
+pub struct Process {
+    /// The exec id; empty for the init process.
+    pub exec_id: String,
+    pub pid: i32,
+    pub status: Status,
+    pub stdio: Stdio,
+    pub io: IoTasks,
+    pub pty: Option<Pty>,
+    exit: watch::Sender<Option<Exit>>,
+}
+
+impl Process {
+    pub fn new(exec_id: &str, stdio: Stdio) -> Self {
+        Self {
+            exec_id: exec_id.to_string(),
+            pid: 0,
+            status: Status::Created,
+            stdio,
+            io: IoTasks::default(),
+            pty: None,
+            exit: watch::channel(None).0,
+        }
+    }
+
+    pub fn exit(&self) -> Option<Exit> {
+        *self.exit.borrow()
+    }
+
+    /// Records the exit; returns false when it was already recorded.
+    pub fn set_exited(&mut self, exit: Exit) -> bool {
+        if self.exit().is_some() {
+            return false;
+        }
+        self.status = Status::Stopped;
+        self.exit.send_replace(Some(exit));
+        true
+    }
+
+    /// A receiver that sees the exit once it is recorded.
+    pub fn exit_watch(&self) -> watch::Receiver<Option<Exit>> {
+        self.exit.subscribe()
+    }
+
+    pub fn exit_status(&self) -> (u32, Option<OffsetDateTime>) {
+        match self.exit() {
+            Some(e) => (e.code as u32, Some(e.at)),
+            None => (0, None),
+        }
+    }
+
+    pub fn ensure_running(&self, what: &str) -> Result<()> {
+        match self.status {
+            Status::Stopped => Err(Error::NotFound(format!(
+                "{what}: process {} already finished",
+                self.display_id()
+            ))),
+            Status::Created if self.pid == 0 => Err(Error::FailedPrecondition(format!(
+                "{what}: process {} is not started",
+                self.display_id()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn display_id(&self) -> &str {
+        if self.exec_id.is_empty() {
+            "init"
+        } else {
+            &self.exec_id
+        }
+    }
+}
+
+/// Waits until the process behind `rx` has exited.
+pub async fn wait_exit(mut rx: watch::Receiver<Option<Exit>>) -> Exit {
+    loop {
+        if let Some(exit) = *rx.borrow_and_update() {
+            return exit;
+        }
+        if rx.changed().await.is_err() {
+            // The process was deleted; its last value is final.
+            if let Some(exit) = *rx.borrow() {
+                return exit;
+            }
+            std::future::pending::<()>().await;
+        }
+    }
+}

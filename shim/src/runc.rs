@@ -1,0 +1,386 @@
+//! The runc CLI, driven the way containerd's runc shim drives it.
+//!
+//! Every invocation is spawned under an exit [`Mark`] and awaited through
+//! [`Exits`], never with `waitpid` on the child, because the shim's reaper owns
+//! all exit statuses. Failures carry runc's own last error line from its JSON
+//! log, which says far more than an exit code.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+use crate::error::{Error, Result};
+use crate::exits::Exits;
+
+static INVOCATION: AtomicU64 = AtomicU64::new(0);
+
+/// The descriptors a container process gets as its stdio when runc passes
+/// its own through (no terminal).
+pub struct ChildStdio {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+#[derive(Clone)]
+pub struct Runc {
+    pub binary: PathBuf,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    /// Where runc's per-invocation JSON logs go (the bundle).
+    pub log_dir: PathBuf,
+    pub exits: Exits,
+}
+
+/// Flags of `runc checkpoint` that a caller chooses.
+#[derive(Default, Debug, Clone)]
+pub struct CheckpointFlags {
+    pub leave_running: bool,
+    pub tcp_established: bool,
+    pub ext_unix_sk: bool,
+    pub file_locks: bool,
+    pub shell_job: bool,
+    pub manage_cgroups_mode: Option<String>,
+}
+
+pub struct Invocation<'a> {
+    phase: &'a str,
+    verb: &'static str,
+    args: Vec<OsString>,
+    input: Option<Vec<u8>>,
+    stdio: Option<ChildStdio>,
+}
+
+impl<'a> Invocation<'a> {
+    fn new(phase: &'a str, verb: &'static str) -> Self {
+        Self {
+            phase,
+            verb,
+            args: vec![verb.into()],
+            input: None,
+            stdio: None,
+        }
+    }
+
+    fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    fn arg_if(self, cond: bool, a: &str) -> Self {
+        if cond {
+            self.arg(a)
+        } else {
+            self
+        }
+    }
+
+    fn opt(self, flag: &str, value: Option<&Path>) -> Self {
+        match value {
+            Some(v) => self.arg(flag).arg(v),
+            None => self,
+        }
+    }
+}
+
+impl Runc {
+    /// Runs one runc command to completion and returns its stdout.
+    async fn run(&self, inv: Invocation<'_>) -> Result<Vec<u8>> {
+        let n = INVOCATION.fetch_add(1, Ordering::Relaxed);
+        let log = self.log_dir.join(format!(
+            ".runc-{}-{}-{}.log",
+            inv.verb,
+            std::process::id(),
+            n
+        ));
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(&log)
+            .arg("--log-format")
+            .arg("json");
+        if self.systemd_cgroup {
+            cmd.arg("--systemd-cgroup");
+        }
+        cmd.args(&inv.args);
+        let captured = inv.stdio.is_none();
+        match inv.stdio {
+            Some(stdio) => {
+                cmd.stdin(Stdio::from(stdio.stdin))
+                    .stdout(Stdio::from(stdio.stdout))
+                    .stderr(Stdio::from(stdio.stderr));
+            }
+            None => {
+                cmd.stdin(if inv.input.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            }
+        }
+        let mark = self.exits.mark();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::io(format!("{}: spawn {}", inv.phase, self.binary.display()), e))?;
+        // The Command holds copies of the container's stdio ends: let them go
+        // now, so the container alone keeps them open.
+        drop(cmd);
+        let exit = self.exits.watch(child.id() as i32, mark);
+
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        if captured {
+            let stdin = child.stdin.take();
+            let input = inv.input;
+            let feed = async move {
+                if let (Some(stdin), Some(input)) = (stdin, input) {
+                    if let Ok(mut w) = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)) {
+                        let _ = w.write_all(&input).await;
+                    }
+                }
+            };
+            let so = child.stdout.take().map(OwnedFd::from);
+            let se = child.stderr.take().map(OwnedFd::from);
+            let read_out = read_all(so, &mut out);
+            let read_err = read_all(se, &mut err);
+            tokio::join!(feed, read_out, read_err);
+        }
+        let exit = exit
+            .await
+            .map_err(|_| Error::Other(format!("{}: runc {} exit lost", inv.phase, inv.verb)))?;
+        let detail = last_error_line(&log);
+        let _ = std::fs::remove_file(&log);
+        if exit.code != 0 {
+            let prefix = format!("runc {} failed: ", inv.verb);
+            let detail = detail
+                .map(|d| d.strip_prefix(&prefix).map(str::to_string).unwrap_or(d))
+                .or_else(|| {
+                    let s = String::from_utf8_lossy(&err).trim().to_string();
+                    (!s.is_empty()).then_some(s)
+                })
+                .unwrap_or_else(|| format!("exit status {}", exit.code));
+            return Err(Error::Runc {
+                phase: inv.phase.to_string(),
+                verb: inv.verb,
+                detail,
+            });
+        }
+        Ok(out)
+    }
+
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        no_pivot: bool,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("create", "create")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .arg_if(no_pivot, "--no-pivot")
+            .arg(id);
+        inv.stdio = stdio;
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("start", "start").arg(id))
+            .await
+            .map(drop)
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        process_json: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("exec", "exec")
+            .arg("--detach")
+            .arg("--process")
+            .arg(process_json)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .arg(id);
+        inv.stdio = stdio;
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
+        let inv = Invocation::new("kill", "kill")
+            .arg_if(all, "--all")
+            .arg(id)
+            .arg(signal.to_string());
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let inv = Invocation::new("delete", "delete")
+            .arg_if(force, "--force")
+            .arg(id);
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("pause", "pause").arg(id))
+            .await
+            .map(drop)
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("resume", "resume").arg(id))
+            .await
+            .map(drop)
+    }
+
+    /// The pids of every process in the container.
+    pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
+        let out = self
+            .run(
+                Invocation::new("pids", "ps")
+                    .arg("--format")
+                    .arg("json")
+                    .arg(id),
+            )
+            .await?;
+        let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|e| {
+            Error::Other(format!(
+                "pids: runc ps printed something other than JSON: {e}"
+            ))
+        })?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    /// `runc update --resources -`, with the OCI LinuxResources JSON on stdin.
+    pub async fn update(&self, id: &str, resources_json: Vec<u8>) -> Result<()> {
+        let mut inv = Invocation::new("update", "update")
+            .arg("--resources")
+            .arg("-")
+            .arg(id);
+        inv.input = Some(resources_json);
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        image: &Path,
+        work: &Path,
+        flags: &CheckpointFlags,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("checkpoint", "checkpoint")
+            .arg("--image-path")
+            .arg(image)
+            .arg("--work-path")
+            .arg(work)
+            .arg_if(flags.leave_running, "--leave-running")
+            .arg_if(flags.tcp_established, "--tcp-established")
+            .arg_if(flags.ext_unix_sk, "--ext-unix-sk")
+            .arg_if(flags.file_locks, "--file-locks")
+            .arg_if(flags.shell_job, "--shell-job");
+        if let Some(mode) = &flags.manage_cgroups_mode {
+            inv = inv.arg("--manage-cgroups-mode").arg(mode);
+        }
+        self.run(inv.arg(id)).await.map(drop)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn restore(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image: &Path,
+        work: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        flags: &CheckpointFlags,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("restore", "restore")
+            .arg("--detach")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--image-path")
+            .arg(image)
+            .arg("--work-path")
+            .arg(work)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .arg_if(flags.tcp_established, "--tcp-established")
+            .arg_if(flags.ext_unix_sk, "--ext-unix-sk")
+            .arg_if(flags.file_locks, "--file-locks")
+            .arg_if(flags.shell_job, "--shell-job");
+        if let Some(mode) = &flags.manage_cgroups_mode {
+            inv = inv.arg("--manage-cgroups-mode").arg(mode);
+        }
+        inv = inv.arg(id);
+        inv.stdio = stdio;
+        self.run(inv).await.map(drop)
+    }
+}
+
+async fn read_all(fd: Option<OwnedFd>, buf: &mut Vec<u8>) {
+    if let Some(fd) = fd {
+        if let Ok(mut r) = pipe::Receiver::from_owned_fd(fd) {
+            let _ = r.read_to_end(buf).await;
+        }
+    }
+}
+
+/// The message of the last error-level entry of runc's JSON log.
+fn last_error_line(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().rev().find_map(|line| {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        (v.get("level")?.as_str()? == "error")
+            .then(|| v.get("msg")?.as_str().map(str::to_string))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_error_line_picks_the_last_error_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.json");
+        std::fs::write(
+            &log,
+            concat!(
+                "{\"level\":\"error\",\"msg\":\"first\"}\n",
+                "{\"level\":\"warning\",\"msg\":\"noise\"}\n",
+                "{\"level\":\"error\",\"msg\":\"container with id exists\"}\n",
+                "not json\n"
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            last_error_line(&log).as_deref(),
+            Some("container with id exists")
+        );
+    }
+
+    #[test]
+    fn last_error_line_of_a_missing_log_is_none() {
+        assert_eq!(last_error_line(Path::new("/nonexistent/log.json")), None);
+    }
+}

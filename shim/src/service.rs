@@ -1,0 +1,111 @@
+//! The shim process's lifecycle: the `start` and `delete` shim commands,
+//! `-info`, and the long-running server that hosts the task service.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::publisher::RemotePublisher;
+use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
+use containerd_shim::util::{convert_to_timestamp, write_str_to_file};
+use containerd_shim::{api, Config, Flags, StartOpts};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::MessageField;
+use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
+use log::warn;
+
+use crate::events::Events;
+use crate::exits::Exits;
+use crate::runc::Runc;
+use crate::task::{runc_root_for, TaskService};
+
+/// The annotation CRI puts on every container of a pod: one shim per pod.
+const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+
+pub struct Service {
+    id: String,
+    namespace: String,
+    exit: Arc<ExitSignal>,
+}
+
+#[async_trait]
+impl Shim for Service {
+    type T = TaskService;
+
+    async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        Service {
+            id: args.id.clone(),
+            namespace: args.namespace.clone(),
+            exit: Arc::default(),
+        }
+    }
+
+    async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
+        // containerd starts us in the bundle: group a pod's containers in one shim.
+        let grouping = oci_spec::runtime::Spec::load("config.json")
+            .ok()
+            .and_then(|spec| spec.annotations().clone())
+            .and_then(|a| a.get(SANDBOX_ID).cloned())
+            .unwrap_or_else(|| opts.id.clone());
+        let address = spawn(opts, &grouping, Vec::new()).await?;
+        write_str_to_file("address", &address).await?;
+        Ok(address)
+    }
+
+    /// Cleans up after a shim that died: containerd runs `delete` in the bundle.
+    async fn delete_shim(&mut self) -> containerd_shim::Result<api::DeleteResponse> {
+        let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        let config = crate::options::from_any(None).unwrap_or_default();
+        let runc = Runc {
+            binary: config.runc_binary,
+            root: config
+                .runc_root
+                .unwrap_or_else(|| runc_root_for(&bundle, &self.namespace)),
+            systemd_cgroup: config.systemd_cgroup,
+            log_dir: std::env::temp_dir(),
+            exits: Exits::start().await,
+        };
+        if let Err(e) = runc.delete(&self.id, true).await {
+            warn!("delete {}: {e}", self.id);
+        }
+        let rootfs = bundle.join("rootfs");
+        while nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+        Ok(api::DeleteResponse {
+            exited_at: MessageField::some(convert_to_timestamp(Some(
+                time::OffsetDateTime::now_utc(),
+            ))),
+            // As containerd's runc shim: the task was killed.
+            exit_status: 128 + libc::SIGKILL as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn wait(&mut self) {
+        self.exit.wait().await;
+    }
+
+    async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
+        let exits = Exits::start().await;
+        TaskService::new(
+            Events::new(publisher, &self.namespace),
+            exits,
+            self.exit.clone(),
+            &self.namespace,
+        )
+    }
+
+    fn runtime_info(
+        runtime_id: &str,
+        _options: Option<&Any>,
+    ) -> containerd_shim::Result<RuntimeInfo> {
+        Ok(RuntimeInfo {
+            name: runtime_id.to_string(),
+            version: MessageField::some(RuntimeVersion {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                revision: String::new(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+}

@@ -1,0 +1,570 @@
+//! The containerd task API (v3) served over ttrpc. This is the wire edge:
+//! requests are unwrapped here and handed to [`Container`]; events go out in
+//! the order containerd expects (create, start, exit, delete; exec added,
+//! exec started, exit), which the containers lock serializes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::io::Stdio;
+use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim::util::{convert_to_any, convert_to_timestamp};
+use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
+use containerd_shim_protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
+};
+use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
+use containerd_shim_protos::protobuf::Message;
+use containerd_shim_protos::protobuf::MessageField;
+use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
+use log::{debug, info};
+use tokio::sync::Mutex;
+
+use crate::console;
+use crate::container::{Container, CreateConfig};
+use crate::error::{Error, Result};
+use crate::events::Events;
+use crate::exits::{Exits, Mark};
+use crate::options;
+use crate::process::wait_exit;
+use crate::runc::{CheckpointFlags, Runc};
+
+type Containers = Arc<Mutex<HashMap<String, Container>>>;
+
+pub struct TaskService {
+    containers: Containers,
+    events: Events,
+    exits: Exits,
+    exit_signal: Arc<ExitSignal>,
+    namespace: String,
+}
+
+impl TaskService {
+    pub fn new(
+        events: Events,
+        exits: Exits,
+        exit_signal: Arc<ExitSignal>,
+        namespace: &str,
+    ) -> Self {
+        Self {
+            containers: Arc::default(),
+            events,
+            exits,
+            exit_signal,
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// Records the exit of `pid` (spawned after `mark`) and publishes TaskExit.
+    fn watch(&self, id: &str, exec_id: &str, pid: i32, mark: Mark) {
+        let rx = self.exits.watch(pid, mark);
+        let containers = self.containers.clone();
+        let events = self.events.clone();
+        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        tokio::spawn(async move {
+            let Ok(exit) = rx.await else { return };
+            let mut map = containers.lock().await;
+            let Some(c) = map.get_mut(&id) else { return };
+            let Ok(p) = c.process_mut(&exec_id) else {
+                return;
+            };
+            if p.pid != pid || !p.set_exited(exit) {
+                return;
+            }
+            debug!(
+                "{id}/{}: pid {pid} exited with {}",
+                p.display_id(),
+                exit.code
+            );
+            events
+                .send(TaskExit {
+                    container_id: id.clone(),
+                    id: if exec_id.is_empty() {
+                        id.clone()
+                    } else {
+                        exec_id
+                    },
+                    pid: pid as u32,
+                    exit_status: exit.code as u32,
+                    exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+                    ..Default::default()
+                })
+                .await;
+        });
+    }
+
+    /// runc's state root: one per containerd instance and namespace, so two
+    /// containerds on one host never see each other's containers.
+    fn runc_root(&self, configured: Option<&Path>, bundle: &Path) -> PathBuf {
+        if let Some(root) = configured {
+            return root.to_path_buf();
+        }
+        runc_root_for(bundle, &self.namespace)
+    }
+
+    async fn do_create(&self, req: api::CreateTaskRequest) -> Result<api::CreateTaskResponse> {
+        let mut map = self.containers.lock().await;
+        if map.contains_key(&req.id) {
+            return Err(Error::AlreadyExists(format!(
+                "create: container {} already exists",
+                req.id
+            )));
+        }
+        let config = options::from_any(req.options.as_ref())?;
+        let bundle = PathBuf::from(&req.bundle);
+        let runc = Runc {
+            binary: config.runc_binary.clone(),
+            root: self.runc_root(config.runc_root.as_deref(), &bundle),
+            systemd_cgroup: config.systemd_cgroup,
+            log_dir: bundle.clone(),
+            exits: self.exits.clone(),
+        };
+        let mark = self.exits.mark();
+        let c = Container::create(CreateConfig {
+            id: req.id.clone(),
+            bundle,
+            rootfs: req.rootfs.clone(),
+            stdio: Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
+            checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
+            runc,
+            no_pivot: config.no_pivot_root,
+        })
+        .await?;
+        let pid = c.init.pid;
+        if pid != 0 {
+            self.watch(&req.id, "", pid, mark);
+        }
+        map.insert(req.id.clone(), c);
+        info!("created {} (pid {pid})", req.id);
+        self.events
+            .send(TaskCreate {
+                container_id: req.id,
+                bundle: req.bundle,
+                rootfs: req.rootfs,
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin,
+                    stdout: req.stdout,
+                    stderr: req.stderr,
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                checkpoint: req.checkpoint,
+                pid: pid as u32,
+                ..Default::default()
+            })
+            .await;
+        Ok(api::CreateTaskResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn do_start(&self, req: api::StartRequest) -> Result<api::StartResponse> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let mark = self.exits.mark();
+        let pid = if req.exec_id.is_empty() {
+            if c.start().await? {
+                self.watch(&req.id, "", c.init.pid, mark);
+            }
+            let pid = c.init.pid;
+            self.events
+                .send(TaskStart {
+                    container_id: req.id.clone(),
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .await;
+            pid
+        } else {
+            let pid = c.start_exec(&req.exec_id).await?;
+            self.watch(&req.id, &req.exec_id, pid, mark);
+            self.events
+                .send(TaskExecStarted {
+                    container_id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .await;
+            pid
+        };
+        Ok(api::StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn do_delete(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        if !req.exec_id.is_empty() {
+            let p = c.delete_exec(&req.exec_id)?;
+            drop(map);
+            p.io.shutdown().await;
+            let (exit_status, exited_at) = p.exit_status();
+            return Ok(api::DeleteResponse {
+                pid: p.pid as u32,
+                exit_status,
+                exited_at: MessageField::some(convert_to_timestamp(exited_at)),
+                ..Default::default()
+            });
+        }
+        c.delete().await?;
+        let c = map.remove(&req.id).expect("looked up above");
+        drop(map);
+        for p in c.execs.values() {
+            p.io.shutdown().await;
+        }
+        c.init.io.shutdown().await;
+        let (exit_status, exited_at) = c.init.exit_status();
+        let exited_at = convert_to_timestamp(exited_at);
+        info!("deleted {}", req.id);
+        self.events
+            .send(TaskDelete {
+                container_id: req.id.clone(),
+                pid: c.init.pid as u32,
+                exit_status,
+                exited_at: MessageField::some(exited_at.clone()),
+                id: req.id,
+                ..Default::default()
+            })
+            .await;
+        Ok(api::DeleteResponse {
+            pid: c.init.pid as u32,
+            exit_status,
+            exited_at: MessageField::some(exited_at),
+            ..Default::default()
+        })
+    }
+
+    async fn do_state(&self, req: api::StateRequest) -> Result<api::StateResponse> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let p = c.process(&req.exec_id)?;
+        let (exit_status, exited_at) = p.exit_status();
+        Ok(api::StateResponse {
+            id: req.id.clone(),
+            bundle: c.bundle.display().to_string(),
+            pid: p.pid as u32,
+            status: api::Status::from(p.status).into(),
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: p.stdio.terminal,
+            exit_status,
+            exited_at: MessageField::from_option(exited_at.map(|t| convert_to_timestamp(Some(t)))),
+            exec_id: req.exec_id,
+            ..Default::default()
+        })
+    }
+
+    async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let runc = c.runc.clone();
+        let execs: HashMap<i32, String> = c
+            .execs
+            .values()
+            .map(|p| (p.pid, p.exec_id.clone()))
+            .collect();
+        drop(map);
+        let pids = runc.ps(&req.id).await?;
+        let mut processes = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let mut info = containerd_shim_protos::types::task::ProcessInfo {
+                pid: pid as u32,
+                ..Default::default()
+            };
+            if let Some(exec_id) = execs.get(&pid) {
+                let details = ProcessDetails {
+                    exec_id: exec_id.clone(),
+                    ..Default::default()
+                };
+                info.info = MessageField::some(convert_to_any(Box::new(details))?);
+            }
+            processes.push(info);
+        }
+        Ok(api::PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn do_pause(&self, id: &str, pause: bool) -> Result<()> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, id)?;
+        c.init
+            .ensure_running(if pause { "pause" } else { "resume" })?;
+        if pause {
+            c.runc.pause(id).await?;
+            c.init.status = crate::process::Status::Paused;
+            self.events
+                .send(TaskPaused {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                })
+                .await;
+        } else {
+            c.runc.resume(id).await?;
+            c.init.status = crate::process::Status::Running;
+            self.events
+                .send(TaskResumed {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                })
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn do_checkpoint(&self, req: api::CheckpointTaskRequest) -> Result<()> {
+        let opts = match req.options.as_ref() {
+            Some(any) if !any.value.is_empty() => CheckpointOptions::parse_from_bytes(&any.value)
+                .map_err(|e| {
+                Error::InvalidArgument(format!("checkpoint: malformed options: {e}"))
+            })?,
+            _ => CheckpointOptions::default(),
+        };
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let image = PathBuf::from(if opts.image_path.is_empty() {
+            &req.path
+        } else {
+            &opts.image_path
+        });
+        if image.as_os_str().is_empty() {
+            return Err(Error::InvalidArgument(
+                "checkpoint: no image path given".into(),
+            ));
+        }
+        let work = if opts.work_path.is_empty() {
+            c.bundle.join("criu-work")
+        } else {
+            PathBuf::from(&opts.work_path)
+        };
+        std::fs::create_dir_all(&work)
+            .map_err(|e| Error::io(format!("checkpoint: mkdir {}", work.display()), e))?;
+        let flags = CheckpointFlags {
+            leave_running: !opts.exit,
+            tcp_established: opts.open_tcp,
+            ext_unix_sk: opts.external_unix_sockets,
+            file_locks: opts.file_locks,
+            shell_job: opts.terminal || c.init.stdio.terminal,
+            manage_cgroups_mode: (!opts.cgroups_mode.is_empty()).then(|| opts.cgroups_mode.clone()),
+        };
+        c.checkpoint(&image, &work, &flags).await
+    }
+}
+
+fn get<'a>(map: &'a mut HashMap<String, Container>, id: &str) -> Result<&'a mut Container> {
+    map.get_mut(id)
+        .ok_or_else(|| Error::NotFound(format!("container {id} not found")))
+}
+
+/// `<containerd state>/io.containerd.runtime.v2.task/<ns>/<id>` is the bundle;
+/// runc's root goes beside containerd's own state: `<state>/vsnap-runc/<ns>`.
+pub fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
+    match bundle.ancestors().nth(3) {
+        Some(state)
+            if bundle
+                .ancestors()
+                .nth(2)
+                .is_some_and(|t| t.ends_with("io.containerd.runtime.v2.task")) =>
+        {
+            state.join("vsnap-runc").join(namespace)
+        }
+        _ => PathBuf::from("/run/vsnap/runc").join(namespace),
+    }
+}
+
+#[async_trait]
+impl Task for TaskService {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateTaskRequest,
+    ) -> TtrpcResult<api::CreateTaskResponse> {
+        Ok(self.do_create(req).await?)
+    }
+
+    async fn start(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StartRequest,
+    ) -> TtrpcResult<api::StartResponse> {
+        Ok(self.do_start(req).await?)
+    }
+
+    async fn delete(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::DeleteRequest,
+    ) -> TtrpcResult<api::DeleteResponse> {
+        Ok(self.do_delete(req).await?)
+    }
+
+    async fn state(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StateRequest,
+    ) -> TtrpcResult<api::StateResponse> {
+        Ok(self.do_state(req).await?)
+    }
+
+    async fn pids(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PidsRequest,
+    ) -> TtrpcResult<api::PidsResponse> {
+        Ok(self.do_pids(req).await?)
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<Empty> {
+        self.do_pause(&req.id, true).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<Empty> {
+        self.do_pause(&req.id, false).await?;
+        Ok(Empty::new())
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        self.do_checkpoint(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<Empty> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        c.kill(&req.exec_id, req.signal, req.all).await?;
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<Empty> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|a| a.value.as_slice())
+            .unwrap_or_default();
+        let stdio = Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal);
+        c.add_exec(&req.exec_id, stdio, spec)?;
+        self.events
+            .send(TaskExecAdded {
+                container_id: req.id,
+                exec_id: req.exec_id,
+                ..Default::default()
+            })
+            .await;
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ResizePtyRequest,
+    ) -> TtrpcResult<Empty> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let p = c.process(&req.exec_id)?;
+        if let Some(pty) = &p.pty {
+            console::resize(pty, req.width, req.height)?;
+        }
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<Empty> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        c.process(&req.exec_id)?.io.close_input();
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<Empty> {
+        let mut map = self.containers.lock().await;
+        let c = get(&mut map, &req.id)?;
+        let resources = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
+        serde_json::from_slice::<oci_spec::runtime::LinuxResources>(&resources)
+            .map_err(|e| Error::InvalidArgument(format!("update: resources: {e}")))?;
+        c.runc.update(&req.id, resources).await?;
+        Ok(Empty::new())
+    }
+
+    async fn wait(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::WaitRequest,
+    ) -> TtrpcResult<api::WaitResponse> {
+        let rx = {
+            let mut map = self.containers.lock().await;
+            let c = get(&mut map, &req.id)?;
+            c.process(&req.exec_id)?.exit_watch()
+        };
+        let exit = wait_exit(rx).await;
+        Ok(api::WaitResponse {
+            exit_status: exit.code as u32,
+            exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+            ..Default::default()
+        })
+    }
+
+    async fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        let pid = {
+            let mut map = self.containers.lock().await;
+            let c = get(&mut map, &req.id)?;
+            c.init.ensure_running("stats")?;
+            c.init.pid as u32
+        };
+        let metrics = tokio::task::spawn_blocking(move || -> Result<_> {
+            let cgroup = containerd_shim::cgroup::get_cgroup(pid)?;
+            Ok(containerd_shim::cgroup::collect_metrics(&cgroup)?)
+        })
+        .await
+        .map_err(|e| Error::Other(format!("stats: {e}")))??;
+        Ok(api::StatsResponse {
+            stats: MessageField::some(convert_to_any(Box::new(metrics)).map_err(Error::from)?),
+            ..Default::default()
+        })
+    }
+
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ConnectRequest,
+    ) -> TtrpcResult<api::ConnectResponse> {
+        let mut map = self.containers.lock().await;
+        let task_pid = map.get_mut(&req.id).map(|c| c.init.pid as u32).unwrap_or(0);
+        Ok(api::ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<Empty> {
+        let map = self.containers.lock().await;
+        if req.now || map.is_empty() {
+            self.exit_signal.signal();
+        }
+        Ok(Empty::new())
+    }
+}
