@@ -1,0 +1,72 @@
+//! Barrier mode: the private barrier of released vLLM. No control dir, no challenge and no
+//! status: a ready file holding the canary answer, then a release file saying where to
+//! listen, or an abort marker.
+
+use std::path::Path;
+use std::process;
+use std::time::Duration;
+
+use vsnap_protocol::{to_canonical_json, wait_for_path, write_atomic, ReadyFile, ReleaseFile};
+
+use crate::cli::Options;
+use crate::engine::{Engine, EngineConfig};
+use crate::faults::Faults;
+use crate::session::Session;
+use crate::{bind, log, serve};
+
+pub fn run(
+    ready_file: &Path,
+    release_file: &Path,
+    release_timeout: Duration,
+    options: &Options,
+    engine_config: EngineConfig,
+    faults: Faults,
+) -> ! {
+    let session = Session::standalone(faults);
+    let mut engine = session.phase("initialize engine", || {
+        session.faults().hold_resources()?;
+        Engine::initialize(engine_config)
+    });
+    let oracle = session.phase("reference canary", || engine.canary());
+    session.phase("release memory", || {
+        engine.release();
+        Ok(())
+    });
+    session.phase("rehearsal: restore memory", || engine.load());
+    session.phase("rehearsal: canary", || {
+        Ok(oracle.check_matches(&engine.canary()?, "rehearsal canary")?)
+    });
+    session.phase("rehearsal: release memory", || {
+        engine.release();
+        Ok(())
+    });
+    session.phase("prepare", || {
+        let bytes = to_canonical_json(ready_file, &ReadyFile::from(&oracle))?;
+        write_atomic(ready_file, &bytes)?;
+        Ok(())
+    });
+    log(&format!(
+        "{} written; waiting for {}",
+        ready_file.display(),
+        release_file.display()
+    ));
+
+    let release = session.phase("capture barrier", || {
+        Ok(wait_for_path::<ReleaseFile>(release_file, release_timeout)?.value)
+    });
+    let (host, port) = match release {
+        ReleaseFile::Release { host, port } => (host, port),
+        ReleaseFile::Abort => {
+            log("release aborted; exiting without binding");
+            process::exit(1);
+        }
+    };
+    session.phase("recovery: restore memory", || engine.load());
+    session.phase("recovery: canary", || {
+        // No donor/copy distinction here, so a drift switch applies to every release.
+        let canary = session.faults().drifted(engine.canary()?);
+        Ok(oracle.check_matches(&canary, "recovery canary")?)
+    });
+    let listener = session.phase("serve", || bind(host.as_deref(), port));
+    serve(listener, &engine, options)
+}

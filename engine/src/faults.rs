@@ -1,0 +1,204 @@
+//! Failure injection, driven by environment variables, so tests and demos can make the
+//! engine misbehave in each phase the way a real engine might. See docs/protocol.md.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::IntoRawFd;
+use std::time::Duration;
+
+use vsnap_protocol::Oracle;
+
+use crate::failure::Failure;
+use crate::log;
+use crate::model::{token_text, VOCAB};
+
+/// How the recovered canary is perturbed (VSNAP_ENGINE_CANARY_DRIFT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drift {
+    /// `1` or `logprob`: the logprob moves by 0.01, ten times the tolerance.
+    Logprob,
+    /// `token`: a different token comes out.
+    Token,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// VSNAP_ENGINE_FAIL_PHASE: write error.json and exit 1 on entering the phase.
+    pub fail: Option<String>,
+    /// VSNAP_ENGINE_HANG_PHASE: stop making progress on entering the phase.
+    pub hang: Option<String>,
+    /// VSNAP_ENGINE_ERROR_NO_EXIT: write error.json, then hang instead of exiting.
+    pub error_no_exit: Option<String>,
+    /// VSNAP_ENGINE_EXIT_SILENT: exit 3 without error.json.
+    pub exit_silent: Option<String>,
+    /// VSNAP_ENGINE_CANARY_DRIFT: perturb the recovery canary of a copy.
+    pub drift: Option<Drift>,
+    /// VSNAP_ENGINE_IO_URING=1: hold an io_uring instance open.
+    pub io_uring: bool,
+    /// VSNAP_ENGINE_OUTSIDE_TCP=host:port: hold an established TCP connection.
+    pub outside_tcp: Option<String>,
+}
+
+/// What to do on entering a phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injected {
+    None,
+    ExitSilently,
+    Hang,
+    ReportAndHang,
+    Fail,
+}
+
+impl Faults {
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let drift = match var("VSNAP_ENGINE_CANARY_DRIFT").as_deref() {
+            None | Some("0") => None,
+            Some("1") | Some("logprob") => Some(Drift::Logprob),
+            Some("token") => Some(Drift::Token),
+            Some(other) => {
+                return Err(format!(
+                    "VSNAP_ENGINE_CANARY_DRIFT={other:?}: expected 1, logprob or token"
+                ))
+            }
+        };
+        Ok(Faults {
+            fail: var("VSNAP_ENGINE_FAIL_PHASE"),
+            hang: var("VSNAP_ENGINE_HANG_PHASE"),
+            error_no_exit: var("VSNAP_ENGINE_ERROR_NO_EXIT"),
+            exit_silent: var("VSNAP_ENGINE_EXIT_SILENT"),
+            drift,
+            io_uring: var("VSNAP_ENGINE_IO_URING").is_some_and(|v| v != "0"),
+            outside_tcp: var("VSNAP_ENGINE_OUTSIDE_TCP"),
+        })
+    }
+
+    /// The injection for `phase`. A switch names a phase exactly or its prefix before
+    /// ": " ("rehearsal" matches "rehearsal: canary").
+    pub fn on_enter(&self, phase: &str) -> Injected {
+        let hit = |switch: &Option<String>| {
+            switch.as_deref().is_some_and(|s| {
+                phase == s
+                    || phase
+                        .strip_prefix(s)
+                        .is_some_and(|rest| rest.starts_with(": "))
+            })
+        };
+        if hit(&self.exit_silent) {
+            Injected::ExitSilently
+        } else if hit(&self.hang) {
+            Injected::Hang
+        } else if hit(&self.error_no_exit) {
+            Injected::ReportAndHang
+        } else if hit(&self.fail) {
+            Injected::Fail
+        } else {
+            Injected::None
+        }
+    }
+
+    /// The recovered canary as the drift switch distorts it.
+    pub fn drifted(&self, mut canary: Oracle) -> Oracle {
+        match self.drift {
+            None => {}
+            Some(Drift::Logprob) => canary.sampled_token_logprob -= 0.01,
+            Some(Drift::Token) => {
+                if let Some(token) = canary.token_ids.first_mut() {
+                    *token = (*token + 1) % VOCAB as u32;
+                    canary.text = token_text(*token);
+                }
+            }
+        }
+        canary
+    }
+
+    /// Opens the resources a checkpoint must refuse (an io_uring instance, a TCP
+    /// connection to a peer outside the container) and keeps them open for the life of
+    /// the process. A kernel without io_uring is logged, not fatal.
+    pub fn hold_resources(&self) -> Result<(), Failure> {
+        if self.io_uring {
+            match open_io_uring() {
+                Ok(fd) => log(&format!("holding io_uring fd {fd}")),
+                Err(e) => log(&format!(
+                    "io_uring_setup refused ({e}); continuing without it"
+                )),
+            }
+        }
+        if let Some(peer) = &self.outside_tcp {
+            let fd = connect(peer)
+                .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_OUTSIDE_TCP={peer}: {e}")))?;
+            log(&format!("holding TCP connection to {peer} on fd {fd}"));
+        }
+        Ok(())
+    }
+}
+
+fn open_io_uring() -> std::io::Result<i64> {
+    // struct io_uring_params is 120 bytes; all zero asks for defaults.
+    let mut params = [0u32; 30];
+    // SAFETY: io_uring_setup reads and writes only the params struct we pass, which is
+    // large enough and lives across the call.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(fd)
+    }
+}
+
+fn connect(peer: &str) -> std::io::Result<i32> {
+    let mut last = std::io::Error::other("no address");
+    for addr in peer.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            // Deliberately leaked: the connection must stay open while the process lives.
+            Ok(stream) => return Ok(stream.into_raw_fd()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn faults(fail: &str) -> Faults {
+        Faults {
+            fail: Some(fail.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn switch_matches_phase_and_its_steps() {
+        assert_eq!(faults("recover").on_enter("recover"), Injected::Fail);
+        assert_eq!(
+            faults("rehearsal").on_enter("rehearsal: canary"),
+            Injected::Fail
+        );
+        assert_eq!(
+            faults("recover").on_enter("recovery: canary"),
+            Injected::None
+        );
+        assert_eq!(faults("serve").on_enter("server"), Injected::None);
+    }
+
+    #[test]
+    fn drift_moves_logprob_or_token() {
+        let canary = Oracle {
+            sampled_token_logprob: -1.0,
+            text: "a".into(),
+            token_ids: vec![65],
+        };
+        let mut f = Faults {
+            drift: Some(Drift::Logprob),
+            ..Default::default()
+        };
+        assert!(canary
+            .check_matches(&f.drifted(canary.clone()), "t")
+            .is_err());
+        f.drift = Some(Drift::Token);
+        let moved = f.drifted(canary.clone());
+        assert_eq!(moved.token_ids, vec![66]);
+        assert_eq!(moved.text, "b");
+    }
+}
