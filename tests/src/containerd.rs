@@ -1,0 +1,282 @@
+//! A private containerd instance for one test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::cmd::{run, wait_deadline, CmdOutput};
+
+/// Where `scripts/setup.sh` installs containerd and ctr.
+pub const CONTAINERD_BIN: &str = "/opt/vsnap/containerd/bin";
+pub const NAMESPACE: &str = "default";
+pub const SHIM_NAME: &str = "containerd-shim-vsnap-v1";
+
+static INSTANCES: AtomicU32 = AtomicU32::new(0);
+
+pub struct Containerd {
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// The shim binary the tests run: `VSNAP_SHIM_BIN`, or the workspace build.
+pub fn shim_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("VSNAP_SHIM_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug").join(SHIM_NAME);
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh folder for a test, under /tmp so socket paths stay short.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let n = INSTANCES.fetch_add(1, Ordering::Relaxed);
+    let dir = PathBuf::from(format!("/tmp/vsnap-test-{}-{n}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Containerd {
+    pub fn start(tag: &str) -> Self {
+        let dir = scratch_dir(tag);
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::os::unix::fs::symlink(shim_binary(), dir.join("bin").join(SHIM_NAME)).unwrap();
+        let config = format!(
+            "version = 3\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("config.toml"), config).unwrap();
+        let mut c = Containerd { dir, child: None };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let path = format!(
+            "{}:{CONTAINERD_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            self.dir.join("bin").display()
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))
+            .unwrap();
+        let child = Command::new(format!("{CONTAINERD_BIN}/containerd"))
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .env_clear()
+            .env("PATH", path)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd (run scripts/setup.sh)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.ctr(&["version"]).ok() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not come up: {}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("state/containerd.sock")
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// Stops containerd abruptly (SIGKILL), leaving its shims running.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts containerd again on the same root and state.
+    pub fn restart(&mut self) {
+        self.crash();
+        self.spawn();
+    }
+
+    pub fn ctr_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(format!("{CONTAINERD_BIN}/ctr"));
+        cmd.arg("--address").arg(self.socket()).args(args);
+        cmd
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> CmdOutput {
+        self.ctr_in(args, None)
+    }
+
+    pub fn ctr_in(&self, args: &[&str], input: Option<&[u8]>) -> CmdOutput {
+        run(self.ctr_command(args), input, Duration::from_secs(60))
+    }
+
+    /// `ctr`, which must succeed.
+    pub fn ctr_ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(
+            out.ok(),
+            "ctr {args:?} failed ({:?}): {}{}",
+            out.code,
+            out.stdout,
+            out.stderr
+        );
+        out.stdout
+    }
+
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// runc's state root for this instance (as the shim derives it).
+    pub fn runc_root(&self) -> PathBuf {
+        self.dir.join("state/vsnap-runc").join(NAMESPACE)
+    }
+
+    /// Pids of vsnap shims serving this containerd.
+    pub fn shim_pids(&self) -> Vec<i32> {
+        let socket = self.socket().display().to_string();
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if args.first().is_some_and(|a| a.ends_with(SHIM_NAME)) && args.contains(&socket) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Containers runc still knows in this instance's root.
+    pub fn runc_containers(&self) -> Vec<String> {
+        let out = run(
+            {
+                let mut c = Command::new("runc");
+                c.arg("--root").arg(self.runc_root()).args(["list", "-q"]);
+                c
+            },
+            None,
+            Duration::from_secs(10),
+        );
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// Task bundles containerd still has.
+    pub fn bundles(&self) -> Vec<String> {
+        list(
+            &self
+                .dir
+                .join("state/io.containerd.runtime.v2.task")
+                .join(NAMESPACE),
+        )
+    }
+
+    /// Mount points under this instance's folder.
+    pub fn mounts(&self) -> Vec<String> {
+        let prefix = self.dir.display().to_string();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Kills and deletes whatever a test left, through ctr and runc, by id.
+    fn clean_up(&self) {
+        if self.child.is_some() {
+            for id in self.runc_containers() {
+                let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", &id]);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let tasks = self.ctr(&["task", "ls", "-q"]).stdout;
+            for id in tasks.lines() {
+                let _ = self.ctr(&["task", "delete", "-f", id]);
+            }
+            let containers = self.ctr(&["c", "ls", "-q"]).stdout;
+            for id in containers.lines() {
+                let _ = self.ctr(&["c", "rm", id]);
+            }
+        }
+        for id in self.runc_containers() {
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(self.runc_root())
+                .args(["delete", "--force", &id])
+                .status();
+        }
+    }
+}
+
+pub fn list(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.clean_up();
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            if wait_deadline(&mut child, Duration::from_secs(10)).is_none() {
+                let _ = child.kill();
+            }
+        }
+        for pid in self.shim_pids() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let mut mounts = self.mounts();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        if !std::thread::panicking() || std::env::var_os("VSNAP_KEEP_FAILED").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

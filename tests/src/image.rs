@@ -1,0 +1,110 @@
+//! Test root filesystems and images, built from the host's static busybox.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use crate::containerd::Containerd;
+
+pub const BUSYBOX: &str = "/bin/busybox";
+pub const IMAGE_REF: &str = "localhost/vsnap-busybox:test";
+
+const APPLETS: &[&str] = &[
+    "sh", "echo", "cat", "sleep", "tty", "true", "false", "ls", "ps", "date", "read", "kill",
+    "env", "id", "head", "wc",
+];
+
+/// A folder holding a busybox root filesystem.
+pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for d in ["bin", "proc", "sys", "dev", "tmp", "etc", "out"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy(BUSYBOX, root.join("bin/busybox")).expect("busybox-static (scripts/setup.sh)");
+    for a in APPLETS {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(a));
+    }
+    root
+}
+
+fn digest(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    let mut s = String::from("sha256:");
+    for b in d.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn blob(layout: &Path, bytes: &[u8]) -> (String, usize) {
+    let d = digest(bytes);
+    let path = layout
+        .join("blobs/sha256")
+        .join(d.trim_start_matches("sha256:"));
+    std::fs::write(path, bytes).unwrap();
+    (d, bytes.len())
+}
+
+/// Imports a one-layer busybox OCI image as [`IMAGE_REF`] into `containerd`.
+pub fn import_busybox_image(containerd: &Containerd) {
+    let dir = containerd.dir.join("image");
+    let root = busybox_rootfs(&dir);
+    let layout = dir.join("layout");
+    std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    let layer_path = dir.join("layer.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("--numeric-owner")
+        .arg("-cf")
+        .arg(&layer_path)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar the busybox layer");
+    let layer = std::fs::read(&layer_path).unwrap();
+    let (layer_digest, layer_size) = blob(&layout, &layer);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = blob(&layout, config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = blob(&layout, manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest_size,
+            "annotations": {"io.containerd.image.name": IMAGE_REF, "org.opencontainers.image.ref.name": "test"},
+        }],
+    });
+    std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let tarball = dir.join("image.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar the image layout");
+    containerd.ctr_ok(&["images", "import", tarball.to_str().unwrap()]);
+    let images = containerd.ctr_ok(&["images", "ls", "-q"]);
+    assert!(images.contains(IMAGE_REF), "image imported: {images}");
+}

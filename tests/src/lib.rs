@@ -1,0 +1,13 @@
+//! The test harness: a private containerd instance (its own root, state,
+//! socket and runc root) with the vsnap shim on its PATH, `ctr` against it,
+//! and root filesystems / OCI images built from busybox.
+//!
+//! Nothing here mocks containerd, runc or CRIU: `scripts/setup.sh` installs
+//! them and the tests drive them for real.
+
+pub mod cmd;
+pub mod containerd;
+pub mod image;
+
+pub use cmd::{run, CmdOutput};
+pub use containerd::Containerd;
