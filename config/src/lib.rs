@@ -5,4 +5,4 @@
 
 pub mod runtime;
 
-pub use runtime::{ConfigError, RuntimeConfig, DEFAULT_CONFIG_PATH};
+pub use runtime::{ConfigError, RuntimeConfig, DEFAULT_ARTIFACT_ROOT, DEFAULT_CONFIG_PATH};

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+/// The default artifact root.
+pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/vsnap/artifacts";
+
 /// Read when containerd passes no runtime options and this file exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vsnap/config.toml";
 
@@ -22,6 +25,12 @@ pub struct RuntimeConfig {
     pub no_pivot_root: bool,
     /// Shim log level: error, warn, info, debug, trace.
     pub log_level: LogLevel,
+    /// Where snapshot artifacts live; annotations name artifacts under it.
+    pub artifact_root: PathBuf,
+    /// Default deadline for a cold start to reach capture-ready.
+    pub capture_timeout_s: u64,
+    /// Default deadline for a restored (or donor) engine to validate and listen.
+    pub activation_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -55,6 +64,9 @@ impl Default for RuntimeConfig {
             systemd_cgroup: false,
             no_pivot_root: false,
             log_level: LogLevel::Info,
+            artifact_root: PathBuf::from(DEFAULT_ARTIFACT_ROOT),
+            capture_timeout_s: 900,
+            activation_timeout_s: 120,
         }
     }
 }
@@ -104,6 +116,20 @@ impl RuntimeConfig {
                     "runc_root: {} is not an absolute path",
                     root.display()
                 )));
+            }
+        }
+        if !self.artifact_root.is_absolute() {
+            return Err(invalid(format!(
+                "artifact_root: {} is not an absolute path",
+                self.artifact_root.display()
+            )));
+        }
+        for (key, value) in [
+            ("capture_timeout_s", self.capture_timeout_s),
+            ("activation_timeout_s", self.activation_timeout_s),
+        ] {
+            if value == 0 {
+                return Err(invalid(format!("{key}: must be at least 1 second")));
             }
         }
         Ok(())

@@ -14,6 +14,7 @@ use crate::console::ConsoleSocket;
 use crate::error::{Error, Result};
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Runc};
+use crate::snapshot::Snapshot;
 use crate::stdio;
 
 pub struct Container {
@@ -25,6 +26,8 @@ pub struct Container {
     pub execs: HashMap<String, Process>,
     /// Set when the task is created from a checkpoint: start restores it.
     pub restore_from: Option<PathBuf>,
+    /// The snapshot plan, when the container has one.
+    pub snapshot: Option<Snapshot>,
     rootfs_mounted: bool,
 }
 
@@ -37,6 +40,7 @@ pub struct CreateConfig {
     pub checkpoint: Option<PathBuf>,
     pub runc: Runc,
     pub no_pivot: bool,
+    pub snapshot: Option<Snapshot>,
 }
 
 impl Container {
@@ -66,11 +70,17 @@ impl Container {
             no_pivot: cfg.no_pivot,
             init: Process::new("", cfg.stdio),
             execs: HashMap::new(),
-            restore_from: cfg.checkpoint,
+            restore_from: cfg
+                .checkpoint
+                .or_else(|| cfg.snapshot.as_ref().and_then(Snapshot::images)),
+            snapshot: cfg.snapshot,
             rootfs_mounted: false,
         };
         if let Err(e) = c.mount_rootfs(&cfg.rootfs) {
             c.unmount_rootfs();
+            if let Some(s) = &c.snapshot {
+                s.cleanup();
+            }
             return Err(e);
         }
         if c.restore_from.is_some() {
@@ -141,6 +151,9 @@ impl Container {
         }
         self.init.io.abort().await;
         self.unmount_rootfs();
+        if let Some(s) = &self.snapshot {
+            s.cleanup();
+        }
     }
 
     /// Starts the init process (or restores the checkpoint given at create).
@@ -325,6 +338,9 @@ impl Container {
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         let _ = std::fs::remove_dir_all(self.bundle.join("criu-work"));
         self.unmount_rootfs();
+        if let Some(s) = &self.snapshot {
+            s.cleanup();
+        }
         Ok(())
     }
 

@@ -13,6 +13,7 @@ mod options;
 mod process;
 mod runc;
 mod service;
+mod snapshot;
 mod stdio;
 mod task;
 

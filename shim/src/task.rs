@@ -31,6 +31,11 @@ use crate::exits::{Exits, Mark};
 use crate::options;
 use crate::process::wait_exit;
 use crate::runc::{CheckpointFlags, Runc};
+use crate::snapshot::capture::Capture;
+use crate::snapshot::plan::Mode;
+use crate::snapshot::restore::activate_copy;
+use crate::snapshot::Snapshot;
+use std::time::Instant;
 
 type Containers = Arc<Mutex<HashMap<String, Container>>>;
 
@@ -122,6 +127,7 @@ impl TaskService {
             log_dir: bundle.clone(),
             exits: self.exits.clone(),
         };
+        let snapshot = Snapshot::prepare(&bundle, &req.id, &self.namespace, &config)?;
         let mark = self.exits.mark();
         let c = Container::create(CreateConfig {
             id: req.id.clone(),
@@ -131,6 +137,7 @@ impl TaskService {
             checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
             runc,
             no_pivot: config.no_pivot_root,
+            snapshot,
         })
         .await?;
         let pid = c.init.pid;
@@ -171,6 +178,9 @@ impl TaskService {
                 self.watch(&req.id, "", c.init.pid, mark);
             }
             let pid = c.init.pid;
+            if let Some(s) = c.snapshot.clone() {
+                self.run_plan(c, s).await?;
+            }
             self.events
                 .send(TaskStart {
                     container_id: req.id.clone(),
@@ -196,6 +206,53 @@ impl TaskService {
             pid: pid as u32,
             ..Default::default()
         })
+    }
+
+    /// After the init process runs: a create plan captures in the background
+    /// (a cold start can take minutes, Start must not wait for it); a restore
+    /// is started only once the copy validated its canary and listens.
+    async fn run_plan(&self, c: &Container, s: Snapshot) -> Result<()> {
+        match s.mode {
+            Mode::Restore => {
+                let (dir, id, host, port, pid) = (
+                    s.control_dir.clone(),
+                    c.id.clone(),
+                    s.plan.host.clone(),
+                    s.plan.port,
+                    c.init.pid,
+                );
+                let deadline = Instant::now() + s.activation_timeout;
+                let activated = tokio::task::spawn_blocking(move || {
+                    activate_copy(&dir, &id, host, port, pid, deadline)
+                })
+                .await
+                .map_err(|e| Error::Other(format!("restore: {e}")))?;
+                match activated {
+                    Ok(t) => {
+                        info!("{}: restored copy validated in {t:?} and listening", c.id);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // Never a silent fallback: the copy dies, Start fails.
+                        let _ = c.runc.kill(&c.id, libc::SIGKILL as u32, true).await;
+                        Err(e)
+                    }
+                }
+            }
+            _ => {
+                let capture = Capture {
+                    id: c.id.clone(),
+                    bundle: c.bundle.clone(),
+                    runc: c.runc.clone(),
+                    pid: c.init.pid,
+                    terminal: c.init.stdio.terminal,
+                    snapshot: s,
+                    started: Instant::now(),
+                };
+                tokio::spawn(capture.run());
+                Ok(())
+            }
+        }
     }
 
     async fn do_delete(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse> {

@@ -7,6 +7,7 @@
 
 pub mod cmd;
 pub mod containerd;
+pub mod engine;
 pub mod image;
 
 pub use cmd::{run, CmdOutput};

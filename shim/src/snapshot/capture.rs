@@ -1,0 +1,153 @@
+//! The background half of the `create` plan: once the cold-started engine is
+//! capture-ready, take the inventory, checkpoint the tree with runc + CRIU
+//! (leaving it running), publish the artifact, then wake the donor or stop it.
+//! Any failure publishes nothing, leaves an error record naming the phase,
+//! and kills the task so it exits non-zero.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use log::{error, info};
+use vsnap_protocol::{wait_for, ActivationKind, CaptureReady, ControlDir, Expect};
+
+use super::artifact::{self, Manifest, Staging, Timings, SCHEMA_VERSION};
+use super::inventory;
+use super::plan::AfterCapture;
+use super::restore::{activate_and_probe, is_alive};
+use super::Snapshot;
+use crate::error::{Error, Result};
+use crate::runc::{CheckpointFlags, Runc};
+
+pub struct Capture {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub runc: Runc,
+    pub pid: i32,
+    pub terminal: bool,
+    pub snapshot: Snapshot,
+    pub started: Instant,
+}
+
+impl Capture {
+    /// Runs the capture to the end; on failure records it and kills the task.
+    pub async fn run(self) {
+        match self.capture().await {
+            Ok(path) => info!("{}: artifact published at {}", self.id, path.display()),
+            Err(e) => {
+                error!("{}: {e}", self.id);
+                let record = serde_json::json!({"container": self.id, "error": e.to_string()});
+                let _ = std::fs::write(self.bundle.join("vsnap-error.json"), record.to_string());
+                let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
+            }
+        }
+    }
+
+    async fn capture(&self) -> Result<PathBuf> {
+        let s = &self.snapshot;
+        let plan = &s.plan;
+        let (dir_path, pid) = (s.control_dir.clone(), self.pid);
+        let deadline = Instant::now() + s.capture_timeout;
+        let ready = blocking(move || {
+            let dir = ControlDir::open(&dir_path, Expect::AnyContents)
+                .map_err(|e| Error::FailedPrecondition(format!("capture: control dir: {e}")))?;
+            wait_for::<CaptureReady>(&dir, deadline, &mut || is_alive(pid))
+                .map(|r| r.value)
+                .map_err(|e| {
+                    Error::FailedPrecondition(format!("capture: waiting for capture-ready: {e}"))
+                })
+        })
+        .await?;
+        let cold_start = self.started.elapsed();
+        info!(
+            "{}: capture-ready after {cold_start:?} (capture {})",
+            self.id, ready.capture_id
+        );
+
+        let t = Instant::now();
+        let pids = self.runc.ps(&self.id).await?;
+        inventory::check_no_io_uring(&pids)?;
+        inventory::check_no_outside_tcp(&pids)?;
+        let inventory_time = t.elapsed();
+
+        artifact::ensure_root(&s.root)?;
+        let staging = Staging::new(&s.root, &plan.artifact)?;
+        let t = Instant::now();
+        let flags = CheckpointFlags {
+            leave_running: true,
+            tcp_established: true,
+            ext_unix_sk: true,
+            file_locks: true,
+            shell_job: self.terminal,
+            manage_cgroups_mode: None,
+        };
+        self.runc
+            .checkpoint(&self.id, &staging.images(), &staging.work(), &flags)
+            .await
+            .map_err(|e| Error::Other(format!("capture: checkpoint: {e}")))?;
+        let checkpoint_time = t.elapsed();
+
+        let t = Instant::now();
+        artifact::copy_files(&s.control_dir, &staging.control())?;
+        let manifest = Manifest {
+            schema_version: SCHEMA_VERSION,
+            name: plan.artifact.clone(),
+            created_at: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            capture_id: ready.capture_id.clone(),
+            oracle: ready.oracle.clone(),
+            source_container: self.id.clone(),
+            image_bytes: artifact::bytes_under(&staging.images()),
+            timings_ms: Timings {
+                cold_start_to_capture_ready: ms(cold_start),
+                inventory: ms(inventory_time),
+                checkpoint: ms(checkpoint_time),
+                publish: 0,
+            },
+        };
+        let root = s.root.clone();
+        let published = blocking(move || staging.publish(&root, &manifest)).await?;
+        info!("{}: published in {:?}", self.id, t.elapsed());
+
+        match plan.after_capture {
+            AfterCapture::Serve => {
+                let (dir, host, port, id) = (
+                    s.control_dir.clone(),
+                    plan.host.clone(),
+                    plan.port,
+                    self.id.clone(),
+                );
+                let deadline = Instant::now() + s.activation_timeout;
+                blocking(move || {
+                    activate_and_probe(
+                        "capture: donor",
+                        &dir,
+                        &ready,
+                        ActivationKind::Donor,
+                        &id,
+                        host,
+                        port,
+                        pid,
+                        deadline,
+                    )
+                })
+                .await?;
+                info!("{}: donor serving", self.id);
+            }
+            AfterCapture::Exit => {
+                self.runc.kill(&self.id, libc::SIGTERM as u32, true).await?;
+            }
+        }
+        Ok(published)
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Other(format!("snapshot: {e}")))?
+}

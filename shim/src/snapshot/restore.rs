@@ -1,0 +1,157 @@
+//! Waking a captured engine (the donor, or a restored copy): the activation
+//! handshake, then a probe of its listener from inside its network namespace.
+//! Only after both does the container count as started.
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vsnap_protocol::{activate, Activation, ActivationKind, CaptureReady, ControlDir, Expect};
+
+use crate::error::{Error, Result};
+
+pub fn is_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Activation ids allow `[A-Za-z0-9_.-]`, at most 128 characters.
+pub fn activation_id(kind: &str, container: &str) -> String {
+    let id: String = format!("{kind}-{container}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    id.chars().take(128).collect()
+}
+
+/// Runs the handshake with the engine `pid` waiting in `control_dir`, then
+/// waits until its listener accepts a connection. Blocking: call it from a
+/// blocking thread.
+#[allow(clippy::too_many_arguments)]
+pub fn activate_and_probe(
+    phase: &str,
+    control_dir: &Path,
+    capture: &CaptureReady,
+    kind: ActivationKind,
+    container: &str,
+    host: Option<String>,
+    port: u16,
+    pid: i32,
+    deadline: Instant,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let dir = ControlDir::open(control_dir, Expect::AnyContents)
+        .map_err(|e| Error::FailedPrecondition(format!("{phase}: control dir: {e}")))?;
+    let kind_name = match kind {
+        ActivationKind::Donor => "donor",
+        ActivationKind::Copy => "copy",
+    };
+    let activation = Activation::new(
+        capture,
+        activation_id(kind_name, container),
+        kind,
+        host.clone(),
+        port,
+    );
+    activate(&dir, capture, &activation, deadline, &mut || is_alive(pid))
+        .map_err(|e| Error::FailedPrecondition(format!("{phase}: activation: {e}")))?;
+    let validated = started.elapsed();
+    probe_listener(pid, host.as_deref(), port, deadline)
+        .map_err(|e| Error::FailedPrecondition(format!("{phase}: listener: {e}")))?;
+    Ok(validated)
+}
+
+/// Connects to the engine's listener from inside its network namespace
+/// (a thread that joins it), until it accepts or `deadline` passes.
+fn probe_listener(
+    pid: i32,
+    host: Option<&str>,
+    port: u16,
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let host = match host {
+        None | Some("0.0.0.0") | Some("::") => "127.0.0.1".to_string(),
+        Some(h) => h.to_string(),
+    };
+    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|e| format!("open the network namespace of pid {pid}: {e}"))?;
+    let probe = std::thread::spawn(move || -> std::result::Result<(), String> {
+        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("join the network namespace: {e}"))?;
+        let addrs: Vec<SocketAddr> = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{host}:{port}: {e}"))?
+            .collect();
+        loop {
+            for a in &addrs {
+                if TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok() {
+                    return Ok(());
+                }
+            }
+            if !is_alive(pid) {
+                return Err(format!(
+                    "engine pid {pid} exited before listening on {host}:{port}"
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("nothing listens on {host}:{port} by the deadline"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    probe
+        .join()
+        .map_err(|_| "the probe thread panicked".to_string())?
+}
+
+/// Wakes a restored copy: its control dir holds the capture's own
+/// capture-ready.json, which names the capture to activate.
+pub fn activate_copy(
+    control_dir: &Path,
+    container: &str,
+    host: Option<String>,
+    port: u16,
+    pid: i32,
+    deadline: Instant,
+) -> Result<Duration> {
+    let dir = ControlDir::open(control_dir, Expect::AnyContents)
+        .map_err(|e| Error::FailedPrecondition(format!("restore: control dir: {e}")))?;
+    let capture = dir
+        .read::<CaptureReady>()
+        .map_err(|e| Error::FailedPrecondition(format!("restore: {e}")))?
+        .ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "restore: {} has no capture-ready.json",
+                control_dir.display()
+            ))
+        })?
+        .value;
+    activate_and_probe(
+        "restore",
+        control_dir,
+        &capture,
+        ActivationKind::Copy,
+        container,
+        host,
+        port,
+        pid,
+        deadline,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_ids_are_sanitized() {
+        assert_eq!(activation_id("copy", "a b/c"), "copy-a_b_c");
+        assert_eq!(activation_id("donor", &"x".repeat(300)).len(), 128);
+    }
+}

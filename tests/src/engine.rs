@@ -1,0 +1,123 @@
+//! The reference engine as a container workload: a root filesystem with the
+//! engine binary, what it links against, and busybox (for exec); and a tiny
+//! HTTP client for its OpenAI-style API.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::image::busybox_rootfs;
+
+/// The engine binary of the workspace build.
+pub fn engine_binary() -> PathBuf {
+    let shim = crate::containerd::shim_binary();
+    let bin = shim.with_file_name("vsnap-ref-engine");
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first",
+        bin.display()
+    );
+    bin
+}
+
+/// busybox plus `/vsnap-ref-engine` and its shared libraries.
+pub fn engine_rootfs(dir: &Path) -> PathBuf {
+    let root = busybox_rootfs(dir);
+    for d in ["run", "lib", "lib64"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let bin = engine_binary();
+    std::fs::copy(&bin, root.join("vsnap-ref-engine")).unwrap();
+    let ldd = Command::new("ldd").arg(&bin).output().unwrap();
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = line
+            .split("=>")
+            .last()
+            .and_then(|s| s.split_whitespace().next())
+            .filter(|p| p.starts_with('/'));
+        if let Some(p) = path {
+            let dest = root.join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            std::fs::copy(p, &dest).unwrap();
+        }
+    }
+    root
+}
+
+/// A free TCP port on the host (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// POSTs `/v1/completions` and returns the JSON body.
+pub fn complete(port: u16, prompt: &str, max_tokens: u32) -> serde_json::Value {
+    let body = serde_json::json!({
+        "model": "ref", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 1, "return_token_ids": true,
+    })
+    .to_string();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    serde_json::from_str(body).unwrap()
+}
+
+/// The parts of a completion that must be identical across engines.
+pub fn answer(v: &serde_json::Value) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let c = &v["choices"][0];
+    (
+        c["text"].clone(),
+        c["token_ids"].clone(),
+        c["logprobs"].clone(),
+    )
+}
+
+pub fn wait_listening(port: u16, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A plain cold-started engine on the host, killed on drop.
+pub struct HostEngine {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl HostEngine {
+    pub fn start() -> Self {
+        let port = free_port();
+        let child = Command::new(engine_binary())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(port, Duration::from_secs(60));
+        HostEngine { child, port }
+    }
+}
+
+impl Drop for HostEngine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
