@@ -28,10 +28,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp"
+ENGINE="$TOP/target/release/vsnap-ref-engine"
+INIT_MS=${DEMO_INIT_MS:-4000}
+STATE_MB=${DEMO_STATE_MB:-512}
+mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp" "$D/rootfs/run"
 ln -s "$TOP/target/release/containerd-shim-vsnap-v1" "$D/bin/"
 cp /bin/busybox "$D/rootfs/bin/"
 for a in sh echo cat sleep uname; do ln -s busybox "$D/rootfs/bin/$a"; done
+# The reference engine and the libraries it links against.
+cp "$ENGINE" "$D/rootfs/vsnap-ref-engine"
+for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
+    mkdir -p "$D/rootfs$(dirname "$lib")"; cp "$lib" "$D/rootfs$lib"
+done
 cat > "$D/config.toml" <<TOML
 version = 3
 disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
@@ -40,13 +48,56 @@ state = "$D/state"
 [grpc]
   address = "$D/state/containerd.sock"
 TOML
+cat > "$D/vsnap.toml" <<TOML
+artifact_root = "$D/artifacts"
+TOML
 echo "demo: starting a private containerd in $D"
 PATH="$D/bin:/opt/vsnap/containerd/bin:$PATH" /opt/vsnap/containerd/bin/containerd \
     --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
 CPID=$!
 for _ in $(seq 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
 
-echo "demo: ctr run --runtime io.vsnap.v1 (a busybox root filesystem)"
-"${CTR[@]}" run --rm --runtime io.vsnap.v1 --rootfs "$D/rootfs" demo \
-    /bin/sh -c 'echo "hello from a vsnap container on $(uname -r)"; exit 0'
+now() { date +%s.%N; }
+since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.2f", a - b }'; }
+wait_port() { for _ in $(seq 1200); do curl -s -o /dev/null "http://127.0.0.1:$1/health" && return 0; sleep 0.05; done; return 1; }
+# The completion without its per-request id and timestamp.
+ask() {
+    curl -s "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"ref","prompt":"The capital of France is","max_tokens":8,"temperature":0,"logprobs":1,"return_token_ids":true}' |
+        sed -E 's/"created":[0-9]+,//; s/"id":"[^"]*",//'
+}
+run_engine() { # id port [plan]
+    local ann=()
+    [ -n "${3:-}" ] && ann=(--annotation "vsnap.io/plan=$3" --annotation vsnap.io/artifact=demo
+        --annotation "vsnap.io/listen=127.0.0.1:$2")
+    "${CTR[@]}" run -d --net-host --runtime io.vsnap.v1 --runtime-config-path "$D/vsnap.toml" \
+        "${ann[@]}" --env "VSNAP_ENGINE_INIT_MS=$INIT_MS" --env "VSNAP_ENGINE_STATE_MB=$STATE_MB" \
+        --rootfs "$D/rootfs" "$1" /vsnap-ref-engine --host 127.0.0.1 --port "$2" >>"$D/engines.log" 2>&1
+}
+stop() { "${CTR[@]}" task kill -s SIGKILL "$1"; sleep 0.3; "${CTR[@]}" task delete "$1" >/dev/null 2>&1 || true; "${CTR[@]}" c rm "$1"; }
+
+echo "demo: 1. cold start without a plan (engine init ${INIT_MS} ms of CPU, ${STATE_MB} MiB of state)"
+t=$(now); run_engine cold 18080; wait_port 18080; COLD=$(since "$t")
+COLD_ANSWER=$(ask 18080); stop cold
+echo "demo:    ready in ${COLD} s"
+
+echo "demo: 2. create: cold start privately, capture with runc + CRIU, publish, the donor serves"
+t=$(now); run_engine donor 18081 create
+for _ in $(seq 2400); do [ -f "$D/artifacts/demo/manifest.json" ] && break; sleep 0.05; done
+wait_port 18081; CREATE=$(since "$t")
+DONOR_ANSWER=$(ask 18081); stop donor
+echo "demo:    artifact published and donor serving in ${CREATE} s ($(du -sh "$D/artifacts/demo" | cut -f1))"
+
+echo "demo: 3. restore, twice from the same artifact (ctr returns once the copy validated its canary and listens)"
+for i in 1 2; do
+    t=$(now); run_engine "copy$i" "1808$((i+1))" restore; RESTORE=$(since "$t")
+    COPY_ANSWER=$(ask "1808$((i+1))")
+    echo "demo:    copy$i ready in ${RESTORE} s"
+    [ "$COPY_ANSWER" = "$COLD_ANSWER" ] || { echo "demo: copy$i answered differently:"; echo "$COPY_ANSWER"; exit 1; }
+    stop "copy$i"
+done
+[ "$DONOR_ANSWER" = "$COLD_ANSWER" ] || { echo "demo: the donor answered differently"; exit 1; }
+echo "demo: a restored engine answers exactly like a cold-started one:"
+echo "$COLD_ANSWER"
+echo "demo: manifest:"; cat "$D/artifacts/demo/manifest.json"; echo
 echo "demo: done"

@@ -89,7 +89,7 @@ log "rust: $cargo_version ($(command -v cargo))"
 # ---------------------------------------------------------------------------------------
 STEP=apt-packages
 APT_PKGS=(
-    runc iptables iproute2 procps util-linux busybox-static bsdutils
+    runc iptables iproute2 procps util-linux busybox-static bsdutils curl
     build-essential pkg-config xz-utils debian-archive-keyring
     libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
     libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev
