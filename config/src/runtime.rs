@@ -189,3 +189,13 @@ mod tests {
         assert!(err.contains("/nonexistent/vsnap.toml"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod example {
+    /// The documented example must parse: it is what operators copy.
+    #[test]
+    fn the_shipped_example_parses() {
+        let body = include_str!("../examples/vsnap.toml");
+        super::RuntimeConfig::parse(body, "config/examples/vsnap.toml").unwrap();
+    }
+}

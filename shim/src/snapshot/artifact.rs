@@ -41,7 +41,6 @@ pub struct Timings {
     pub cold_start_to_capture_ready: u64,
     pub inventory: u64,
     pub checkpoint: u64,
-    pub publish: u64,
 }
 
 /// `<root>/<name>`.

@@ -102,7 +102,6 @@ impl Capture {
                 cold_start_to_capture_ready: ms(cold_start),
                 inventory: ms(inventory_time),
                 checkpoint: ms(checkpoint_time),
-                publish: 0,
             },
         };
         let root = s.root.clone();
