@@ -80,6 +80,19 @@ impl<'a> Invocation<'a> {
         }
     }
 
+    /// The CRIU options checkpoint and restore share.
+    fn criu_flags(self, flags: &CheckpointFlags) -> Self {
+        let inv = self
+            .arg_if(flags.tcp_established, "--tcp-established")
+            .arg_if(flags.ext_unix_sk, "--ext-unix-sk")
+            .arg_if(flags.file_locks, "--file-locks")
+            .arg_if(flags.shell_job, "--shell-job");
+        match &flags.manage_cgroups_mode {
+            Some(mode) => inv.arg("--manage-cgroups-mode").arg(mode),
+            None => inv,
+        }
+    }
+
     fn opt(self, flag: &str, value: Option<&Path>) -> Self {
         match value {
             Some(v) => self.arg(flag).arg(v),
@@ -285,19 +298,13 @@ impl Runc {
         work: &Path,
         flags: &CheckpointFlags,
     ) -> Result<()> {
-        let mut inv = Invocation::new("checkpoint", "checkpoint")
+        let inv = Invocation::new("checkpoint", "checkpoint")
             .arg("--image-path")
             .arg(image)
             .arg("--work-path")
             .arg(work)
             .arg_if(flags.leave_running, "--leave-running")
-            .arg_if(flags.tcp_established, "--tcp-established")
-            .arg_if(flags.ext_unix_sk, "--ext-unix-sk")
-            .arg_if(flags.file_locks, "--file-locks")
-            .arg_if(flags.shell_job, "--shell-job");
-        if let Some(mode) = &flags.manage_cgroups_mode {
-            inv = inv.arg("--manage-cgroups-mode").arg(mode);
-        }
+            .criu_flags(flags);
         self.run(inv.arg(id)).await.map(drop)
     }
 
@@ -324,14 +331,8 @@ impl Runc {
             .arg("--pid-file")
             .arg(pid_file)
             .opt("--console-socket", console_socket)
-            .arg_if(flags.tcp_established, "--tcp-established")
-            .arg_if(flags.ext_unix_sk, "--ext-unix-sk")
-            .arg_if(flags.file_locks, "--file-locks")
-            .arg_if(flags.shell_job, "--shell-job");
-        if let Some(mode) = &flags.manage_cgroups_mode {
-            inv = inv.arg("--manage-cgroups-mode").arg(mode);
-        }
-        inv = inv.arg(id);
+            .criu_flags(flags)
+            .arg(id);
         inv.stdio = stdio;
         self.run(inv).await.map(drop)
     }
