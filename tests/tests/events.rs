@@ -1,0 +1,93 @@
+//! The shim publishes task events in the order containerd's runc shim does:
+//! create, start, (exec added, exec started, exec exit), exit, delete.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use vsnap_e2e::image::busybox_rootfs;
+use vsnap_e2e::Containerd;
+
+#[test]
+fn task_events_arrive_in_lifecycle_order() {
+    let c = Containerd::start("events");
+    let rootfs = busybox_rootfs(&c.dir).display().to_string();
+    let mut events = c
+        .ctr_command(&["events"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = events.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300)); // let the subscription start
+
+    c.ctr_ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        "io.vsnap.v1",
+        "--rootfs",
+        &rootfs,
+        "ev1",
+        "/bin/sleep",
+        "1000",
+    ]);
+    let out = c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "x1",
+        "ev1",
+        "/bin/sh",
+        "-c",
+        "exit 5",
+    ]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "ev1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.ctr_ok(&["task", "ls"]).contains("STOPPED") {
+        assert!(Instant::now() < deadline, "ev1 never stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = c.ctr(&["task", "delete", "ev1"]);
+    c.ctr_ok(&["c", "rm", "ev1"]);
+
+    let want = [
+        "/tasks/create",
+        "/tasks/start",
+        "/tasks/exec-added",
+        "/tasks/exec-started",
+        "/tasks/exit", // the exec
+        "/tasks/exit", // the init process
+        "/tasks/delete",
+    ];
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.len() < want.len() && Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if let Some(topic) = want.iter().find(|t| line.contains(&format!(" {t} "))) {
+                seen.push((*topic, line));
+            }
+        }
+    }
+    let _ = events.kill();
+    let _ = events.wait();
+    let topics: Vec<&str> = seen.iter().map(|(t, _)| *t).collect();
+    assert_eq!(topics, want, "events: {seen:#?}");
+    // The exec's exit carries its status, the init's 137.
+    assert!(
+        seen[4].1.contains("x1") && seen[4].1.contains("\"exit_status\":5"),
+        "{:?}",
+        seen[4]
+    );
+    assert!(seen[5].1.contains("\"exit_status\":137"), "{:?}", seen[5]);
+}
