@@ -13,7 +13,7 @@ use nix::mount::{umount2, MntFlags};
 use crate::console::ConsoleSocket;
 use crate::error::{Error, Result};
 use crate::process::{Process, Status};
-use crate::runc::{CheckpointFlags, ChildStdio, Runc};
+use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
 use crate::snapshot::Snapshot;
 use crate::stdio;
 
@@ -156,9 +156,10 @@ impl Container {
         }
     }
 
-    /// Starts the init process (or restores the checkpoint given at create).
+    /// Starts the init process (or restores the checkpoint given at create,
+    /// within `deadline` when one is given).
     /// Returns true when the init pid is new (a restore).
-    pub async fn start(&mut self) -> Result<bool> {
+    pub async fn start(&mut self, deadline: Option<&Deadline>) -> Result<bool> {
         if self.init.status != Status::Created {
             return Err(Error::FailedPrecondition(format!(
                 "start: container {} is not in the created state",
@@ -166,7 +167,7 @@ impl Container {
             )));
         }
         if let Some(image) = self.restore_from.clone() {
-            self.restore(&image).await?;
+            self.restore(&image, deadline).await?;
             self.init.status = Status::Running;
             return Ok(true);
         }
@@ -175,7 +176,7 @@ impl Container {
         Ok(false)
     }
 
-    async fn restore(&mut self, image: &Path) -> Result<()> {
+    async fn restore(&mut self, image: &Path, deadline: Option<&Deadline>) -> Result<()> {
         let pid_file = self.bundle.join("init.pid");
         let work = self.bundle.join("criu-work");
         std::fs::create_dir_all(&work)
@@ -196,14 +197,34 @@ impl Container {
                 prepared.console_path.as_deref(),
                 &flags,
                 prepared.child_stdio,
+                deadline,
             )
             .await;
         if restored.is_err() {
+            // runc or CRIU killed mid-restore (a deadline) leave their mounts:
+            // runc's criu-root, CRIU's cgroup yard in the work folder. They
+            // would keep runc from removing its state and containerd the bundle.
+            unmount_under(&self.runc.root.join(&self.id));
+            unmount_under(&work);
             let _ = self.runc.delete(&self.id, true).await;
+            // Killed before it recorded its state, runc cannot find the
+            // container's cgroups to remove them: remove them here.
+            if !self.runc.systemd_cgroup {
+                if let Some(path) = self.cgroups_path() {
+                    remove_cgroups(&path).await;
+                }
+            }
         }
         Prepared::finish(prepared.receive, restored, &mut self.init).await?;
         self.init.pid = read_pid(&pid_file, "restore")?;
         Ok(())
+    }
+
+    /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
+    fn cgroups_path(&self) -> Option<PathBuf> {
+        let spec = oci_spec::runtime::Spec::load(self.bundle.join("config.json")).ok()?;
+        let path = spec.linux().as_ref()?.cgroups_path().clone()?;
+        path.is_absolute().then_some(path)
     }
 
     /// Registers an exec process (not started yet).
@@ -355,6 +376,75 @@ impl Container {
     }
 }
 
+/// Removes the (empty) cgroup `path` from every hierarchy that has it,
+/// waiting a little for killed members to finish exiting. rmdir refuses a
+/// cgroup that still has processes or children, so nothing in use goes.
+async fn remove_cgroups(path: &Path) {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    let base = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![base.join(relative)];
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        dirs.push(e.path().join(relative));
+    }
+    dirs.retain(|d| d.is_dir());
+    for _ in 0..100 {
+        dirs.retain(|d| match std::fs::remove_dir(d) {
+            Ok(()) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        });
+        if dirs.is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for d in dirs {
+        warn!("cgroup {} is left: not empty", d.display());
+    }
+}
+
+/// Unmounts whatever is mounted at or below `dir`, deepest first.
+fn unmount_under(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mount_path(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for p in points {
+        if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
+            warn!("unmount {}: {e}", p.display());
+        }
+    }
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo` (octal).
+fn unescape_mount_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    let mut rest = p;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(c) => {
+                out.push(c as char);
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A process's stdio made ready for runc: the pipes it gets, or the console
 /// socket through which runc will hand over its terminal.
 struct Prepared {
@@ -421,4 +511,15 @@ fn read_pid(path: &Path, phase: &str) -> Result<i32> {
             text.trim()
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/a\\040b/c\\134d"), "/a b/c\\d");
+        assert_eq!(unescape_mount_path("/x\\y\\0"), "/x\\y\\0");
+    }
 }

@@ -10,6 +10,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -48,12 +49,34 @@ pub struct CheckpointFlags {
     pub manage_cgroups_mode: Option<String>,
 }
 
+/// A bound on one runc invocation, and what to call it in errors.
+#[derive(Clone, Debug)]
+pub struct Deadline {
+    pub at: Instant,
+    /// e.g. "the activation timeout of 120s (activation_timeout_s)".
+    pub what: String,
+}
+
+impl Deadline {
+    /// `msg`, naming this deadline once it has passed.
+    pub fn explain(&self, msg: String) -> String {
+        if Instant::now() >= self.at {
+            format!("{msg}; deadline: {} passed", self.what)
+        } else {
+            msg
+        }
+    }
+}
+
 pub struct Invocation<'a> {
     phase: &'a str,
     verb: &'static str,
     args: Vec<OsString>,
     input: Option<Vec<u8>>,
     stdio: Option<ChildStdio>,
+    /// Past it, runc and everything under it (CRIU, a partly restored
+    /// tree) are killed and the invocation fails.
+    deadline: Option<&'a Deadline>,
 }
 
 impl<'a> Invocation<'a> {
@@ -64,6 +87,7 @@ impl<'a> Invocation<'a> {
             args: vec![verb.into()],
             input: None,
             stdio: None,
+            deadline: None,
         }
     }
 
@@ -103,7 +127,7 @@ impl<'a> Invocation<'a> {
 
 impl Runc {
     /// Runs one runc command to completion and returns its stdout.
-    async fn run(&self, inv: Invocation<'_>) -> Result<Vec<u8>> {
+    async fn run(&self, mut inv: Invocation<'_>) -> Result<Vec<u8>> {
         let n = INVOCATION.fetch_add(1, Ordering::Relaxed);
         let log = self.log_dir.join(format!(
             ".runc-{}-{}-{}.log",
@@ -146,13 +170,17 @@ impl Runc {
         // The Command holds copies of the container's stdio ends: let them go
         // now, so the container alone keeps them open.
         drop(cmd);
-        let exit = self.exits.watch(child.id() as i32, mark);
+        let runc_pid = child.id() as i32;
+        let mut exit = self.exits.watch(runc_pid, mark);
 
         let mut out = Vec::new();
         let mut err = Vec::new();
-        if captured {
+        let input = inv.input.take();
+        let io = async {
+            if !captured {
+                return;
+            }
             let stdin = child.stdin.take();
-            let input = inv.input;
             let feed = async move {
                 if let (Some(stdin), Some(input)) = (stdin, input) {
                     if let Ok(mut w) = pipe::Sender::from_owned_fd(OwnedFd::from(stdin)) {
@@ -165,10 +193,36 @@ impl Runc {
             let read_out = read_all(so, &mut out);
             let read_err = read_all(se, &mut err);
             tokio::join!(feed, read_out, read_err);
+        };
+        let finished = async {
+            io.await;
+            (&mut exit).await
+        };
+        let waited = match inv.deadline {
+            None => Ok(finished.await),
+            Some(deadline) => tokio::time::timeout_at(deadline.at.into(), finished)
+                .await
+                .map_err(|_| deadline),
+        };
+        let exit = match waited {
+            Ok(exit) => exit,
+            Err(deadline) => {
+                let killed = kill_tree(runc_pid);
+                // Reaped by the shim's reaper; wait so runc is gone
+                // before the caller cleans up after it.
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut exit).await;
+                let _ = std::fs::remove_file(&log);
+                return Err(Error::Runc {
+                    phase: inv.phase.to_string(),
+                    verb: inv.verb,
+                    detail: format!(
+                        "not done when {} passed; killed runc and the {killed} processes under it",
+                        deadline.what
+                    ),
+                });
+            }
         }
-        let exit = exit
-            .await
-            .map_err(|_| Error::Other(format!("{}: runc {} exit lost", inv.phase, inv.verb)))?;
+        .map_err(|_| Error::Other(format!("{}: runc {} exit lost", inv.phase, inv.verb)))?;
         let detail = last_error_line(&log);
         let _ = std::fs::remove_file(&log);
         if exit.code != 0 {
@@ -319,6 +373,7 @@ impl Runc {
         console_socket: Option<&Path>,
         flags: &CheckpointFlags,
         stdio: Option<ChildStdio>,
+        deadline: Option<&Deadline>,
     ) -> Result<()> {
         let mut inv = Invocation::new("restore", "restore")
             .arg("--detach")
@@ -334,8 +389,73 @@ impl Runc {
             .criu_flags(flags)
             .arg(id);
         inv.stdio = stdio;
+        inv.deadline = deadline;
         self.run(inv).await.map(drop)
     }
+}
+
+/// SIGKILLs every process under `root`, then `root`. They are all stopped
+/// first, so none can fork, and none dies and leaves its children to the
+/// shim (a subreaper) before they are found. Returns how many were under it.
+fn kill_tree(root: i32) -> usize {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let _ = kill(Pid::from_raw(root), Signal::SIGSTOP);
+    let mut stopped: Vec<i32> = Vec::new();
+    // Until a pass finds nobody new: a process may fork until it is stopped.
+    for _ in 0..100 {
+        let found: Vec<i32> = descendants(root)
+            .into_iter()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        if found.is_empty() {
+            break;
+        }
+        for p in found {
+            let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
+            stopped.push(p);
+        }
+    }
+    for p in &stopped {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(root), Signal::SIGKILL);
+    stopped.len()
+}
+
+/// Every live process below `root`, from /proc.
+fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        if let Some(Ok(ppid)) = fields.next().map(str::parse::<i32>) {
+            if state != "Z" && state != "X" {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut tree = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for (pid, _) in parent_of.iter().filter(|(_, pp)| *pp == parent) {
+            if !tree.contains(pid) {
+                tree.push(*pid);
+                frontier.push(*pid);
+            }
+        }
+    }
+    tree
 }
 
 async fn read_all(fd: Option<OwnedFd>, buf: &mut Vec<u8>) {
@@ -383,5 +503,39 @@ mod tests {
     #[test]
     fn last_error_line_of_a_missing_log_is_none() {
         assert_eq!(last_error_line(Path::new("/nonexistent/log.json")), None);
+    }
+
+    /// Gone, or a zombie nobody reaped yet.
+    fn dead(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }
+
+    #[test]
+    fn kill_tree_kills_every_descendant() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 60 & sleep 60 & wait"])
+            .spawn()
+            .unwrap();
+        let root = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut tree = descendants(root);
+        while tree.len() < 2 {
+            assert!(Instant::now() < deadline, "the sleeps never started");
+            std::thread::sleep(Duration::from_millis(10));
+            tree = descendants(root);
+        }
+        assert_eq!(kill_tree(root), 2);
+        child.wait().unwrap();
+        for pid in tree {
+            while !dead(pid) {
+                assert!(Instant::now() < deadline, "{pid} survived");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 }

@@ -30,7 +30,7 @@ use crate::events::Events;
 use crate::exits::{Exits, Mark};
 use crate::options;
 use crate::process::wait_exit;
-use crate::runc::{CheckpointFlags, Runc};
+use crate::runc::{CheckpointFlags, Deadline, Runc};
 use crate::snapshot::capture::Capture;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
@@ -174,12 +174,18 @@ impl TaskService {
         let c = get(&mut map, &req.id)?;
         let mark = self.exits.mark();
         let pid = if req.exec_id.is_empty() {
-            if c.start().await? {
+            // A restore runs CRIU and the activation within one deadline.
+            let deadline = c
+                .snapshot
+                .as_ref()
+                .filter(|s| s.mode == Mode::Restore)
+                .map(Snapshot::activation_deadline);
+            if c.start(deadline.as_ref()).await? {
                 self.watch(&req.id, "", c.init.pid, mark);
             }
             let pid = c.init.pid;
             if let Some(s) = c.snapshot.clone() {
-                self.run_plan(c, s).await?;
+                self.run_plan(c, s, deadline).await?;
             }
             self.events
                 .send(TaskStart {
@@ -211,7 +217,7 @@ impl TaskService {
     /// After the init process runs: a create plan captures in the background
     /// (a cold start can take minutes, Start must not wait for it); a restore
     /// is started only once the copy validated its canary and listens.
-    async fn run_plan(&self, c: &Container, s: Snapshot) -> Result<()> {
+    async fn run_plan(&self, c: &Container, s: Snapshot, deadline: Option<Deadline>) -> Result<()> {
         match s.mode {
             Mode::Restore => {
                 let (dir, id, host, port, pid) = (
@@ -221,9 +227,9 @@ impl TaskService {
                     s.plan.port,
                     c.init.pid,
                 );
-                let deadline = Instant::now() + s.activation_timeout;
+                let deadline = deadline.unwrap_or_else(|| s.activation_deadline());
                 let activated = tokio::task::spawn_blocking(move || {
-                    activate_copy(&dir, &id, host, port, pid, deadline)
+                    activate_copy(&dir, &id, host, port, pid, &deadline)
                 })
                 .await
                 .map_err(|e| Error::Other(format!("restore: {e}")))?;

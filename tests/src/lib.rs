@@ -9,6 +9,7 @@ pub mod cmd;
 pub mod containerd;
 pub mod engine;
 pub mod image;
+pub mod snapshot_env;
 
 pub use cmd::{run, CmdOutput};
 pub use containerd::Containerd;

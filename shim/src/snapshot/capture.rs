@@ -36,7 +36,16 @@ impl Capture {
             Err(e) => {
                 error!("{}: {e}", self.id);
                 let record = serde_json::json!({"container": self.id, "error": e.to_string()});
-                let _ = std::fs::write(self.bundle.join("vsnap-error.json"), record.to_string());
+                // Whole or absent: a reader never sees it half written.
+                let (tmp, path) = (
+                    self.bundle.join(".vsnap-error.json.tmp"),
+                    self.bundle.join("vsnap-error.json"),
+                );
+                if let Err(e) = std::fs::write(&tmp, record.to_string())
+                    .and_then(|_| std::fs::rename(&tmp, &path))
+                {
+                    error!("{}: write {}: {e}", self.id, path.display());
+                }
                 let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
             }
         }
@@ -116,7 +125,7 @@ impl Capture {
                     plan.port,
                     self.id.clone(),
                 );
-                let deadline = Instant::now() + s.activation_timeout;
+                let deadline = s.activation_deadline();
                 blocking(move || {
                     activate_and_probe(
                         "capture: donor",
@@ -127,7 +136,7 @@ impl Capture {
                         host,
                         port,
                         pid,
-                        deadline,
+                        &deadline,
                     )
                 })
                 .await?;

@@ -16,12 +16,13 @@ pub const CONTROL_MOUNT: &str = "/run/vsnap/control";
 pub const SNAPSHOT_CONFIG_ENV: &str = "VSNAP_SNAPSHOT_CONFIG";
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vsnap_config::RuntimeConfig;
 use vsnap_protocol::ControlDir;
 
 use crate::error::{Error, Result};
+use crate::runc::Deadline;
 use plan::{Mode, Plan};
 
 /// A container's snapshot plan, resolved at create.
@@ -90,6 +91,23 @@ impl Snapshot {
             return Err(e);
         }
         Ok(Some(s))
+    }
+
+    /// The activation deadline, from now. A restore's Start runs CRIU's
+    /// restore and then the activation within this one deadline.
+    pub fn activation_deadline(&self) -> Deadline {
+        let source = if self.plan.activation_timeout.is_some() {
+            plan::ACTIVATION_TIMEOUT
+        } else {
+            "activation_timeout_s"
+        };
+        Deadline {
+            at: Instant::now() + self.activation_timeout,
+            what: format!(
+                "the activation timeout of {}s ({source})",
+                self.activation_timeout.as_secs()
+            ),
+        }
     }
 
     pub fn artifact_dir(&self) -> PathBuf {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use vsnap_protocol::{activate, Activation, ActivationKind, CaptureReady, ControlDir, Expect};
 
 use crate::error::{Error, Result};
+use crate::runc::Deadline;
 
 pub fn is_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
@@ -43,7 +44,7 @@ pub fn activate_and_probe(
     host: Option<String>,
     port: u16,
     pid: i32,
-    deadline: Instant,
+    deadline: &Deadline,
 ) -> Result<Duration> {
     let started = Instant::now();
     let dir = ControlDir::open(control_dir, Expect::AnyContents)
@@ -59,11 +60,16 @@ pub fn activate_and_probe(
         host.clone(),
         port,
     );
-    activate(&dir, capture, &activation, deadline, &mut || is_alive(pid))
-        .map_err(|e| Error::FailedPrecondition(format!("{phase}: activation: {e}")))?;
+    activate(&dir, capture, &activation, deadline.at, &mut || {
+        is_alive(pid)
+    })
+    .map_err(|e| {
+        Error::FailedPrecondition(deadline.explain(format!("{phase}: activation: {e}")))
+    })?;
     let validated = started.elapsed();
-    probe_listener(pid, host.as_deref(), port, deadline)
-        .map_err(|e| Error::FailedPrecondition(format!("{phase}: listener: {e}")))?;
+    probe_listener(pid, host.as_deref(), port, deadline.at).map_err(|e| {
+        Error::FailedPrecondition(deadline.explain(format!("{phase}: listener: {e}")))
+    })?;
     Ok(validated)
 }
 
@@ -118,7 +124,7 @@ pub fn activate_copy(
     host: Option<String>,
     port: u16,
     pid: i32,
-    deadline: Instant,
+    deadline: &Deadline,
 ) -> Result<Duration> {
     let dir = ControlDir::open(control_dir, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("restore: control dir: {e}")))?;

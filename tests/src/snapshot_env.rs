@@ -1,0 +1,235 @@
+//! A private containerd set up for the snapshot plans: a runtime config with
+//! an artifact root, the reference engine's root filesystem, `ctr run` with a
+//! plan, and the checks that a plan left nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cmd::CmdOutput;
+use crate::containerd::{list, Containerd, NAMESPACE};
+use crate::engine::{answer, complete, engine_rootfs};
+
+pub const RT: &str = "io.vsnap.v1";
+pub const PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "Once upon a time",
+    "vsnap restores",
+];
+
+pub struct Env {
+    pub c: Containerd,
+    pub rootfs: String,
+    pub config: String,
+    pub artifacts: PathBuf,
+}
+
+/// A private containerd whose runtime config puts artifacts under its folder.
+pub fn setup(tag: &str) -> Env {
+    let c = Containerd::start(tag);
+    let rootfs = engine_rootfs(&c.dir).display().to_string();
+    let artifacts = c.dir.join("artifacts");
+    let config = c.dir.join("vsnap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "artifact_root = \"{}\"\ncapture_timeout_s = 120\nactivation_timeout_s = 60\n",
+            artifacts.display()
+        ),
+    )
+    .unwrap();
+    Env {
+        c,
+        rootfs,
+        config: config.display().to_string(),
+        artifacts,
+    }
+}
+
+/// Polls `done` every 50 ms until it holds; panics with `what` at `timeout`.
+pub fn poll(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Env {
+    /// `ctr run -d` of the engine with a plan; returns ctr's result.
+    pub fn run(
+        &self,
+        id: &str,
+        plan: &str,
+        artifact: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> CmdOutput {
+        let listen = format!("127.0.0.1:{port}");
+        let plan = format!("vsnap.io/plan={plan}");
+        let artifact = format!("vsnap.io/artifact={artifact}");
+        let listen = format!("vsnap.io/listen={listen}");
+        let mut args = vec![
+            "run",
+            "-d",
+            "--net-host",
+            "--runtime",
+            RT,
+            "--runtime-config-path",
+            &self.config,
+            "--annotation",
+            &plan,
+            "--annotation",
+            &artifact,
+            "--annotation",
+            &listen,
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--rootfs", &self.rootfs, id, "/vsnap-ref-engine"]);
+        self.c.ctr(&args)
+    }
+
+    pub fn artifact(&self, name: &str) -> PathBuf {
+        self.artifacts.join(name)
+    }
+
+    pub fn manifest(&self, name: &str) -> PathBuf {
+        self.artifact(name).join("manifest.json")
+    }
+
+    pub fn wait_manifest(&self, name: &str) -> serde_json::Value {
+        let path = self.manifest(name);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !path.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "no artifact published: {}",
+                self.c.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+    }
+
+    /// The task's status in `ctr task ls` (None: no such task).
+    pub fn task_status(&self, id: &str) -> Option<String> {
+        self.c.ctr_ok(&["task", "ls"]).lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&id)).then(|| f.last().unwrap_or(&"").to_string())
+        })
+    }
+
+    /// Waits until the task is not running any more (stopped, or gone).
+    pub fn wait_stopped(&self, id: &str) {
+        poll(Duration::from_secs(30), &format!("{id} to stop"), || {
+            self.task_status(id)
+                .is_none_or(|s| s != "RUNNING" && s != "PAUSED")
+        });
+    }
+
+    /// Kills a task, deletes it and its container; returns the delete output.
+    pub fn remove(&self, id: &str) -> String {
+        let _ = self.c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self
+            .task_status(id)
+            .is_some_and(|s| s != "STOPPED" && s != "CREATED")
+        {
+            assert!(Instant::now() < deadline, "{id} never stopped");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = self.c.ctr(&["task", "delete", id]);
+        self.c.ctr_ok(&["c", "rm", id]);
+        format!("{}{}", out.stdout, out.stderr)
+    }
+
+    /// The task's bundle in containerd's state folder.
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.c
+            .dir
+            .join("state/io.containerd.runtime.v2.task")
+            .join(NAMESPACE)
+            .join(id)
+    }
+
+    /// Waits for a background capture of `id` to fail: the shim's error
+    /// record in the bundle, then the task stopped. Returns the record's error.
+    pub fn wait_capture_failed(&self, id: &str) -> String {
+        let record = self.bundle(id).join("vsnap-error.json");
+        poll(
+            Duration::from_secs(120),
+            &format!("{}: {}", record.display(), self.c.log_tail()),
+            || record.exists(),
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        assert_eq!(v["container"], id, "{v}");
+        self.wait_stopped(id);
+        v["error"].as_str().expect("an error string").to_string()
+    }
+
+    /// Leftover staging folders under the artifact root.
+    pub fn staging_dirs(&self) -> Vec<String> {
+        list(&self.artifacts)
+            .into_iter()
+            .filter(|n| n.starts_with(".staging-"))
+            .collect()
+    }
+
+    /// The artifacts under the root (hidden folders left out).
+    pub fn artifact_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = list(&self.artifacts)
+            .into_iter()
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The cgroups (cgroupfs, v1 or v2) of container `id` that exist.
+    pub fn cgroups(&self, id: &str) -> Vec<String> {
+        let relative = format!("{NAMESPACE}/{id}");
+        let base = Path::new("/sys/fs/cgroup");
+        let mut dirs = vec![base.join(&relative)];
+        for h in list(base) {
+            dirs.push(base.join(h).join(&relative));
+        }
+        dirs.into_iter()
+            .filter(|d| d.is_dir())
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
+    /// After every container was removed: no shim, no runc container or
+    /// state, no bundle, no mount, no control dir, no staging folder.
+    pub fn assert_nothing_left(&self) {
+        poll(Duration::from_secs(20), "the shims to exit", || {
+            self.c.shim_pids().is_empty()
+        });
+        assert_eq!(self.c.runc_containers(), Vec::<String>::new(), "runc");
+        assert_eq!(
+            list(&self.c.runc_root()),
+            Vec::<String>::new(),
+            "runc state"
+        );
+        assert_eq!(self.c.mounts(), Vec::<String>::new(), "mounts");
+        assert_eq!(self.c.bundles(), Vec::<String>::new(), "bundles");
+        assert_eq!(
+            control_dirs(&self.artifacts),
+            Vec::<String>::new(),
+            "control dirs"
+        );
+        assert_eq!(self.staging_dirs(), Vec::<String>::new(), "staging");
+    }
+}
+
+/// The prompts' answers from an engine listening on `port`.
+pub fn answers(port: u16) -> Vec<(serde_json::Value, serde_json::Value, serde_json::Value)> {
+    PROMPTS
+        .iter()
+        .map(|p| answer(&complete(port, p, 8)))
+        .collect()
+}
+
+pub fn control_dirs(artifacts: &Path) -> Vec<String> {
+    list(&artifacts.join(".control"))
+}
