@@ -67,12 +67,14 @@ ask() {
         sed -E 's/"created":[0-9]+,//; s/"id":"[^"]*",//'
 }
 run_engine() { # id port [plan]
-    local ann=()
-    [ -n "${3:-}" ] && ann=(--annotation "vsnap.io/plan=$3" --annotation vsnap.io/artifact=demo
-        --annotation "vsnap.io/listen=127.0.0.1:$2")
+    # Without a plan the engine listens where its arguments say; with one, where
+    # vsnap.io/listen says (argv is part of the artifact's identity: keep it equal).
+    local ann=() args=(--host 127.0.0.1 --port "$2")
+    [ -n "${3:-}" ] && { ann=(--annotation "vsnap.io/plan=$3" --annotation vsnap.io/artifact=demo
+        --annotation "vsnap.io/listen=127.0.0.1:$2"); args=(); }
     "${CTR[@]}" run -d --net-host --runtime io.vsnap.v1 --runtime-config-path "$D/vsnap.toml" \
         "${ann[@]}" --env "VSNAP_ENGINE_INIT_MS=$INIT_MS" --env "VSNAP_ENGINE_STATE_MB=$STATE_MB" \
-        --rootfs "$D/rootfs" "$1" /vsnap-ref-engine --host 127.0.0.1 --port "$2" >>"$D/engines.log" 2>&1
+        --rootfs "$D/rootfs" "$1" /vsnap-ref-engine "${args[@]}" >>"$D/engines.log" 2>&1
 }
 stop() { "${CTR[@]}" task kill -s SIGKILL "$1"; sleep 0.3; "${CTR[@]}" task delete "$1" >/dev/null 2>&1 || true; "${CTR[@]}" c rm "$1"; }
 

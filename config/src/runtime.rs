@@ -27,6 +27,12 @@ pub struct RuntimeConfig {
     pub log_level: LogLevel,
     /// Where snapshot artifacts live; annotations name artifacts under it.
     pub artifact_root: PathBuf,
+    /// CRIU, as runc runs it (on the shim's PATH, or absolute): fingerprinted.
+    pub criu_binary: PathBuf,
+    /// CRIU's plugin folder holding cuda_plugin.so.
+    pub cuda_plugin_dir: PathBuf,
+    /// NVIDIA's cuda-checkpoint, which the CUDA plugin runs.
+    pub cuda_checkpoint: PathBuf,
     /// Default deadline for a cold start to reach capture-ready.
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
@@ -65,6 +71,9 @@ impl Default for RuntimeConfig {
             no_pivot_root: false,
             log_level: LogLevel::Info,
             artifact_root: PathBuf::from(DEFAULT_ARTIFACT_ROOT),
+            criu_binary: PathBuf::from("criu"),
+            cuda_plugin_dir: PathBuf::from("/usr/lib/criu"),
+            cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
             capture_timeout_s: 900,
             activation_timeout_s: 120,
         }

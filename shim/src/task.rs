@@ -174,19 +174,11 @@ impl TaskService {
         let c = get(&mut map, &req.id)?;
         let mark = self.exits.mark();
         let pid = if req.exec_id.is_empty() {
-            // A restore runs CRIU and the activation within one deadline.
-            let deadline = c
-                .snapshot
-                .as_ref()
-                .filter(|s| s.mode == Mode::Restore)
-                .map(Snapshot::activation_deadline);
-            if c.start(deadline.as_ref()).await? {
-                self.watch(&req.id, "", c.init.pid, mark);
+            let started = self.start_init(c, mark).await;
+            if let Some(s) = c.snapshot.as_mut() {
+                s.release_lock();
             }
-            let pid = c.init.pid;
-            if let Some(s) = c.snapshot.clone() {
-                self.run_plan(c, s, deadline).await?;
-            }
+            let pid = started?;
             self.events
                 .send(TaskStart {
                     container_id: req.id.clone(),
@@ -212,6 +204,23 @@ impl TaskService {
             pid: pid as u32,
             ..Default::default()
         })
+    }
+
+    /// Starts (or restores) the init process and runs its snapshot plan.
+    async fn start_init(&self, c: &mut Container, mark: Mark) -> Result<i32> {
+        // A restore runs CRIU and the activation within one deadline.
+        let deadline = c
+            .snapshot
+            .as_ref()
+            .filter(|s| s.mode == Mode::Restore)
+            .map(Snapshot::activation_deadline);
+        if c.start(deadline.as_ref()).await? {
+            self.watch(&c.id, "", c.init.pid, mark);
+        }
+        if let Some(s) = c.snapshot.clone() {
+            self.run_plan(c, s, deadline).await?;
+        }
+        Ok(c.init.pid)
     }
 
     /// After the init process runs: a create plan captures in the background

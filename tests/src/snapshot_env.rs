@@ -64,6 +64,19 @@ impl Env {
         port: u16,
         extra: &[&str],
     ) -> CmdOutput {
+        self.run_args(id, plan, artifact, port, extra, &[])
+    }
+
+    /// As [`Env::run`], with arguments for the engine.
+    pub fn run_args(
+        &self,
+        id: &str,
+        plan: &str,
+        artifact: &str,
+        port: u16,
+        extra: &[&str],
+        engine_args: &[&str],
+    ) -> CmdOutput {
         let listen = format!("127.0.0.1:{port}");
         let plan = format!("vsnap.io/plan={plan}");
         let artifact = format!("vsnap.io/artifact={artifact}");
@@ -85,6 +98,7 @@ impl Env {
         ];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--rootfs", &self.rootfs, id, "/vsnap-ref-engine"]);
+        args.extend_from_slice(engine_args);
         self.c.ctr(&args)
     }
 

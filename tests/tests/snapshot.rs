@@ -94,7 +94,14 @@ fn canary_drift_after_restore_fails_start_naming_the_phase() {
     wait_listening(port, Duration::from_secs(60));
     e.remove("d0");
     let port = free_port();
-    let out = e.run("d1", "restore", "drift", port, &[]);
+    // The same environment as at capture: anything else is another workload.
+    let out = e.run(
+        "d1",
+        "restore",
+        "drift",
+        port,
+        &["--env", "VSNAP_ENGINE_CANARY_DRIFT=1"],
+    );
     assert!(
         !out.ok(),
         "a drifting copy must never become visible: {out:?}"
@@ -134,4 +141,110 @@ fn bad_annotations_and_missing_artifacts_are_refused_by_name() {
     let _ = e.c.ctr(&["c", "rm", "b3"]);
     assert_eq!(e.c.shim_pids(), Vec::<i32>::new());
     assert_eq!(control_dirs(&e.artifacts), Vec::<String>::new());
+}
+
+#[test]
+fn a_restore_of_another_workload_or_a_foreign_manifest_is_refused_naming_why() {
+    let e = setup("ident");
+    let port = free_port();
+    assert!(e
+        .run("i0", "create", "ident", port, &["--env", "MODEL_REV=1"])
+        .ok());
+    e.wait_manifest("ident");
+    wait_listening(port, Duration::from_secs(60));
+    e.remove("i0");
+
+    // Another environment value and another user: both fields are named.
+    let out = e.run(
+        "i1",
+        "restore",
+        "ident",
+        free_port(),
+        &["--env", "MODEL_REV=2", "--user", "1000"],
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("restore: preflight: fingerprint mismatch"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("workload.env.MODEL_REV"), "{out:?}");
+    assert!(out.stderr.contains("workload.security.user"), "{out:?}");
+    assert!(
+        !out.stderr.contains("MODEL_REV=2"),
+        "values are never shown: {out:?}"
+    );
+    let _ = e.c.ctr(&["c", "rm", "i1"]);
+
+    // A manifest edited by hand (valid JSON, same schema) fails its MAC.
+    let manifest = e.manifest("ident");
+    let original = std::fs::read(&manifest).unwrap();
+    let edited = String::from_utf8(original.clone())
+        .unwrap()
+        .replace("\"i0\"", "\"i9\"");
+    assert_ne!(edited.as_bytes(), &original[..]);
+    std::fs::write(&manifest, edited).unwrap();
+    let out = e.run(
+        "i2",
+        "restore",
+        "ident",
+        free_port(),
+        &["--env", "MODEL_REV=1"],
+    );
+    assert!(
+        !out.ok() && out.stderr.contains("MAC does not verify"),
+        "{out:?}"
+    );
+    let _ = e.c.ctr(&["c", "rm", "i2"]);
+    std::fs::write(&manifest, &original).unwrap();
+
+    // Another host's key: the same manifest no longer verifies.
+    let key = e.artifacts.join(".host-key");
+    let ours = std::fs::read(&key).unwrap();
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let out = e.run(
+        "i3",
+        "restore",
+        "ident",
+        free_port(),
+        &["--env", "MODEL_REV=1"],
+    );
+    assert!(
+        !out.ok() && out.stderr.contains("MAC does not verify"),
+        "{out:?}"
+    );
+    let _ = e.c.ctr(&["c", "rm", "i3"]);
+    std::fs::write(&key, ours).unwrap();
+
+    // Restored as captured, it works.
+    let port = free_port();
+    let out = e.run("i4", "restore", "ident", port, &["--env", "MODEL_REV=1"]);
+    assert!(out.ok(), "{out:?}");
+    e.remove("i4");
+}
+
+#[test]
+fn two_creates_of_one_artifact_never_write_it_twice() {
+    let e = setup("race");
+    let slow = ["--env", "VSNAP_ENGINE_INIT_MS=3000"];
+    let (p1, p2) = (free_port(), free_port());
+    // Engine arguments say where to listen when it starts without a plan.
+    let (a1, a2) = (p1.to_string(), p2.to_string());
+    let args1 = ["--host", "127.0.0.1", "--port", a1.as_str()];
+    let args2 = ["--host", "127.0.0.1", "--port", a2.as_str()];
+    assert!(e.run_args("w1", "create", "race", p1, &slow, &args1).ok());
+    let out = e.run_args("w2", "create", "race", p2, &slow, &args2);
+    assert!(out.ok(), "the second create still starts: {out:?}");
+    // w1 holds the artifact's lock: w2 starts cold, with no control dir and
+    // nothing to capture.
+    assert_eq!(control_dirs(&e.artifacts), vec!["default-w1".to_string()]);
+    wait_listening(p2, Duration::from_secs(60));
+    let manifest = e.wait_manifest("race");
+    assert_eq!(
+        manifest["source_container"], "w1",
+        "only w1 wrote the artifact"
+    );
+    wait_listening(p1, Duration::from_secs(60));
+    e.remove("w1");
+    e.remove("w2");
 }

@@ -100,7 +100,14 @@ fn engine_failing_in_recovery_fails_the_restore_naming_the_phase() {
         "recover",
         &["VSNAP_ENGINE_FAIL_PHASE=recover"],
     );
-    let err = failed_restore(&e, "flt-r1", "recover", &[]);
+    // Restored with the environment it was captured with (anything else is
+    // another workload, refused at preflight).
+    let err = failed_restore(
+        &e,
+        "flt-r1",
+        "recover",
+        &["--env", "VSNAP_ENGINE_FAIL_PHASE=recover"],
+    );
     assert_has(
         &err,
         &[
@@ -126,7 +133,12 @@ fn engine_hanging_in_recovery_fails_the_restore_at_the_activation_deadline() {
         &e,
         "flt-h1",
         "hang",
-        &["--annotation", "vsnap.io/activation-timeout=3"],
+        &[
+            "--env",
+            "VSNAP_ENGINE_HANG_PHASE=recover",
+            "--annotation",
+            "vsnap.io/activation-timeout=3",
+        ],
     );
     assert_has(
         &err,

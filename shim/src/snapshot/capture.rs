@@ -10,13 +10,16 @@ use std::time::{Duration, Instant};
 use log::{error, info};
 use vsnap_protocol::{wait_for, ActivationKind, CaptureReady, ControlDir, Expect};
 
-use super::artifact::{self, Manifest, Staging, Timings, SCHEMA_VERSION};
+use super::artifact_error;
 use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
 use crate::error::{Error, Result};
 use crate::runc::{CheckpointFlags, Runc};
+use vsnap_artifact::{
+    ensure_root, layout, HostIdentity, HostKey, Manifest, Staging, Timings, SCHEMA_VERSION,
+};
 
 pub struct Capture {
     pub id: String,
@@ -78,8 +81,11 @@ impl Capture {
         inventory::check_no_outside_tcp(&pids)?;
         let inventory_time = t.elapsed();
 
-        artifact::ensure_root(&s.root)?;
-        let staging = Staging::new(&s.root, &plan.artifact)?;
+        ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
+        let key =
+            HostKey::load_or_create(&s.root).map_err(|e| artifact_error("capture: host key", e))?;
+        let staging =
+            Staging::new(&s.root, &plan.artifact).map_err(|e| artifact_error("capture", e))?;
         let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,
@@ -96,8 +102,9 @@ impl Capture {
         let checkpoint_time = t.elapsed();
 
         let t = Instant::now();
-        artifact::copy_files(&s.control_dir, &staging.control())?;
-        let manifest = Manifest {
+        layout::copy_files(&s.control_dir, &staging.control())
+            .map_err(|e| artifact_error("capture", e))?;
+        let mut manifest = Manifest {
             schema_version: SCHEMA_VERSION,
             name: plan.artifact.clone(),
             created_at: time::OffsetDateTime::now_utc()
@@ -106,15 +113,24 @@ impl Capture {
             capture_id: ready.capture_id.clone(),
             oracle: ready.oracle.clone(),
             source_container: self.id.clone(),
-            image_bytes: artifact::bytes_under(&staging.images()),
+            image_bytes: layout::bytes_under(&staging.images()),
             timings_ms: Timings {
                 cold_start_to_capture_ready: ms(cold_start),
                 inventory: ms(inventory_time),
                 checkpoint: ms(checkpoint_time),
             },
+            host: HostIdentity::probe(&s.tools, env!("CARGO_PKG_VERSION")),
+            workload: s.workload.clone(),
+            mac: String::new(),
         };
+        manifest.seal(&key);
         let root = s.root.clone();
-        let published = blocking(move || staging.publish(&root, &manifest)).await?;
+        let published = blocking(move || {
+            staging
+                .publish(&root, &manifest)
+                .map_err(|e| artifact_error("capture: publish", e))
+        })
+        .await?;
         info!("{}: published in {:?}", self.id, t.elapsed());
 
         match plan.after_capture {

@@ -3,7 +3,6 @@
 //! artifact; a container annotated for `restore` is restored from one and
 //! becomes visible only after its engine validated its canary and listens.
 
-pub mod artifact;
 pub mod capture;
 pub mod inventory;
 pub mod plan;
@@ -18,6 +17,10 @@ pub const SNAPSHOT_CONFIG_ENV: &str = "VSNAP_SNAPSHOT_CONFIG";
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+use vsnap_artifact::{
+    self as artifact, layout, ArtifactError, ArtifactLock, HostIdentity, Manifest, Tools, Workload,
+};
 use vsnap_config::RuntimeConfig;
 use vsnap_protocol::ControlDir;
 
@@ -35,6 +38,12 @@ pub struct Snapshot {
     pub control_dir: PathBuf,
     pub capture_timeout: Duration,
     pub activation_timeout: Duration,
+    /// The artifact lock: exclusive while creating, shared while restoring.
+    pub lock: Option<Arc<ArtifactLock>>,
+    /// What identifies the workload (taken from the spec at create).
+    pub workload: Workload,
+    /// The binaries the artifact depends on.
+    pub tools: Tools,
 }
 
 impl Snapshot {
@@ -51,18 +60,46 @@ impl Snapshot {
             return Ok(None);
         };
         let root = config.artifact_root.clone();
+        let preflight = |e| artifact_error("restore: preflight", e);
+        artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
         let mode = match plan.mode {
-            Mode::Auto => match artifact::validate(&root, &plan.artifact) {
+            Mode::Auto => match Manifest::load_unverified(&root, &plan.artifact) {
                 Ok(_) => Mode::Restore,
-                Err(Error::NotFound(_)) => Mode::Create,
-                Err(e) => return Err(e),
+                Err(ArtifactError::NotFound(_)) => Mode::Create,
+                Err(e) => return Err(preflight(e)),
             },
             m => m,
         };
-        if mode == Mode::Restore {
-            artifact::validate(&root, &plan.artifact)?;
-        }
-        artifact::ensure_root(&root)?;
+        let spec = spec::read(bundle)?;
+        let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
+        let tools = Tools {
+            runc: config.runc_binary.clone(),
+            criu: config.criu_binary.clone(),
+            cuda_plugin: config.cuda_plugin_dir.join("cuda_plugin.so"),
+        };
+        let lock = match mode {
+            Mode::Restore => {
+                let lock = ArtifactLock::shared(&root, &plan.artifact).map_err(preflight)?;
+                let manifest = Manifest::load_verified(&root, &plan.artifact).map_err(preflight)?;
+                let mut diff = manifest
+                    .host
+                    .diff(&HostIdentity::probe(&tools, env!("CARGO_PKG_VERSION")));
+                diff.extend(manifest.workload.diff(&workload));
+                if !diff.is_empty() {
+                    return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
+                }
+                lock
+            }
+            _ => match ArtifactLock::exclusive(&root, &plan.artifact) {
+                Ok(lock) => lock,
+                Err(ArtifactError::Locked(name)) => {
+                    // Never two writers: this one starts cold and captures nothing.
+                    log::warn!("{id}: artifact {name} is being written by another container: starting cold without a capture");
+                    return Ok(None);
+                }
+                Err(e) => return Err(artifact_error("create", e)),
+            },
+        };
         let control_dir = root.join(".control").join(format!("{namespace}-{id}"));
         remove_control_dir(&control_dir);
         ControlDir::create(&control_dir)
@@ -78,11 +115,15 @@ impl Snapshot {
             mode,
             root,
             control_dir,
+            lock: Some(Arc::new(lock)),
+            workload,
+            tools,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
                 // The copy sees only what was there at capture time.
-                artifact::copy_files(&s.artifact_dir().join("control"), &s.control_dir)?;
+                layout::copy_files(&s.artifact_dir().join("control"), &s.control_dir)
+                    .map_err(|e| artifact_error("restore", e))?;
             }
             spec::add_control_dir(bundle, &s.control_dir, s.capture_timeout.as_secs())
         })();
@@ -119,8 +160,24 @@ impl Snapshot {
         (self.mode == Mode::Restore).then(|| self.artifact_dir().join("images"))
     }
 
+    /// Lets go of the container's hold on the artifact lock once Start is
+    /// done: a restore no longer reads the artifact, and a capture holds its
+    /// own clone until it has published or failed.
+    pub fn release_lock(&mut self) {
+        drop(self.lock.take());
+    }
+
     pub fn cleanup(&self) {
         remove_control_dir(&self.control_dir);
+    }
+}
+
+/// An artifact error as the shim reports it, with its phase.
+pub fn artifact_error(phase: &str, e: ArtifactError) -> Error {
+    match e {
+        ArtifactError::NotFound(_) => Error::NotFound(format!("{phase}: {e}")),
+        ArtifactError::Io { context, source } => Error::io(format!("{phase}: {context}"), source),
+        e => Error::FailedPrecondition(format!("{phase}: {e}")),
     }
 }
 

@@ -24,7 +24,7 @@ pub fn annotations(bundle: &Path) -> Result<HashMap<String, String>> {
         .unwrap_or_default())
 }
 
-fn read(bundle: &Path) -> Result<Value> {
+pub fn read(bundle: &Path) -> Result<Value> {
     let path = bundle.join("config.json");
     let bytes = std::fs::read(&path)
         .map_err(|e| Error::io(format!("create: read {}", path.display()), e))?;

@@ -1,0 +1,37 @@
+use std::path::Path;
+
+/// Every message names the object; callers prefix the phase.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("artifact {0} does not exist")]
+    NotFound(String),
+    /// Ownership, mode or symlink problems: the artifact must not be used.
+    #[error("{0}")]
+    Unsafe(String),
+    /// Malformed or tampered content.
+    #[error("{0}")]
+    Invalid(String),
+    /// The artifact was made for another host or workload.
+    #[error("fingerprint mismatch: {0}")]
+    Mismatch(String),
+    /// Another process holds the artifact's lock.
+    #[error("artifact {0} is locked by another writer or user")]
+    Locked(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, ArtifactError>;
+
+impl ArtifactError {
+    pub fn io(path: &Path, what: &str, source: std::io::Error) -> Self {
+        ArtifactError::Io {
+            context: format!("{what} {}", path.display()),
+            source,
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Paths, safety checks, staging and atomic publish.
+
+use std::fs::{self, DirBuilder, File};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{ArtifactError, Result};
+use crate::manifest::{Manifest, MANIFEST};
+
+static STAGING: AtomicU64 = AtomicU64::new(0);
+
+/// `<root>/<name>`.
+pub fn path(root: &Path, name: &str) -> PathBuf {
+    root.join(name)
+}
+
+/// Creates the artifact root (0700) if missing and checks every component.
+pub fn ensure_root(root: &Path) -> Result<()> {
+    if !root.exists() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(|e| ArtifactError::io(root, "create artifact root", e))?;
+    }
+    check_path_safe(root)
+}
+
+/// Every component of `path`: no symlink, owned by root, not group/world
+/// writable unless root-owned and sticky.
+pub fn check_path_safe(path: &Path) -> Result<()> {
+    let mut current = PathBuf::from("/");
+    for part in path.components().skip(1) {
+        current.push(part);
+        let md =
+            fs::symlink_metadata(&current).map_err(|e| ArtifactError::io(&current, "stat", e))?;
+        if md.file_type().is_symlink() {
+            return Err(ArtifactError::Unsafe(format!(
+                "{} is a symlink",
+                current.display()
+            )));
+        }
+        let mode = md.mode() & 0o7777;
+        if md.uid() != 0 {
+            return Err(ArtifactError::Unsafe(format!(
+                "{} is owned by uid {}, not root",
+                current.display(),
+                md.uid()
+            )));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(ArtifactError::Unsafe(format!(
+                "{} is group/world-writable (mode {mode:04o})",
+                current.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a published artifact's folder and manifest file before anything
+/// reads it: safe path, 0700 folder, 0600 root-owned regular manifest,
+/// `images/` and `control/` present.
+pub fn check_layout(root: &Path, name: &str) -> Result<PathBuf> {
+    let dir = path(root, name);
+    if fs::symlink_metadata(&dir).is_err() {
+        return Err(ArtifactError::NotFound(dir.display().to_string()));
+    }
+    check_path_safe(&dir)?;
+    let md = fs::symlink_metadata(&dir).map_err(|e| ArtifactError::io(&dir, "stat", e))?;
+    if md.mode() & 0o777 != 0o700 {
+        return Err(ArtifactError::Unsafe(format!(
+            "{} has mode {:04o}, expected 0700",
+            dir.display(),
+            md.mode() & 0o7777
+        )));
+    }
+    let manifest = dir.join(MANIFEST);
+    let mmd =
+        fs::symlink_metadata(&manifest).map_err(|e| ArtifactError::io(&manifest, "stat", e))?;
+    if !mmd.file_type().is_file() {
+        return Err(ArtifactError::Unsafe(format!(
+            "{} is not a regular file",
+            manifest.display()
+        )));
+    }
+    if mmd.mode() & 0o777 != 0o600 || mmd.uid() != 0 {
+        return Err(ArtifactError::Unsafe(format!(
+            "{} has mode {:04o} and owner {}, expected 0600 and root",
+            manifest.display(),
+            mmd.mode() & 0o7777,
+            mmd.uid()
+        )));
+    }
+    for sub in ["images", "control"] {
+        let p = dir.join(sub);
+        if !fs::symlink_metadata(&p)
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
+            return Err(ArtifactError::Invalid(format!(
+                "{} is missing",
+                p.display()
+            )));
+        }
+    }
+    Ok(dir)
+}
+
+/// A staging folder beside the final artifact, removed unless published.
+pub struct Staging {
+    pub dir: PathBuf,
+    published: bool,
+}
+
+impl Staging {
+    pub fn new(root: &Path, name: &str) -> Result<Self> {
+        let n = STAGING.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!(".staging-{name}-{}-{n}", std::process::id()));
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| ArtifactError::io(&dir, "create staging", e))?;
+        for sub in ["images", "work", "control"] {
+            DirBuilder::new()
+                .mode(0o700)
+                .create(dir.join(sub))
+                .map_err(|e| ArtifactError::io(&dir, "create staging", e))?;
+        }
+        Ok(Self {
+            dir,
+            published: false,
+        })
+    }
+
+    pub fn images(&self) -> PathBuf {
+        self.dir.join("images")
+    }
+
+    pub fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    pub fn control(&self) -> PathBuf {
+        self.dir.join("control")
+    }
+
+    /// Writes the manifest (0600, fsync) and renames the staging folder to
+    /// `<root>/<name>`, exchanging it atomically with an older artifact of the
+    /// same name (whose files are then removed with the staging folder).
+    pub fn publish(mut self, root: &Path, manifest: &Manifest) -> Result<PathBuf> {
+        write_synced(&self.dir.join(MANIFEST), &manifest.to_bytes())?;
+        sync_dir(&self.dir)?;
+        let target = path(root, &manifest.name);
+        let exchanged = if target.exists() {
+            nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &self.dir,
+                nix::fcntl::AT_FDCWD,
+                &target,
+                nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+            )
+            .map_err(|e| ArtifactError::io(&target, "publish", e.into()))?;
+            true
+        } else {
+            fs::rename(&self.dir, &target).map_err(|e| ArtifactError::io(&target, "publish", e))?;
+            false
+        };
+        sync_dir(root)?;
+        self.published = !exchanged;
+        Ok(target)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Creates `path` (0600, never following a symlink), writes and fsyncs it.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| ArtifactError::io(path, "create", e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| ArtifactError::io(path, "write", e))
+}
+
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ArtifactError::io(dir, "fsync", e))
+}
+
+/// Total size of the regular files under `dir`.
+pub fn bytes_under(dir: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            match fs::symlink_metadata(e.path()) {
+                Ok(m) if m.is_dir() => total += bytes_under(&e.path()),
+                Ok(m) if m.is_file() => total += m.len(),
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
+/// Copies the regular files of `from` into `to` (0600, fsynced): control dirs.
+pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
+    for e in fs::read_dir(from).map_err(|e| ArtifactError::io(from, "read", e))? {
+        let e = e.map_err(|e| ArtifactError::io(from, "read", e))?;
+        let md = fs::symlink_metadata(e.path())
+            .map_err(|err| ArtifactError::io(&e.path(), "stat", err))?;
+        if !md.file_type().is_file() || e.file_name().to_string_lossy().ends_with(".tmp") {
+            continue;
+        }
+        let bytes = fs::read(e.path()).map_err(|err| ArtifactError::io(&e.path(), "read", err))?;
+        write_synced(&to.join(e.file_name()), &bytes)?;
+    }
+    sync_dir(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn group_writable_and_symlinked_components_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        ensure_root(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o770)).unwrap();
+        let err = check_path_safe(&root).unwrap_err().to_string();
+        assert!(err.contains("group/world-writable (mode 0770)"), "{err}");
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&root, &link).unwrap();
+        let err = check_path_safe(&link).unwrap_err().to_string();
+        assert!(err.contains("is a symlink"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_artifact_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            check_layout(dir.path(), "nope"),
+            Err(ArtifactError::NotFound(_))
+        ));
+    }
+}

@@ -1,0 +1,21 @@
+//! vsnap's snapshot artifacts, shared by the shim (which makes and restores
+//! them), the OCI hooks and the operator CLI.
+//!
+//! An artifact is `<root>/<name>/` (0700, root-owned, no symlink on the path):
+//! `images/` (CRIU), `control/` (the control-dir files at capture time),
+//! `work/` (CRIU logs) and `manifest.json` (0600, written last, MAC'd with a
+//! host-local key). It is built in a staging folder and published atomically.
+
+mod error;
+pub mod fingerprint;
+pub mod key;
+pub mod layout;
+pub mod lock;
+pub mod manifest;
+
+pub use error::{ArtifactError, Result};
+pub use fingerprint::{HostIdentity, Tools, Workload};
+pub use key::HostKey;
+pub use layout::{check_path_safe, ensure_root, path, Staging};
+pub use lock::ArtifactLock;
+pub use manifest::{Manifest, Timings, SCHEMA_VERSION};
