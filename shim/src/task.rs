@@ -31,6 +31,7 @@ use crate::exits::{Exits, Mark};
 use crate::options;
 use crate::process::wait_exit;
 use crate::runc::{CheckpointFlags, Deadline, Runc};
+use crate::snapshot::barrier;
 use crate::snapshot::capture::Capture;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
@@ -237,8 +238,18 @@ impl TaskService {
                     c.init.pid,
                 );
                 let deadline = deadline.unwrap_or_else(|| s.activation_deadline());
+                let profile = s.profile.clone();
                 let activated = tokio::task::spawn_blocking(move || {
-                    activate_copy(&dir, &id, host, port, pid, &deadline)
+                    match (profile.ready_path(&dir), profile.release_path(&dir)) {
+                        (Some(ready), Some(release)) => {
+                            let started = Instant::now();
+                            barrier::release_and_check(
+                                "restore", &ready, &release, host, port, pid, &deadline,
+                            )
+                            .map(|()| started.elapsed())
+                        }
+                        _ => activate_copy(&dir, &id, host, port, pid, &deadline),
+                    }
                 })
                 .await
                 .map_err(|e| Error::Other(format!("restore: {e}")))?;

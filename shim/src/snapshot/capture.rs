@@ -10,16 +10,17 @@ use std::time::{Duration, Instant};
 use log::{error, info};
 use vsnap_protocol::{wait_for, ActivationKind, CaptureReady, ControlDir, Expect};
 
-use super::artifact_error;
 use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
+use super::{artifact_error, barrier};
 use crate::error::{Error, Result};
 use crate::runc::{CheckpointFlags, Runc};
 use vsnap_artifact::{
     ensure_root, layout, HostIdentity, HostKey, Manifest, Staging, Timings, SCHEMA_VERSION,
 };
+use vsnap_protocol::{new_uuid4_hex, wait_ready, Oracle};
 
 pub struct Capture {
     pub id: String,
@@ -59,20 +60,41 @@ impl Capture {
         let plan = &s.plan;
         let (dir_path, pid) = (s.control_dir.clone(), self.pid);
         let deadline = Instant::now() + s.capture_timeout;
-        let ready = blocking(move || {
-            let dir = ControlDir::open(&dir_path, Expect::AnyContents)
-                .map_err(|e| Error::FailedPrecondition(format!("capture: control dir: {e}")))?;
-            wait_for::<CaptureReady>(&dir, deadline, &mut || is_alive(pid))
-                .map(|r| r.value)
-                .map_err(|e| {
-                    Error::FailedPrecondition(format!("capture: waiting for capture-ready: {e}"))
-                })
+        let profile = s.profile.clone();
+        let ready = blocking(move || -> Result<(String, Option<CaptureReady>, Oracle)> {
+            let waiting = |what: &str, e: String| {
+                Error::FailedPrecondition(format!("capture: waiting for {what}: {e}"))
+            };
+            match profile.ready_path(&dir_path) {
+                // The barrier: the ready file holds the canary answer alone.
+                Some(ready) => {
+                    let r = wait_ready(&ready, deadline, &mut || is_alive(pid))
+                        .map_err(|e| waiting("the ready file", e.to_string()))?;
+                    let id = new_uuid4_hex().map_err(|e| Error::io("capture: capture id", e))?;
+                    Ok((id, None, r.value.oracle()))
+                }
+                None => {
+                    let dir = ControlDir::open(&dir_path, Expect::AnyContents).map_err(|e| {
+                        Error::FailedPrecondition(format!("capture: control dir: {e}"))
+                    })?;
+                    wait_for::<CaptureReady>(&dir, deadline, &mut || is_alive(pid))
+                        .map(|r| {
+                            (
+                                r.value.capture_id.clone(),
+                                Some(r.value.clone()),
+                                r.value.oracle,
+                            )
+                        })
+                        .map_err(|e| waiting("capture-ready", e.to_string()))
+                }
+            }
         })
         .await?;
+        let (capture_id, capture_ready, oracle) = ready;
         let cold_start = self.started.elapsed();
         info!(
-            "{}: capture-ready after {cold_start:?} (capture {})",
-            self.id, ready.capture_id
+            "{}: capture-ready after {cold_start:?} (capture {capture_id})",
+            self.id
         );
 
         let t = Instant::now();
@@ -110,8 +132,8 @@ impl Capture {
             created_at: time::OffsetDateTime::now_utc()
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
-            capture_id: ready.capture_id.clone(),
-            oracle: ready.oracle.clone(),
+            capture_id,
+            oracle,
             source_container: self.id.clone(),
             image_bytes: layout::bytes_under(&staging.images()),
             timings_ms: Timings {
@@ -142,8 +164,9 @@ impl Capture {
                     self.id.clone(),
                 );
                 let deadline = s.activation_deadline();
-                blocking(move || {
-                    activate_and_probe(
+                let profile = s.profile.clone();
+                blocking(move || match capture_ready {
+                    Some(ready) => activate_and_probe(
                         "capture: donor",
                         &dir,
                         &ready,
@@ -154,6 +177,16 @@ impl Capture {
                         pid,
                         &deadline,
                     )
+                    .map(drop),
+                    None => barrier::release_and_check(
+                        "capture: donor",
+                        &profile.ready_path(&dir).expect("a barrier profile"),
+                        &profile.release_path(&dir).expect("a barrier profile"),
+                        host,
+                        port,
+                        pid,
+                        &deadline,
+                    ),
                 })
                 .await?;
                 info!("{}: donor serving", self.id);

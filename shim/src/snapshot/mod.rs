@@ -3,9 +3,12 @@
 //! artifact; a container annotated for `restore` is restored from one and
 //! becomes visible only after its engine validated its canary and listens.
 
+pub mod barrier;
+pub mod canary;
 pub mod capture;
 pub mod inventory;
 pub mod plan;
+pub mod profile;
 pub mod restore;
 pub mod spec;
 
@@ -27,6 +30,7 @@ use vsnap_protocol::ControlDir;
 use crate::error::{Error, Result};
 use crate::runc::Deadline;
 use plan::{Mode, Plan};
+use profile::Profile;
 
 /// A container's snapshot plan, resolved at create.
 #[derive(Clone, Debug)]
@@ -44,6 +48,8 @@ pub struct Snapshot {
     pub workload: Workload,
     /// The binaries the artifact depends on.
     pub tools: Tools,
+    /// How the engine speaks with vsnap.
+    pub profile: Profile,
 }
 
 impl Snapshot {
@@ -72,6 +78,8 @@ impl Snapshot {
         };
         let spec = spec::read(bundle)?;
         let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
+        let argv = spec::args(&spec);
+        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let tools = Tools {
             runc: config.runc_binary.clone(),
             criu: config.criu_binary.clone(),
@@ -118,6 +126,7 @@ impl Snapshot {
             lock: Some(Arc::new(lock)),
             workload,
             tools,
+            profile,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
@@ -125,7 +134,13 @@ impl Snapshot {
                 layout::copy_files(&s.artifact_dir().join("control"), &s.control_dir)
                     .map_err(|e| artifact_error("restore", e))?;
             }
-            spec::add_control_dir(bundle, &s.control_dir, s.capture_timeout.as_secs())
+            let startup = s.profile == Profile::Startup;
+            let timeout = s.capture_timeout.as_secs();
+            spec::add_control_dir(bundle, &s.control_dir, startup.then_some(timeout))?;
+            if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
+                spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
+            }
+            Ok(())
         })();
         if let Err(e) = prepared {
             remove_control_dir(&s.control_dir);

@@ -12,6 +12,8 @@ pub const LISTEN: &str = "vsnap.io/listen";
 pub const AFTER_CAPTURE: &str = "vsnap.io/after-capture";
 pub const CAPTURE_TIMEOUT: &str = "vsnap.io/capture-timeout";
 pub const ACTIVATION_TIMEOUT: &str = "vsnap.io/activation-timeout";
+/// `startup` (vLLM's control-dir protocol) or `barrier` (released vLLM).
+pub const ENGINE_PROTOCOL: &str = "vsnap.io/engine-protocol";
 /// CRI marks a pod's sandbox (pause) container with this; it always runs plain.
 const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
@@ -40,6 +42,8 @@ pub struct Plan {
     pub after_capture: AfterCapture,
     pub capture_timeout: Option<Duration>,
     pub activation_timeout: Option<Duration>,
+    /// The engine protocol annotation, resolved against the argv at create.
+    pub engine_protocol: Option<String>,
 }
 
 /// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).
@@ -99,6 +103,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
         after_capture,
         capture_timeout: seconds(CAPTURE_TIMEOUT)?,
         activation_timeout: seconds(ACTIVATION_TIMEOUT)?,
+        engine_protocol: a.get(ENGINE_PROTOCOL).cloned(),
     }))
 }
 

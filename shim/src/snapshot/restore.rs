@@ -74,22 +74,18 @@ pub fn activate_and_probe(
 }
 
 /// Connects to the engine's listener from inside its network namespace
-/// (a thread that joins it), until it accepts or `deadline` passes.
-fn probe_listener(
+/// until it accepts or `deadline` passes; returns the address that answered.
+pub fn probe_listener(
     pid: i32,
     host: Option<&str>,
     port: u16,
     deadline: Instant,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<SocketAddr, String> {
     let host = match host {
         None | Some("0.0.0.0") | Some("::") => "127.0.0.1".to_string(),
         Some(h) => h.to_string(),
     };
-    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .map_err(|e| format!("open the network namespace of pid {pid}: {e}"))?;
-    let probe = std::thread::spawn(move || -> std::result::Result<(), String> {
-        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("join the network namespace: {e}"))?;
+    in_netns(pid, move || {
         let addrs: Vec<SocketAddr> = (host.as_str(), port)
             .to_socket_addrs()
             .map_err(|e| format!("{host}:{port}: {e}"))?
@@ -97,7 +93,7 @@ fn probe_listener(
         loop {
             for a in &addrs {
                 if TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok() {
-                    return Ok(());
+                    return Ok(*a);
                 }
             }
             if !is_alive(pid) {
@@ -110,10 +106,23 @@ fn probe_listener(
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    });
-    probe
-        .join()
-        .map_err(|_| "the probe thread panicked".to_string())?
+    })
+}
+
+/// Runs `f` on a thread that joined the network namespace of `pid`.
+pub fn in_netns<T: Send + 'static>(
+    pid: i32,
+    f: impl FnOnce() -> std::result::Result<T, String> + Send + 'static,
+) -> std::result::Result<T, String> {
+    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|e| format!("open the network namespace of pid {pid}: {e}"))?;
+    std::thread::spawn(move || {
+        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("join the network namespace: {e}"))?;
+        f()
+    })
+    .join()
+    .map_err(|_| "the network namespace thread panicked".to_string())?
 }
 
 /// Wakes a restored copy: its control dir holds the capture's own

@@ -32,8 +32,9 @@ pub fn read(bundle: &Path) -> Result<Value> {
         .map_err(|e| Error::InvalidArgument(format!("create: bundle {}: {e}", path.display())))
 }
 
-/// Adds the control dir mount and the engine's snapshot config.
-pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: u64) -> Result<()> {
+/// Adds the control dir mount and, for the startup profile (`timeout_s`
+/// given), the engine's snapshot config in its environment.
+pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: Option<u64>) -> Result<()> {
     let mut spec = read(bundle)?;
     let mount = json!({
         "destination": CONTROL_MOUNT,
@@ -48,6 +49,9 @@ pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: u64) -> Res
         }
         None => spec["mounts"] = json!([mount]),
     }
+    let Some(timeout_s) = timeout_s else {
+        return write(bundle, &spec);
+    };
     let config =
         json!({"mode": "startup", "control_dir": CONTROL_MOUNT, "timeout_s": timeout_s as f64});
     let entry = format!("{SNAPSHOT_CONFIG_ENV}={config}");
@@ -64,10 +68,40 @@ pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: u64) -> Res
             .is_some_and(|s| s.starts_with(&format!("{SNAPSHOT_CONFIG_ENV}=")))
     });
     env.push(Value::String(entry));
+    write(bundle, &spec)
+}
+
+/// The process's argv.
+pub fn args(spec: &Value) -> Vec<String> {
+    spec["process"]["args"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Appends `--snapshot-config <json>` to the argv (stock vLLM reads its
+/// snapshot config from its arguments).
+pub fn add_snapshot_config_arg(bundle: &Path, timeout_s: u64) -> Result<()> {
+    let mut spec = read(bundle)?;
+    let config =
+        json!({"mode": "startup", "control_dir": CONTROL_MOUNT, "timeout_s": timeout_s as f64});
+    let args = spec["process"]["args"]
+        .as_array_mut()
+        .ok_or_else(|| Error::InvalidArgument("create: spec process.args is not a list".into()))?;
+    args.push(Value::String("--snapshot-config".into()));
+    args.push(Value::String(config.to_string()));
+    write(bundle, &spec)
+}
+
+/// Replaces the bundle's config.json (write a temporary file, rename).
+pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
     let path = bundle.join("config.json");
     let tmp = bundle.join(".config.json.vsnap");
-    let bytes =
-        serde_json::to_vec(&spec).map_err(|e| Error::Other(format!("create: spec: {e}")))?;
+    let bytes = serde_json::to_vec(spec).map_err(|e| Error::Other(format!("create: spec: {e}")))?;
     std::fs::write(&tmp, bytes)
         .and_then(|_| std::fs::rename(&tmp, &path))
         .map_err(|e| Error::io(format!("create: write {}", path.display()), e))
@@ -86,7 +120,7 @@ mod tests {
         )
         .unwrap();
         for _ in 0..2 {
-            add_control_dir(dir.path(), Path::new("/var/lib/vsnap/c1"), 60).unwrap();
+            add_control_dir(dir.path(), Path::new("/var/lib/vsnap/c1"), Some(60)).unwrap();
         }
         let spec: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap())

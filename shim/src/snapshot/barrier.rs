@@ -1,0 +1,82 @@
+//! The barrier profile's wake-up (released vLLM): write the release file,
+//! wait for the listener, then check the canary over HTTP. A copy that must
+//! not run gets the abort marker, so it never binds.
+
+use std::path::Path;
+
+use vsnap_protocol::{abort_release, read_json, release, ReadyFile};
+
+use super::canary;
+use super::restore::{in_netns, probe_listener};
+use crate::error::{Error, Result};
+use crate::runc::Deadline;
+
+/// Releases the engine waiting behind `ready`/`release_file` and returns once
+/// it listens and reproduced its canary. On failure the abort marker is left
+/// behind (for an engine still waiting) and the error names `phase`.
+pub fn release_and_check(
+    phase: &str,
+    ready: &Path,
+    release_file: &Path,
+    host: Option<String>,
+    port: u16,
+    pid: i32,
+    deadline: &Deadline,
+) -> Result<()> {
+    let fail = |m: String| Error::FailedPrecondition(deadline.explain(format!("{phase}: {m}")));
+    let oracle = match read_json::<ReadyFile>(ready) {
+        Ok(Some(r)) => r.value.oracle(),
+        Ok(None) => {
+            return Err(abort(
+                release_file,
+                fail(format!("{} is missing", ready.display())),
+            ))
+        }
+        Err(e) => return Err(abort(release_file, fail(e.to_string()))),
+    };
+    release(release_file, host.clone(), port).map_err(|e| fail(format!("release: {e}")))?;
+    let addr = probe_listener(pid, host.as_deref(), port, deadline.at)
+        .map_err(|e| fail(format!("listener: {e}")))?;
+    in_netns(pid, move || canary::check(addr, &oracle)).map_err(|e| fail(format!("canary: {e}")))
+}
+
+/// Writes the abort marker (best effort) and passes `e` on.
+pub fn abort(release_file: &Path, e: Error) -> Error {
+    if !release_file.exists() {
+        let _ = abort_release(release_file);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_ready_file_leaves_the_abort_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let deadline = Deadline {
+            at: std::time::Instant::now() + std::time::Duration::from_secs(1),
+            what: "a test deadline".into(),
+        };
+        let release_file = dir.path().join("release.json");
+        let err = release_and_check(
+            "restore",
+            &dir.path().join("ready.json"),
+            &release_file,
+            None,
+            80,
+            1,
+            &deadline,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("restore: ") && err.contains("ready.json is missing"),
+            "{err}"
+        );
+        let marker: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&release_file).unwrap()).unwrap();
+        assert_eq!(marker, serde_json::json!({"release": false}));
+    }
+}
