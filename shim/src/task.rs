@@ -35,8 +35,9 @@ use crate::snapshot::barrier;
 use crate::snapshot::capture::Capture;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
+use crate::snapshot::RestoreTimings;
 use crate::snapshot::Snapshot;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type Containers = Arc<Mutex<HashMap<String, Container>>>;
 
@@ -215,11 +216,13 @@ impl TaskService {
             .as_ref()
             .filter(|s| s.mode == Mode::Restore)
             .map(Snapshot::activation_deadline);
+        let started = Instant::now();
         if c.start(deadline.as_ref()).await? {
             self.watch(&c.id, "", c.init.pid, mark);
         }
+        let restored_in = started.elapsed();
         if let Some(s) = c.snapshot.clone() {
-            self.run_plan(c, s, deadline).await?;
+            self.run_plan(c, s, deadline, restored_in).await?;
         }
         Ok(c.init.pid)
     }
@@ -227,7 +230,13 @@ impl TaskService {
     /// After the init process runs: a create plan captures in the background
     /// (a cold start can take minutes, Start must not wait for it); a restore
     /// is started only once the copy validated its canary and listens.
-    async fn run_plan(&self, c: &Container, s: Snapshot, deadline: Option<Deadline>) -> Result<()> {
+    async fn run_plan(
+        &self,
+        c: &Container,
+        s: Snapshot,
+        deadline: Option<Deadline>,
+        restored_in: Duration,
+    ) -> Result<()> {
         match s.mode {
             Mode::Restore => {
                 let (dir, id, host, port, pid) = (
@@ -239,6 +248,7 @@ impl TaskService {
                 );
                 let deadline = deadline.unwrap_or_else(|| s.activation_deadline());
                 let profile = s.profile.clone();
+                let woken = Instant::now();
                 let activated = tokio::task::spawn_blocking(move || {
                     match (profile.ready_path(&dir), profile.release_path(&dir)) {
                         (Some(ready), Some(release)) => {
@@ -254,8 +264,18 @@ impl TaskService {
                 .await
                 .map_err(|e| Error::Other(format!("restore: {e}")))?;
                 match activated {
-                    Ok(t) => {
-                        info!("{}: restored copy validated in {t:?} and listening", c.id);
+                    Ok(validated) => {
+                        let timings = RestoreTimings {
+                            preflight: s.preflight,
+                            criu_restore: restored_in,
+                            activation: validated,
+                            listener: woken.elapsed().saturating_sub(validated),
+                        };
+                        info!(
+                            "{}: restored copy validated and listening: {timings:?}",
+                            c.id
+                        );
+                        timings.record(&c.bundle);
                         Ok(())
                     }
                     Err(e) => {

@@ -50,6 +50,33 @@ pub struct Snapshot {
     pub tools: Tools,
     /// How the engine speaks with vsnap.
     pub profile: Profile,
+    /// Time spent validating the artifact at create (a restore's preflight).
+    pub preflight: Duration,
+}
+
+/// Where a restore's Start spent its time, written to the bundle as
+/// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.
+#[derive(Debug)]
+pub struct RestoreTimings {
+    pub preflight: Duration,
+    pub criu_restore: Duration,
+    pub activation: Duration,
+    pub listener: Duration,
+}
+
+impl RestoreTimings {
+    pub fn record(&self, bundle: &Path) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let record = serde_json::json!({
+            "preflight_ms": ms(self.preflight),
+            "criu_restore_ms": ms(self.criu_restore),
+            "activation_ms": ms(self.activation),
+            "listener_ms": ms(self.listener),
+        });
+        let tmp = bundle.join(".vsnap-restore.json");
+        let _ = std::fs::write(&tmp, record.to_string())
+            .and_then(|_| std::fs::rename(&tmp, bundle.join("vsnap-restore.json")));
+    }
 }
 
 impl Snapshot {
@@ -62,6 +89,7 @@ impl Snapshot {
         namespace: &str,
         config: &RuntimeConfig,
     ) -> Result<Option<Self>> {
+        let started = Instant::now();
         let Some(plan) = plan::from_annotations(&spec::annotations(bundle)?)? else {
             return Ok(None);
         };
@@ -127,6 +155,7 @@ impl Snapshot {
             workload,
             tools,
             profile,
+            preflight: started.elapsed(),
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
