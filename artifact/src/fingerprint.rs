@@ -175,6 +175,12 @@ impl Workload {
         }
     }
 
+    /// A short stable key of this identity, to name an artifact by.
+    pub fn key(&self) -> String {
+        let bytes = serde_json::to_vec(self).expect("a workload serializes");
+        sha256_hex(&bytes)[..24].to_string()
+    }
+
     pub fn diff(&self, live: &Workload) -> Vec<String> {
         diff_json("workload", &to_map(self), &to_map(live))
     }

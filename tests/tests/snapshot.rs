@@ -248,3 +248,77 @@ fn two_creates_of_one_artifact_never_write_it_twice() {
     e.remove("w1");
     e.remove("w2");
 }
+
+#[test]
+fn auto_without_a_name_keys_the_artifact_by_the_workload() {
+    let e = setup("autokey");
+    let run = |id: &str, port: u16, rev: &str| {
+        let listen = format!("vsnap.io/listen=127.0.0.1:{port}");
+        let env = format!("MODEL_REV={rev}");
+        e.c.ctr(&[
+            "run",
+            "-d",
+            "--net-host",
+            "--runtime",
+            "io.vsnap.v1",
+            "--runtime-config-path",
+            &e.config,
+            "--annotation",
+            "vsnap.io/plan=auto",
+            "--annotation",
+            &listen,
+            "--env",
+            &env,
+            "--rootfs",
+            &e.rootfs,
+            id,
+            "/vsnap-ref-engine",
+        ])
+    };
+    let artifacts = || {
+        vsnap_e2e::containerd::list(&e.artifacts)
+            .into_iter()
+            .filter(|n| n.starts_with("auto-"))
+            .collect::<Vec<_>>()
+    };
+    let port = free_port();
+    assert!(run("k1", port, "1").ok());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while artifacts().is_empty()
+        || !e
+            .artifacts
+            .join(&artifacts()[0])
+            .join("manifest.json")
+            .exists()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no auto- artifact published"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_listening(port, Duration::from_secs(60));
+    e.remove("k1");
+    // The same workload finds its artifact and restores (listening at once).
+    let port = free_port();
+    assert!(run("k2", port, "1").ok());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "k2 was restored"
+    );
+    e.remove("k2");
+    assert_eq!(artifacts().len(), 1);
+    // Another workload gets an artifact of its own.
+    let port = free_port();
+    assert!(run("k3", port, "2").ok());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while artifacts().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second auto- artifact"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_listening(port, Duration::from_secs(60));
+    e.remove("k3");
+}

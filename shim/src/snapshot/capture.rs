@@ -107,7 +107,7 @@ impl Capture {
         let key =
             HostKey::load_or_create(&s.root).map_err(|e| artifact_error("capture: host key", e))?;
         let staging =
-            Staging::new(&s.root, &plan.artifact).map_err(|e| artifact_error("capture", e))?;
+            Staging::new(&s.root, &s.artifact).map_err(|e| artifact_error("capture", e))?;
         let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,
@@ -128,7 +128,7 @@ impl Capture {
             .map_err(|e| artifact_error("capture", e))?;
         let mut manifest = Manifest {
             schema_version: SCHEMA_VERSION,
-            name: plan.artifact.clone(),
+            name: s.artifact.clone(),
             created_at: time::OffsetDateTime::now_utc()
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),

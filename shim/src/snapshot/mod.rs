@@ -36,6 +36,9 @@ use profile::Profile;
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub plan: Plan,
+    /// The artifact's name: from the annotation, or derived from the
+    /// workload's identity for `auto`.
+    pub artifact: String,
     /// Create or Restore (Auto is resolved at create).
     pub mode: Mode,
     pub root: PathBuf,
@@ -96,18 +99,23 @@ impl Snapshot {
         let root = config.artifact_root.clone();
         let preflight = |e| artifact_error("restore: preflight", e);
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
+        let spec = spec::read(bundle)?;
+        let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
+        let argv = spec::args(&spec);
+        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
+        // `auto` without a name: the workload's identity names the artifact.
+        let name = plan
+            .artifact
+            .clone()
+            .unwrap_or_else(|| format!("auto-{}", workload.key()));
         let mode = match plan.mode {
-            Mode::Auto => match Manifest::load_unverified(&root, &plan.artifact) {
+            Mode::Auto => match Manifest::load_unverified(&root, &name) {
                 Ok(_) => Mode::Restore,
                 Err(ArtifactError::NotFound(_)) => Mode::Create,
                 Err(e) => return Err(preflight(e)),
             },
             m => m,
         };
-        let spec = spec::read(bundle)?;
-        let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
-        let argv = spec::args(&spec);
-        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let tools = Tools {
             runc: config.runc_binary.clone(),
             criu: config.criu_binary.clone(),
@@ -115,8 +123,8 @@ impl Snapshot {
         };
         let lock = match mode {
             Mode::Restore => {
-                let lock = ArtifactLock::shared(&root, &plan.artifact).map_err(preflight)?;
-                let manifest = Manifest::load_verified(&root, &plan.artifact).map_err(preflight)?;
+                let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
+                let manifest = Manifest::load_verified(&root, &name).map_err(preflight)?;
                 let mut diff = manifest
                     .host
                     .diff(&HostIdentity::probe(&tools, env!("CARGO_PKG_VERSION")));
@@ -126,7 +134,7 @@ impl Snapshot {
                 }
                 lock
             }
-            _ => match ArtifactLock::exclusive(&root, &plan.artifact) {
+            _ => match ArtifactLock::exclusive(&root, &name) {
                 Ok(lock) => lock,
                 Err(ArtifactError::Locked(name)) => {
                     // Never two writers: this one starts cold and captures nothing.
@@ -148,6 +156,7 @@ impl Snapshot {
                 .activation_timeout
                 .unwrap_or(Duration::from_secs(config.activation_timeout_s)),
             plan,
+            artifact: name,
             mode,
             root,
             control_dir,
@@ -196,7 +205,7 @@ impl Snapshot {
     }
 
     pub fn artifact_dir(&self) -> PathBuf {
-        artifact::path(&self.root, &self.plan.artifact)
+        artifact::path(&self.root, &self.artifact)
     }
 
     /// The CRIU images a restore starts from.

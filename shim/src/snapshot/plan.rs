@@ -36,7 +36,8 @@ pub enum AfterCapture {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub mode: Mode,
-    pub artifact: String,
+    /// `None` only with `auto`: the name is then derived from the workload.
+    pub artifact: Option<String>,
     pub host: Option<String>,
     pub port: u16,
     pub after_capture: AfterCapture,
@@ -65,10 +66,19 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
             ))
         }
     };
-    let artifact = a
-        .get(ARTIFACT)
-        .ok_or_else(|| invalid(ARTIFACT, "required with a snapshot plan".into()))?;
-    check_artifact_name(artifact).map_err(|m| invalid(ARTIFACT, m))?;
+    let artifact = match (a.get(ARTIFACT), mode) {
+        (Some(name), _) => {
+            check_artifact_name(name).map_err(|m| invalid(ARTIFACT, m))?;
+            Some(name.clone())
+        }
+        (None, Mode::Auto) => None,
+        (None, _) => {
+            return Err(invalid(
+                ARTIFACT,
+                "required with the create and restore plans".into(),
+            ))
+        }
+    };
     let listen = a
         .get(LISTEN)
         .ok_or_else(|| invalid(LISTEN, "required with a snapshot plan (HOST:PORT)".into()))?;
@@ -97,7 +107,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
     };
     Ok(Some(Plan {
         mode,
-        artifact: artifact.clone(),
+        artifact,
         host,
         port,
         after_capture,
@@ -198,6 +208,18 @@ mod tests {
             let err = from_annotations(&a).unwrap_err().to_string();
             assert!(err.contains(key), "{key}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn only_auto_may_leave_the_artifact_unnamed() {
+        let p = from_annotations(&ann(&[(PLAN, "auto"), (LISTEN, ":8000")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.artifact, None);
+        let err = from_annotations(&ann(&[(PLAN, "restore"), (LISTEN, ":8000")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(ARTIFACT), "{err}");
     }
 
     #[test]
