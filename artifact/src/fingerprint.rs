@@ -42,6 +42,10 @@ pub struct HostIdentity {
     pub criu_sha256: String,
     pub cuda_plugin_sha256: String,
     pub shim_version: String,
+    /// `name uuid driver` of each GPU the container uses (empty without one);
+    /// filled by the shim from nvidia-smi when the spec has NVIDIA devices.
+    #[serde(default)]
+    pub gpus: Vec<String>,
 }
 
 impl HostIdentity {
@@ -67,6 +71,7 @@ impl HostIdentity {
             criu_sha256: file_sha256(&criu),
             cuda_plugin_sha256: file_sha256(&tools.cuda_plugin),
             shim_version: shim_version.to_string(),
+            gpus: Vec::new(),
         }
     }
 

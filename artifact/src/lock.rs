@@ -1,10 +1,10 @@
 //! One writer per artifact name, and no removal of an artifact in use: an
 //! advisory `flock` on `<root>/.locks/<name>.lock`, held by the process that
-//! creates (exclusive) or restores / inspects (shared) the artifact. The
+//! creates or removes (exclusive) or restores (shared) the artifact. The
 //! kernel drops it when the holder dies, so a crash never leaves it stuck.
 
 use std::fs::{DirBuilder, File};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg};
@@ -30,6 +30,24 @@ impl ArtifactLock {
     /// A shared lock (many readers), or `Locked` while a writer holds it.
     pub fn shared(root: &Path, name: &str) -> Result<Self> {
         Self::take(root, name, FlockArg::LockSharedNonblock)
+    }
+
+    /// Whether anyone holds the lock of `name`, shared or exclusive, read
+    /// from `/proc/locks` without taking the lock or creating anything: an
+    /// observer (a listing) never makes a concurrent restore or capture fail.
+    /// Locks held by processes outside the caller's pid namespace are not
+    /// shown there; removal must still take [`ArtifactLock::exclusive`].
+    pub fn is_held(root: &Path, name: &str) -> Result<bool> {
+        let path = root.join(".locks").join(format!("{name}.lock"));
+        let md = match std::fs::symlink_metadata(&path) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(ArtifactError::io(&path, "stat", e)),
+        };
+        let proc_locks = Path::new("/proc/locks");
+        let locks = std::fs::read_to_string(proc_locks)
+            .map_err(|e| ArtifactError::io(proc_locks, "read", e))?;
+        Ok(flock_listed(&locks, md.dev(), md.ino()))
     }
 
     fn take(root: &Path, name: &str, how: FlockArg) -> Result<Self> {
@@ -58,9 +76,52 @@ impl ArtifactLock {
     }
 }
 
+/// Whether `/proc/locks` lists a granted `flock` on the inode `dev`/`ino`
+/// (`N: FLOCK ADVISORY WRITE PID MAJ:MIN:INO 0 EOF`; waiters, `N: -> FLOCK`,
+/// do not hold it).
+fn flock_listed(proc_locks: &str, dev: u64, ino: u64) -> bool {
+    let inode = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    proc_locks.lines().any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&inode.as_str())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_lock_is_seen_without_taking_it() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!ArtifactLock::is_held(dir.path(), "a").unwrap());
+        assert!(
+            !dir.path().join(".locks").exists(),
+            "looking creates nothing"
+        );
+        let r = ArtifactLock::shared(dir.path(), "a").unwrap();
+        assert!(ArtifactLock::is_held(dir.path(), "a").unwrap());
+        assert!(!ArtifactLock::is_held(dir.path(), "b").unwrap());
+        drop(r);
+        assert!(!ArtifactLock::is_held(dir.path(), "a").unwrap());
+        let w = ArtifactLock::exclusive(dir.path(), "a").unwrap();
+        assert!(ArtifactLock::is_held(dir.path(), "a").unwrap());
+        drop(w);
+        assert!(!ArtifactLock::is_held(dir.path(), "a").unwrap());
+    }
+
+    #[test]
+    fn proc_locks_lines_are_matched_by_device_and_inode() {
+        let dev = libc::makedev(0xfe, 0x01);
+        let locks = "1: FLOCK  ADVISORY  WRITE 26722 fe:01:5472257 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 26723 fe:01:77 0 EOF\n\
+                     3: POSIX  ADVISORY  WRITE 26724 fe:01:88 0 EOF\n";
+        assert!(flock_listed(locks, dev, 5472257));
+        assert!(!flock_listed(locks, dev, 547225));
+        assert!(!flock_listed(locks, libc::makedev(0xfe, 0), 5472257));
+        assert!(!flock_listed(locks, dev, 77), "a waiter holds nothing");
+        assert!(!flock_listed(locks, dev, 88), "not an flock");
+    }
 
     #[test]
     fn one_writer_at_a_time_and_no_writer_beside_readers() {

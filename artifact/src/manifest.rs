@@ -57,6 +57,13 @@ impl Manifest {
         self.mac = key.mac(&self.mac_input());
     }
 
+    /// Whether the MAC verifies with `key`: the manifest was sealed with this
+    /// key and not edited since. For reports; [`Manifest::load_verified`]
+    /// is what gates a restore.
+    pub fn mac_verifies(&self, key: &HostKey) -> bool {
+        !self.mac.is_empty() && key.verify(&self.mac_input(), &self.mac)
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = serde_json::to_vec_pretty(self).expect("a manifest serializes");
         bytes.push(b'\n');
@@ -115,5 +122,41 @@ impl Manifest {
             )));
         }
         Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Tools;
+
+    #[test]
+    fn the_mac_verifies_only_the_sealed_content_under_the_sealing_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = Manifest {
+            schema_version: SCHEMA_VERSION,
+            name: "a".into(),
+            created_at: "2025-01-01T00:00:00Z".into(),
+            capture_id: "c".into(),
+            oracle: Oracle {
+                sampled_token_logprob: -0.5,
+                text: "t".into(),
+                token_ids: vec![1],
+            },
+            source_container: "s".into(),
+            image_bytes: 1,
+            timings_ms: Timings::default(),
+            host: HostIdentity::probe(&Tools::default(), "test"),
+            workload: Workload::from_spec(&serde_json::json!({}), "/run/vsnap/control"),
+            mac: String::new(),
+        };
+        assert!(!m.mac_verifies(&key), "an unsealed manifest");
+        m.seal(&key);
+        assert!(m.mac_verifies(&key));
+        let other = tempfile::tempdir().unwrap();
+        assert!(!m.mac_verifies(&HostKey::load_or_create(other.path()).unwrap()));
+        m.source_container = "edited".into();
+        assert!(!m.mac_verifies(&key));
     }
 }

@@ -475,7 +475,7 @@ impl Prepared {
             Ok(Self {
                 console_path: None,
                 receive: None,
-                child_stdio: Some(stdio::pipes(&p.stdio, &p.io)?),
+                child_stdio: Some(stdio::pipes(&p.stdio, &p.io, &mut p.files)?),
             })
         }
     }

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::exits::Exit;
+use crate::stdio::FileCopies;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -34,6 +35,7 @@ pub struct Process {
     pub status: Status,
     pub stdio: Stdio,
     pub io: IoTasks,
+    pub files: FileCopies,
     pub pty: Option<Pty>,
     exit: watch::Sender<Option<Exit>>,
 }
@@ -46,6 +48,7 @@ impl Process {
             status: Status::Created,
             stdio,
             io: IoTasks::default(),
+            files: FileCopies::default(),
             pty: None,
             exit: watch::channel(None).0,
         }
@@ -63,6 +66,12 @@ impl Process {
         self.status = Status::Stopped;
         self.exit.send_replace(Some(exit));
         true
+    }
+
+    /// Drains and stops every stdio copy of the process.
+    pub async fn shutdown_io(&mut self) {
+        self.io.shutdown().await;
+        self.files.shutdown().await;
     }
 
     /// A receiver that sees the exit once it is recorded.

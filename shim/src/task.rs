@@ -305,9 +305,9 @@ impl TaskService {
         let mut map = self.containers.lock().await;
         let c = get(&mut map, &req.id)?;
         if !req.exec_id.is_empty() {
-            let p = c.delete_exec(&req.exec_id)?;
+            let mut p = c.delete_exec(&req.exec_id)?;
             drop(map);
-            p.io.shutdown().await;
+            p.shutdown_io().await;
             let (exit_status, exited_at) = p.exit_status();
             return Ok(api::DeleteResponse {
                 pid: p.pid as u32,
@@ -317,12 +317,12 @@ impl TaskService {
             });
         }
         c.delete().await?;
-        let c = map.remove(&req.id).expect("looked up above");
+        let mut c = map.remove(&req.id).expect("looked up above");
         drop(map);
-        for p in c.execs.values() {
-            p.io.shutdown().await;
+        for p in c.execs.values_mut() {
+            p.shutdown_io().await;
         }
-        c.init.io.shutdown().await;
+        c.init.shutdown_io().await;
         let (exit_status, exited_at) = c.init.exit_status();
         let exited_at = convert_to_timestamp(exited_at);
         info!("deleted {}", req.id);

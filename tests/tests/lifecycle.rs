@@ -253,3 +253,30 @@ fn pause_resume_ps_and_metrics_work() {
     assert!(metrics.contains("memory.usage_in_bytes"), "{metrics}");
     assert!(metrics.contains("pids.current"), "{metrics}");
 }
+
+#[test]
+fn a_file_log_uri_receives_the_output() {
+    let (c, rootfs) = setup("logfile");
+    let log = c.dir.join("logs/app.log");
+    let uri = format!("file://{}", log.display());
+    let out = c.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RT,
+        "--log-uri",
+        &uri,
+        "--rootfs",
+        &rootfs,
+        "lg1",
+        "/bin/sh",
+        "-c",
+        "echo to-out; echo to-err >&2",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("to-out\n") && text.contains("to-err\n"),
+        "{text:?}"
+    );
+}

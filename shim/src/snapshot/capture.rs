@@ -14,7 +14,7 @@ use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
-use super::{artifact_error, barrier};
+use super::{artifact_error, barrier, cuda};
 use crate::error::{Error, Result};
 use crate::runc::{CheckpointFlags, Runc};
 use vsnap_artifact::{
@@ -101,6 +101,10 @@ impl Capture {
         let pids = self.runc.ps(&self.id).await?;
         inventory::check_no_io_uring(&pids)?;
         inventory::check_no_outside_tcp(&pids)?;
+        if !s.gpus.is_empty() {
+            cuda::check_single_gpu(&cuda::cuda_holders(&pids))
+                .map_err(|e| Error::FailedPrecondition(format!("capture: inventory: {e}")))?;
+        }
         let inventory_time = t.elapsed();
 
         ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
@@ -141,7 +145,10 @@ impl Capture {
                 inventory: ms(inventory_time),
                 checkpoint: ms(checkpoint_time),
             },
-            host: HostIdentity::probe(&s.tools, env!("CARGO_PKG_VERSION")),
+            host: HostIdentity {
+                gpus: s.gpus.clone(),
+                ..HostIdentity::probe(&s.tools, env!("CARGO_PKG_VERSION"))
+            },
             workload: s.workload.clone(),
             mac: String::new(),
         };

@@ -6,6 +6,7 @@
 pub mod barrier;
 pub mod canary;
 pub mod capture;
+pub mod cuda;
 pub mod inventory;
 pub mod plan;
 pub mod profile;
@@ -55,6 +56,8 @@ pub struct Snapshot {
     pub profile: Profile,
     /// Time spent validating the artifact at create (a restore's preflight).
     pub preflight: Duration,
+    /// `name uuid driver` of the GPUs, when the container has NVIDIA devices.
+    pub gpus: Vec<String>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -103,6 +106,7 @@ impl Snapshot {
         let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
         let argv = spec::args(&spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
+        let gpus = gpus_of(&spec, config)?;
         // `auto` without a name: the workload's identity names the artifact.
         let name = plan
             .artifact
@@ -125,9 +129,9 @@ impl Snapshot {
             Mode::Restore => {
                 let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
                 let manifest = Manifest::load_verified(&root, &name).map_err(preflight)?;
-                let mut diff = manifest
-                    .host
-                    .diff(&HostIdentity::probe(&tools, env!("CARGO_PKG_VERSION")));
+                let mut live = HostIdentity::probe(&tools, env!("CARGO_PKG_VERSION"));
+                live.gpus = gpus.clone();
+                let mut diff = manifest.host.diff(&live);
                 diff.extend(manifest.workload.diff(&workload));
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
@@ -165,6 +169,7 @@ impl Snapshot {
             tools,
             profile,
             preflight: started.elapsed(),
+            gpus,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
@@ -223,6 +228,26 @@ impl Snapshot {
     pub fn cleanup(&self) {
         remove_control_dir(&self.control_dir);
     }
+}
+
+/// For a container with NVIDIA devices: the CUDA preflight (plugin,
+/// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it sees.
+fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<String>> {
+    if cuda::spec_nvidia_devices(spec).is_empty() && cuda::spec_nvidia_hook(spec).is_none() {
+        return Ok(Vec::new());
+    }
+    let tools = cuda::CudaTools {
+        plugin_dir: config.cuda_plugin_dir.clone(),
+        cuda_checkpoint: config.cuda_checkpoint.clone(),
+        ..Default::default()
+    };
+    let identity = cuda::preflight(&tools, cuda::MIN_DRIVER_PROCESS_TREE)
+        .map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
+    Ok(identity
+        .gpus
+        .iter()
+        .map(|g| format!("{} {} {}", g.name, g.uuid, g.driver))
+        .collect())
 }
 
 /// An artifact error as the shim reports it, with its phase.

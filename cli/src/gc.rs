@@ -1,0 +1,276 @@
+//! `vsnap gc`: removes stale writer leftovers, then artifacts older than
+//! `--older-than`, then the oldest artifacts until the total is at most
+//! `--max-total-size`. Never an artifact in use (its lock is held): each
+//! removal takes the exclusive lock, as `vsnap rm` does.
+//!
+//! An artifact's age comes from its manifest's `created_at` (the capture
+//! time, MAC-covered), or from its folder's mtime when the manifest cannot
+//! be read. Sizes are the bytes of the regular files under each artifact.
+
+use std::fs;
+use std::io;
+use std::time::Duration;
+
+use serde::Serialize;
+use vsnap_artifact::layout::bytes_under;
+use vsnap_artifact::{check_path_safe, ArtifactLock, Manifest};
+
+use crate::store::{self, RemoveError};
+use crate::table::{row, table};
+use crate::units::{format_duration, human_age, human_size};
+use crate::{emit, emit_json, warn, Ctx, Outcome, ERROR, FAILED, OK};
+
+/// A `.staging-*` or `.trash-*` folder is stale once this old and its writer
+/// is gone.
+pub const LEFTOVER_AGE: Duration = Duration::from_secs(3600);
+
+pub struct Policy {
+    pub older_than: Option<Duration>,
+    pub max_total_size: Option<u64>,
+    pub dry_run: bool,
+}
+
+#[derive(Serialize)]
+struct Action {
+    name: String,
+    /// `artifact`, `staging` or `trash`.
+    kind: &'static str,
+    age_seconds: u64,
+    size_bytes: u64,
+    reason: String,
+    /// `removed`, `would-remove`, `in-use` (kept), `gone` (removed by
+    /// someone else meanwhile) or `failed`.
+    result: &'static str,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    dry_run: bool,
+    actions: Vec<Action>,
+    /// Bytes of all artifacts (not leftovers) before and after.
+    total_bytes_before: u64,
+    total_bytes_after: u64,
+    max_total_bytes: Option<u64>,
+    /// Whether the total after is within `max_total_bytes` (true without one).
+    fits: bool,
+}
+
+struct Candidate {
+    name: String,
+    age: Duration,
+    size: u64,
+}
+
+pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
+    let root = &ctx.root;
+    let exists = match fs::symlink_metadata(root) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(format!("artifact root {}: {e}", root.display())),
+    };
+    if exists {
+        check_path_safe(root).map_err(|e| format!("artifact root: {e}"))?;
+    }
+    let read_err = |e: io::Error| format!("read artifact root {}: {e}", root.display());
+
+    let mut actions = Vec::new();
+    for l in store::leftovers(root).map_err(read_err)? {
+        let path = root.join(&l.file_name);
+        let Some(age) = store::mtime(&path).map(store::age_since) else {
+            continue;
+        };
+        // A writer still at work keeps its folder, however old.
+        if age < LEFTOVER_AGE
+            || store::pid_alive(l.pid)
+            || ArtifactLock::is_held(root, &l.name).unwrap_or(true)
+        {
+            continue;
+        }
+        let mut action = Action {
+            size_bytes: bytes_under(&path),
+            name: l.file_name.clone(),
+            kind: l.kind,
+            age_seconds: age.as_secs(),
+            reason: format!(
+                "{} folder older than {} whose writer (pid {}) is gone",
+                l.kind,
+                format_duration(LEFTOVER_AGE),
+                l.pid
+            ),
+            result: "would-remove",
+            error: None,
+        };
+        if !policy.dry_run {
+            settle(&mut action, store::remove_leftover(root, &l));
+        }
+        actions.push(action);
+    }
+
+    let mut candidates = Vec::new();
+    for name in store::artifact_names(root).map_err(read_err)? {
+        // Entries the shim never makes are not artifacts: not counted, not removed.
+        if store::check_name(&name).is_err() {
+            continue;
+        }
+        let manifest = Manifest::load_unverified(root, &name).ok();
+        candidates.push(Candidate {
+            age: store::artifact_age(root, &name, manifest.as_ref()),
+            size: store::disk_bytes(root, &name),
+            name,
+        });
+    }
+    // Oldest first; equal ages by name, so that runs are repeatable.
+    candidates.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.name.cmp(&b.name)));
+    let total_before: u64 = candidates.iter().map(|c| c.size).sum();
+
+    let mut kept = Vec::new();
+    for c in candidates {
+        match policy.older_than {
+            Some(max_age) if c.age > max_age => {
+                let action = remove(
+                    ctx,
+                    &policy,
+                    &c,
+                    format!("older than {}", format_duration(max_age)),
+                );
+                let removed = action.frees();
+                actions.push(action);
+                if !removed {
+                    kept.push(c);
+                }
+            }
+            _ => kept.push(c),
+        }
+    }
+
+    let mut total: u64 = kept.iter().map(|c| c.size).sum();
+    if let Some(limit) = policy.max_total_size {
+        for c in &kept {
+            if total <= limit {
+                break;
+            }
+            let action = remove(
+                ctx,
+                &policy,
+                c,
+                format!("total {} is over {}", human_size(total), human_size(limit)),
+            );
+            if action.frees() {
+                total -= c.size;
+            }
+            actions.push(action);
+        }
+    }
+
+    let report = Report {
+        dry_run: policy.dry_run,
+        total_bytes_before: total_before,
+        total_bytes_after: total,
+        max_total_bytes: policy.max_total_size,
+        fits: policy.max_total_size.is_none_or(|l| total <= l),
+        actions,
+    };
+    let mut code = OK;
+    if !report.fits {
+        code = FAILED;
+        if !json {
+            warn(&format!(
+                "the artifacts still hold {}, over --max-total-size {}: the rest are in use",
+                human_size(total),
+                human_size(policy.max_total_size.unwrap_or_default())
+            ));
+        }
+    }
+    if report.actions.iter().any(|a| a.result == "failed") {
+        code = ERROR;
+    }
+    if json {
+        emit_json(&report);
+    } else {
+        emit(&human(&report));
+    }
+    Ok(code)
+}
+
+impl Action {
+    /// Whether its bytes are (or, in a dry run, would be) freed.
+    fn frees(&self) -> bool {
+        matches!(self.result, "removed" | "would-remove" | "gone")
+    }
+}
+
+fn remove(ctx: &Ctx, policy: &Policy, c: &Candidate, reason: String) -> Action {
+    let mut action = Action {
+        name: c.name.clone(),
+        kind: "artifact",
+        age_seconds: c.age.as_secs(),
+        size_bytes: c.size,
+        reason,
+        result: "would-remove",
+        error: None,
+    };
+    if policy.dry_run {
+        // Looking only: a dry run takes no lock.
+        if ArtifactLock::is_held(&ctx.root, &c.name).unwrap_or(false) {
+            action.result = "in-use";
+        }
+    } else {
+        settle(&mut action, store::remove_artifact(&ctx.root, &c.name));
+    }
+    action
+}
+
+fn settle(action: &mut Action, result: Result<(), RemoveError>) {
+    action.result = match result {
+        Ok(()) => "removed",
+        Err(RemoveError::InUse) => "in-use",
+        Err(RemoveError::NotFound) => "gone",
+        Err(RemoveError::Failed(e)) => {
+            action.error = Some(e);
+            "failed"
+        }
+    };
+}
+
+fn human(r: &Report) -> String {
+    let mut out = String::new();
+    if r.actions.is_empty() {
+        out.push_str("nothing to remove\n");
+    } else {
+        let mut rows = vec![row(&["NAME", "KIND", "AGE", "SIZE", "REASON", "RESULT"])];
+        for a in &r.actions {
+            let result = match (a.result, &a.error) {
+                ("in-use", _) => "kept: in use".to_string(),
+                ("would-remove", _) => "would remove".to_string(),
+                (_, Some(e)) => format!("failed: {e}"),
+                (result, None) => result.to_string(),
+            };
+            rows.push(row(&[
+                a.name.clone(),
+                a.kind.to_string(),
+                human_age(Duration::from_secs(a.age_seconds)),
+                human_size(a.size_bytes),
+                a.reason.clone(),
+                result,
+            ]));
+        }
+        out.push_str(&table(&rows));
+    }
+    let limit = r
+        .max_total_bytes
+        .map(|l| format!(" (max {})", human_size(l)))
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "artifacts: {} {} {}{limit}{}\n",
+        human_size(r.total_bytes_before),
+        if r.dry_run { "would become" } else { "->" },
+        human_size(r.total_bytes_after),
+        if r.dry_run {
+            " (dry run: nothing removed)"
+        } else {
+            ""
+        },
+    ));
+    out
+}

@@ -1,0 +1,154 @@
+//! `vsnap inspect NAME`: what an artifact is, read from its manifest without
+//! the MAC having to verify (the MAC status is reported beside it) and
+//! without running anything from it.
+
+use serde::Serialize;
+use serde_json::Value;
+use vsnap_artifact::{ArtifactLock, Manifest};
+
+use crate::store::{self, MacStatus};
+use crate::table::{row, table};
+use crate::units::{human_age, size_and_bytes};
+use crate::{classify, emit, emit_json, Ctx, LoadFailure, Outcome, FAILED, OK};
+
+#[derive(Serialize)]
+struct Report<'a> {
+    name: &'a str,
+    path: String,
+    /// `verified`, `fails`, `no-host-key` or `key-unusable`.
+    mac: &'static str,
+    in_use: Option<bool>,
+    disk_bytes: u64,
+    manifest: &'a Manifest,
+}
+
+pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
+    store::check_name(name)?;
+    let m = match Manifest::load_unverified(&ctx.root, name) {
+        Ok(m) => m,
+        Err(e) => {
+            return match classify(&ctx.root, name, e) {
+                LoadFailure::Error(e) => Err(e),
+                LoadFailure::Invalid(e) => {
+                    crate::warn(&format!(
+                        "inspect {name}: {e} (`vsnap verify {name}` names every problem)"
+                    ));
+                    Ok(FAILED)
+                }
+            };
+        }
+    };
+    let mac = MacStatus::of(&ctx.root, &m);
+    let in_use = ArtifactLock::is_held(&ctx.root, name).ok();
+    let disk_bytes = store::disk_bytes(&ctx.root, name);
+    let path = ctx.root.join(name).display().to_string();
+    if json {
+        emit_json(&Report {
+            name,
+            path,
+            mac: mac.as_str(),
+            in_use,
+            disk_bytes,
+            manifest: &m,
+        });
+        return Ok(OK);
+    }
+
+    let created = match store::created_at(&m) {
+        Some(t) => format!(
+            "{} ({} ago)",
+            m.created_at,
+            human_age(store::age_since(t.into()))
+        ),
+        None => format!("{} (not RFC 3339)", or_dash(&m.created_at)),
+    };
+    let t = &m.timings_ms;
+    let mut out = table(&[
+        row(&["Name:", name]),
+        row(&["Path:", &path]),
+        row(&["Created:", &created]),
+        row(&["Capture ID:", or_dash(&m.capture_id)]),
+        row(&["Source:", or_dash(&m.source_container)]),
+        row(&["MAC:", &mac.describe(&ctx.root)]),
+        row(&[
+            "In use:",
+            match in_use {
+                Some(true) => "yes (its lock is held)",
+                Some(false) => "no",
+                None => "unknown (/proc/locks unreadable)",
+            },
+        ]),
+        row(&["Image size:", &size_and_bytes(m.image_bytes)]),
+        row(&["On disk:", &size_and_bytes(disk_bytes)]),
+        row(&[
+            "Timings:",
+            &format!(
+                "cold start to capture-ready {} ms, inventory {} ms, checkpoint {} ms",
+                t.cold_start_to_capture_ready, t.inventory, t.checkpoint
+            ),
+        ]),
+    ]);
+
+    out.push_str("\nCanary oracle:\n");
+    out.push_str(&indented(&[
+        row(&["text:", &json_text(&m.oracle.text)]),
+        row(&["token_ids:", &json_text(&m.oracle.token_ids)]),
+        row(&[
+            "sampled_token_logprob:",
+            &m.oracle.sampled_token_logprob.to_string(),
+        ]),
+    ]));
+
+    out.push_str("\nHost:\n");
+    let host = match serde_json::to_value(&m.host) {
+        Ok(Value::Object(map)) => map,
+        _ => Default::default(),
+    };
+    let host_rows: Vec<Vec<String>> = host
+        .iter()
+        .map(|(k, v)| row(&[format!("{k}:"), or_dash(v.as_str().unwrap_or("")).into()]))
+        .collect();
+    out.push_str(&indented(&host_rows));
+
+    let w = &m.workload;
+    out.push_str("\nWorkload:\n");
+    out.push_str(&indented(&[
+        row(&["argv:", &json_text(&w.argv)]),
+        row(&["rootfs:", or_dash(&w.rootfs)]),
+        row(&["image:", or_dash(&w.image)]),
+    ]));
+    out.push_str("  env (name, fingerprint of name and value):\n");
+    if w.env.is_empty() {
+        out.push_str("    -\n");
+    }
+    let env: Vec<Vec<String>> = w.env.iter().map(|(k, v)| row(&[k, v])).collect();
+    out.push_str(&indented_by(&env, 4));
+    out.push_str("  security (spec field, sha256):\n");
+    let security: Vec<Vec<String>> = w.security.iter().map(|(k, v)| row(&[k, v])).collect();
+    out.push_str(&indented_by(&security, 4));
+    emit(&out);
+    Ok(OK)
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() {
+        "-"
+    } else {
+        s
+    }
+}
+
+/// JSON text: strings quoted and escaped, so nothing in a manifest can
+/// forge terminal output.
+fn json_text<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+fn indented(rows: &[Vec<String>]) -> String {
+    indented_by(rows, 2)
+}
+
+fn indented_by(rows: &[Vec<String>], n: usize) -> String {
+    let pad = " ".repeat(n);
+    table(rows).lines().map(|l| format!("{pad}{l}\n")).collect()
+}

@@ -1,0 +1,253 @@
+//! `vsnap`: the operator CLI for vsnap's snapshot artifacts.
+//!
+//! Nothing here executes anything from an artifact: it reads metadata and the
+//! manifest (strictly, as the shim does), checks the MAC with this host's key
+//! and compares fingerprints. Looking (`inspect`, `verify`, `ls`) takes no
+//! lock, so it never makes a concurrent restore or capture fail; removing
+//! (`rm`, `gc`) takes the artifact's exclusive lock and is refused while
+//! anyone holds it. See docs/cli.md.
+
+mod gc;
+mod inspect;
+mod ls;
+mod rm;
+mod store;
+mod table;
+mod units;
+mod verify;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+use vsnap_artifact::{ArtifactError, Tools};
+use vsnap_config::{RuntimeConfig, DEFAULT_CONFIG_PATH};
+
+/// Exit status of a command that did what was asked and found nothing wrong.
+pub const OK: u8 = 0;
+/// The artifact is invalid, or something asked for could not be done
+/// (in use, not removable, size target not reached).
+pub const FAILED: u8 = 1;
+/// Usage, configuration or I/O errors (clap's own usage errors are 2 too).
+pub const ERROR: u8 = 2;
+
+/// `Ok(exit status)`, or a message for an error that ends the command (2).
+pub type Outcome = Result<u8, String>;
+
+#[derive(Parser)]
+#[command(
+    name = "vsnap",
+    version,
+    about = "Inspect, verify, list, remove and garbage-collect vsnap snapshot artifacts",
+    after_help = "Exit status: 0 ok, 1 invalid artifact or refused removal, 2 usage, configuration or I/O error. See docs/cli.md."
+)]
+struct Cli {
+    /// Artifact root [default: the runtime config's artifact_root]
+    #[arg(long, global = true, value_name = "DIR", display_order = 100)]
+    root: Option<PathBuf>,
+    /// Runtime config to read [default: /etc/vsnap/config.toml when present]
+    #[arg(long, global = true, value_name = "FILE", display_order = 101)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show an artifact's manifest (identity, oracle, sizes, timings) and MAC status
+    Inspect {
+        name: String,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check layout, ownership, MAC, images and this host's fingerprint (exit 1 if invalid)
+    Verify {
+        name: String,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the artifacts under the root with their status
+    #[command(visible_alias = "list")]
+    Ls {
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove artifacts (refused while one is in use)
+    #[command(visible_alias = "remove")]
+    Rm {
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove old artifacts, then the oldest until the total fits, and stale leftovers
+    Gc {
+        /// Remove artifacts older than this (e.g. 7d, 12h, 30m, 1d12h)
+        #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+        older_than: Option<Duration>,
+        /// Then remove the oldest until all artifacts fit (e.g. 50G, 512M; powers of 1024)
+        #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
+        max_total_size: Option<u64>,
+        /// Show what would be removed, remove nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What every command works with.
+pub struct Ctx {
+    pub root: PathBuf,
+    pub config: RuntimeConfig,
+}
+
+impl Ctx {
+    /// The binaries the fingerprint names, as the shim finds them.
+    pub fn tools(&self) -> Tools {
+        Tools {
+            runc: self.config.runc_binary.clone(),
+            criu: self.config.criu_binary.clone(),
+            cuda_plugin: self.config.cuda_plugin_dir.join("cuda_plugin.so"),
+        }
+    }
+}
+
+fn load_config(explicit: Option<&Path>) -> Result<RuntimeConfig, String> {
+    match explicit {
+        Some(path) => RuntimeConfig::load(path).map_err(|e| e.to_string()),
+        None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+            RuntimeConfig::load(Path::new(DEFAULT_CONFIG_PATH)).map_err(|e| e.to_string())
+        }
+        None => Ok(RuntimeConfig::default()),
+    }
+}
+
+fn run(cli: Cli) -> Outcome {
+    let config = load_config(cli.config.as_deref())?;
+    let root = cli.root.unwrap_or_else(|| config.artifact_root.clone());
+    let root = store::absolute_root(&root)
+        .map_err(|e| format!("artifact root {}: {e}", root.display()))?;
+    let ctx = Ctx { root, config };
+    match cli.command {
+        Command::Inspect { name, json } => inspect::run(&ctx, &name, json),
+        Command::Verify { name, json } => verify::run(&ctx, &name, json),
+        Command::Ls { json } => ls::run(&ctx, json),
+        Command::Rm { names, json } => rm::run(&ctx, &names, json),
+        Command::Gc {
+            older_than,
+            max_total_size,
+            dry_run,
+            json,
+        } => gc::run(
+            &ctx,
+            gc::Policy {
+                older_than,
+                max_total_size,
+                dry_run,
+            },
+            json,
+        ),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => {
+            eprintln!("vsnap: {message}");
+            ExitCode::from(ERROR)
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`vsnap ls | head`) is not an error.
+pub fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+}
+
+pub fn emit_json<T: Serialize>(value: &T) {
+    let mut text = serde_json::to_string_pretty(value).expect("a report serializes");
+    text.push('\n');
+    emit(&text);
+}
+
+pub fn warn(text: &str) {
+    eprintln!("vsnap: {text}");
+}
+
+/// Loading an artifact for a report: missing or unreadable is an error (2),
+/// present but unsafe or malformed is a finding (1).
+pub enum LoadFailure {
+    Error(String),
+    Invalid(String),
+}
+
+pub fn classify(root: &Path, name: &str, e: ArtifactError) -> LoadFailure {
+    match e {
+        ArtifactError::NotFound(_) => LoadFailure::Error(format!(
+            "artifact {name} does not exist under {}",
+            root.display()
+        )),
+        ArtifactError::Io { ref source, .. } if source.kind() != std::io::ErrorKind::NotFound => {
+            LoadFailure::Error(e.to_string())
+        }
+        e => LoadFailure::Invalid(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn gc_reads_durations_and_sizes_and_refuses_bad_ones() {
+        let cli = Cli::try_parse_from([
+            "vsnap",
+            "--root",
+            "/r",
+            "gc",
+            "--older-than",
+            "7d",
+            "--max-total-size",
+            "50G",
+            "--dry-run",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Gc {
+                older_than,
+                max_total_size,
+                dry_run,
+                json,
+            } => {
+                assert_eq!(older_than, Some(Duration::from_secs(7 * 86_400)));
+                assert_eq!(max_total_size, Some(50 << 30));
+                assert!(dry_run && !json);
+            }
+            _ => panic!("not gc"),
+        }
+        assert!(Cli::try_parse_from(["vsnap", "gc", "--older-than", "7"]).is_err());
+        assert!(Cli::try_parse_from(["vsnap", "gc", "--max-total-size", "lots"]).is_err());
+        assert!(
+            Cli::try_parse_from(["vsnap", "rm"]).is_err(),
+            "rm needs a name"
+        );
+    }
+}
