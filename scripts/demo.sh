@@ -12,7 +12,7 @@ for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
 done
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 
-cargo build --release -p vsnap-shim -p vsnap-ref-engine
+cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks
 TOP=$(pwd)
 D=$(mktemp -d /tmp/vsnap-demo.XXXXXX)
 CTR=(/opt/vsnap/containerd/bin/ctr --address "$D/state/containerd.sock")

@@ -231,7 +231,7 @@ ENGINE=${VSNAP_QUALIFY_ENGINE:-}
 if [ -z "$SHIM" ] || [ -z "$ENGINE" ]; then
     if command -v cargo >/dev/null 2>&1; then
         say "building containerd-shim-vsnap-v1 and vsnap-ref-engine (cargo build --release)"
-        if build_out=$(cargo build --release -p vsnap-shim -p vsnap-ref-engine 2>&1); then
+        if build_out=$(cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks 2>&1); then
             target=${CARGO_TARGET_DIR:-$TOP/target}
             SHIM=${SHIM:-$target/release/containerd-shim-vsnap-v1}
             ENGINE=${ENGINE:-$target/release/vsnap-ref-engine}

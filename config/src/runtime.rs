@@ -33,6 +33,10 @@ pub struct RuntimeConfig {
     pub cuda_plugin_dir: PathBuf,
     /// NVIDIA's cuda-checkpoint, which the CUDA plugin runs.
     pub cuda_checkpoint: PathBuf,
+    /// Require kernel.io_uring_disabled to forbid io_uring for snapshot
+    /// containers (2 for root), checked by the io-uring OCI hook. Off by
+    /// default: setting the sysctl takes io_uring away from the whole host.
+    pub enforce_io_uring_sysctl: bool,
     /// Default deadline for a cold start to reach capture-ready.
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
@@ -74,6 +78,7 @@ impl Default for RuntimeConfig {
             criu_binary: PathBuf::from("criu"),
             cuda_plugin_dir: PathBuf::from("/usr/lib/criu"),
             cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
+            enforce_io_uring_sysctl: false,
             capture_timeout_s: 900,
             activation_timeout_s: 120,
         }

@@ -183,6 +183,7 @@ impl Snapshot {
             if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
                 spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
             }
+            spec::add_snapshot_hooks(bundle, &s, config.enforce_io_uring_sysctl)?;
             Ok(())
         })();
         if let Err(e) = prepared {

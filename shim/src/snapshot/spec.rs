@@ -1,13 +1,16 @@
 //! Edits the bundle's OCI spec for a snapshot container: the control dir
-//! bind-mounted at [`CONTROL_MOUNT`] and the engine told where it is.
+//! bind-mounted at [`CONTROL_MOUNT`], the engine told where it is, and the
+//! `vsnap-hook` preflight checks as `createRuntime` hooks.
 //! Unknown spec fields are kept as they are (the spec is edited as JSON).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
+use super::plan::Mode;
+use super::profile::{self, Profile};
+use super::{Snapshot, CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 use crate::error::{Error, Result};
 
 /// The spec's annotations (empty when it has none).
@@ -97,6 +100,139 @@ pub fn add_snapshot_config_arg(bundle: &Path, timeout_s: u64) -> Result<()> {
     write(bundle, &spec)
 }
 
+/// The OCI hook binary shipped beside the shim (package vsnap-oci-hooks).
+pub const HOOK_BINARY: &str = "vsnap-hook";
+/// Seconds the runtime gives each hook before it fails the container.
+pub const HOOK_TIMEOUT_S: u64 = 30;
+
+/// `vsnap-hook` in the shim binary's own folder, when it is installed there.
+pub fn hook_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let hook = exe.parent()?.join(HOOK_BINARY);
+    hook.is_file().then_some(hook)
+}
+
+/// Appends one `createRuntime` hook per check (`{path: hook, args:
+/// ["vsnap-hook", check...], timeout: 30}`), after the hooks the spec already
+/// has. Idempotent: a hook already there with the same path and args is not
+/// added again.
+pub fn add_hooks(bundle: &Path, hook: &Path, checks: &[Vec<String>]) -> Result<()> {
+    let invalid = |what: &str| Error::InvalidArgument(format!("create: spec {what}"));
+    let hook = hook
+        .to_str()
+        .ok_or_else(|| invalid(&format!("hook path {} is not UTF-8", hook.display())))?;
+    let mut spec = read(bundle)?;
+    let object = spec
+        .as_object_mut()
+        .ok_or_else(|| invalid("is not a JSON object"))?;
+    let hooks = object.entry("hooks").or_insert_with(|| json!({}));
+    if hooks.is_null() {
+        *hooks = json!({});
+    }
+    let hooks = hooks
+        .as_object_mut()
+        .ok_or_else(|| invalid("hooks is not an object"))?;
+    let list = hooks.entry("createRuntime").or_insert_with(|| json!([]));
+    if list.is_null() {
+        *list = json!([]);
+    }
+    let list = list
+        .as_array_mut()
+        .ok_or_else(|| invalid("hooks.createRuntime is not a list"))?;
+    for check in checks {
+        let args: Vec<&str> = std::iter::once(HOOK_BINARY)
+            .chain(check.iter().map(String::as_str))
+            .collect();
+        let entry = json!({"path": hook, "args": args, "timeout": HOOK_TIMEOUT_S});
+        if !list.contains(&entry) {
+            list.push(entry);
+        }
+    }
+    write(bundle, &spec)
+}
+
+/// The checks for a snapshot container. Restore: `ownership` of the
+/// artifact and the copy's control dir, and `fingerprint` (manifest MAC, host
+/// and workload) with the shim's tools and version. Create: `ownership` of
+/// the control dir. Both add `io-uring` when `enforce_io_uring` (the
+/// container's user against `kernel.io_uring_disabled`).
+pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
+    let text = |p: &Path| p.display().to_string();
+    let dir = s.artifact_dir();
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let root = text(&s.root);
+    let control = text(&s.control_dir);
+    let mut checks = Vec::new();
+    match s.mode {
+        Mode::Restore => {
+            checks.push(
+                [
+                    "ownership",
+                    "--artifact-root",
+                    &root,
+                    "--artifact",
+                    &name,
+                    "--control-dir",
+                    &control,
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+            let mut fingerprint: Vec<String> = [
+                "fingerprint",
+                "--artifact-root",
+                &root,
+                "--artifact",
+                &name,
+                "--runc",
+                &text(&s.tools.runc),
+                "--criu",
+                &text(&s.tools.criu),
+                "--cuda-plugin",
+                &text(&s.tools.cuda_plugin),
+                "--shim-version",
+                env!("CARGO_PKG_VERSION"),
+            ]
+            .map(String::from)
+            .to_vec();
+            // prepare appended `--snapshot-config JSON` to a vllm serve argv;
+            // the captured workload was taken before that edit.
+            if s.profile == Profile::Startup && profile::is_vllm_serve(argv) {
+                fingerprint.push("--strip-snapshot-config-arg".into());
+            }
+            checks.push(fingerprint);
+        }
+        _ => checks.push(vec!["ownership".into(), "--control-dir".into(), control]),
+    }
+    if enforce_io_uring {
+        checks.push(vec!["io-uring".into()]);
+    }
+    checks
+}
+
+/// Installs [`snapshot_checks`] as `createRuntime` hooks in the bundle, so
+/// that runc runs them at `runc create` and again at `runc restore` (runc
+/// runs createRuntime hooks when CRIU reports "setup-namespaces"), after the
+/// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
+/// left out with a warning (the shim's own preflight still runs), unless the
+/// io_uring sysctl is enforced: then the create fails.
+pub fn add_snapshot_hooks(bundle: &Path, s: &Snapshot, enforce_io_uring: bool) -> Result<()> {
+    let Some(hook) = hook_binary() else {
+        if enforce_io_uring {
+            return Err(Error::FailedPrecondition(format!(
+                "create: the io_uring sysctl is enforced but {HOOK_BINARY} is not installed beside the shim"
+            )));
+        }
+        log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
+        return Ok(());
+    };
+    let argv = args(&read(bundle)?);
+    add_hooks(bundle, &hook, &snapshot_checks(s, &argv, enforce_io_uring))
+}
+
 /// Replaces the bundle's config.json (write a temporary file, rename).
 pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
     let path = bundle.join("config.json");
@@ -134,5 +270,58 @@ mod tests {
             .unwrap()
             .contains("\"control_dir\":\"/run/vsnap/control\""));
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
+    }
+
+    #[test]
+    fn hooks_are_appended_once_after_existing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"ociVersion":"1.0.2","process":{"args":["x"]},"hooks":{"createRuntime":[{"path":"/usr/bin/nvidia-ctk","args":["nvidia-ctk","hook"]}],"poststop":[{"path":"/bin/true"}]},"x-custom":1}"#,
+        )
+        .unwrap();
+        let checks = vec![
+            vec!["ownership".to_string(), "--control-dir".into(), "/c".into()],
+            vec!["io-uring".to_string()],
+        ];
+        for _ in 0..2 {
+            add_hooks(dir.path(), Path::new("/opt/vsnap/vsnap-hook"), &checks).unwrap();
+        }
+        let spec = read(dir.path()).unwrap();
+        let hooks = spec["hooks"]["createRuntime"].as_array().unwrap();
+        assert_eq!(hooks.len(), 3, "{hooks:?}");
+        assert_eq!(
+            hooks[0]["path"], "/usr/bin/nvidia-ctk",
+            "existing hooks first"
+        );
+        assert_eq!(
+            hooks[1],
+            json!({"path": "/opt/vsnap/vsnap-hook", "args": ["vsnap-hook", "ownership", "--control-dir", "/c"], "timeout": 30})
+        );
+        assert_eq!(hooks[2]["args"], json!(["vsnap-hook", "io-uring"]));
+        assert_eq!(spec["hooks"]["poststop"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["x-custom"], 1, "unknown fields survive");
+    }
+
+    #[test]
+    fn a_spec_without_hooks_gets_them_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(&config, r#"{"process":{"args":["x"]},"hooks":null}"#).unwrap();
+        add_hooks(dir.path(), Path::new("/h"), &[vec!["io-uring".into()]]).unwrap();
+        let spec = read(dir.path()).unwrap();
+        assert_eq!(spec["hooks"]["createRuntime"][0]["path"], "/h");
+        std::fs::write(&config, r#"{"process":{"args":["x"]},"hooks":[]}"#).unwrap();
+        let err = add_hooks(dir.path(), Path::new("/h"), &[vec!["io-uring".into()]])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("hooks is not an object"), "{err}");
+    }
+
+    #[test]
+    fn the_hook_binary_is_looked_for_beside_the_running_binary() {
+        let exe = std::env::current_exe().unwrap();
+        let expected = exe.parent().unwrap().join(HOOK_BINARY);
+        assert_eq!(hook_binary(), expected.is_file().then_some(expected));
     }
 }

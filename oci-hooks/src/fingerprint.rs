@@ -1,0 +1,205 @@
+//! `fingerprint`: the artifact's manifest must verify with this host's key
+//! (so it is one this host made, unedited), and the host and workload it was
+//! made for must be this host now (machine, kernel, CPU, runc, CRIU, CUDA
+//! plugin, shim version) and this container (argv with secrets redacted,
+//! environment fingerprints, root filesystem, image, security-relevant spec
+//! fields). Every difference is named with its captured and live value, as
+//! [`HostIdentity::diff`] and [`Workload::diff`] write them: argv secrets
+//! are redacted and environment values appear only as fingerprints.
+//!
+//! When the manifest records GPUs, the live ones come from `nvidia-smi`
+//! (`--nvidia-smi P`), as the shim takes them.
+//!
+//! With `--strip-snapshot-config-arg` (the shim passes it when it appended
+//! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
+//! part of the comparison.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vsnap_artifact::{HostIdentity, Manifest, Tools, Workload};
+
+use crate::{artifact_name, read_spec, Failure, Flags, StateSource, CONTROL_MOUNT};
+
+pub const VALUE_FLAGS: &[&str] = &[
+    "--artifact-root",
+    "--artifact",
+    "--runc",
+    "--criu",
+    "--cuda-plugin",
+    "--shim-version",
+    "--nvidia-smi",
+    "--bundle",
+    "--state",
+];
+pub const BOOL_FLAGS: &[&str] = &["--strip-snapshot-config-arg", "--artifact-from-state"];
+
+/// The shim version an artifact records; the hook ships with the shim.
+pub const SHIM_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
+    let root = flags
+        .abs_path("--artifact-root")?
+        .ok_or_else(|| Failure::Usage("--artifact-root is required".into()))?;
+    let name = artifact_name(flags, state)?
+        .ok_or_else(|| Failure::Usage("--artifact or --artifact-from-state is required".into()))?;
+    let name = name.as_str();
+    let defaults = Tools::default();
+    let tools = Tools {
+        runc: flags.path("--runc").unwrap_or(defaults.runc),
+        criu: flags.path("--criu").unwrap_or(defaults.criu),
+        cuda_plugin: flags.path("--cuda-plugin").unwrap_or(defaults.cuda_plugin),
+    };
+    let shim_version = flags.value("--shim-version").unwrap_or(SHIM_VERSION);
+    // The manifest first: a bad artifact is named even without a state.
+    let manifest = load(&root, name)?;
+    let bundle: PathBuf = state.bundle(flags.path("--bundle").as_deref())?;
+    let mut spec = read_spec(&bundle)?;
+    if flags.has("--strip-snapshot-config-arg") {
+        strip_snapshot_config_arg(&mut spec);
+    }
+    let mut live = HostIdentity::probe(&tools, shim_version);
+    // The shim records GPUs (from nvidia-smi) only for containers with NVIDIA
+    // devices, whose spec digests differ from a GPU-less one anyway.
+    if !manifest.host.gpus.is_empty() {
+        let nvidia_smi = flags
+            .path("--nvidia-smi")
+            .unwrap_or_else(|| PathBuf::from("nvidia-smi"));
+        live.gpus = gpus(&nvidia_smi, NVIDIA_SMI_TIMEOUT)?;
+    }
+    compare(&root, &manifest, &live, &spec)
+}
+
+/// How long nvidia-smi may take (a wedged driver hangs it), within the
+/// hook's own 30 s.
+pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The GPUs as the shim records them: `name uuid driver` per line of
+/// `nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader`.
+pub fn gpus(nvidia_smi: &Path, timeout: Duration) -> Result<Vec<String>, Failure> {
+    let what = format!(
+        "{} --query-gpu=name,uuid,driver_version",
+        nvidia_smi.display()
+    );
+    let mut child = Command::new(nvidia_smi)
+        .args([
+            "--query-gpu=name,uuid,driver_version",
+            "--format=csv,noheader",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| Failure::Check(format!("{what}: {e} (the artifact was made with GPUs)")))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = (&mut stdout).take(1 << 20).read_to_string(&mut out);
+        out
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Failure::Check(format!(
+                    "{what}: no answer within {}s (the driver may be wedged)",
+                    timeout.as_secs()
+                )));
+            }
+        }
+    };
+    let out = reader.join().unwrap_or_default();
+    if !status.success() {
+        return Err(Failure::Check(format!("{what}: {status}")));
+    }
+    let mut gpus = Vec::new();
+    for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut fields = line.rsplitn(3, ',').map(str::trim);
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(driver), Some(uuid), Some(name)) if !name.is_empty() => {
+                gpus.push(format!("{name} {uuid} {driver}"))
+            }
+            _ => {
+                return Err(Failure::Check(format!(
+                    "{what}: line {line:?} is not `name, uuid, driver_version`"
+                )))
+            }
+        }
+    }
+    Ok(gpus)
+}
+
+/// Drops a trailing `--snapshot-config JSON` pair naming vsnap's control
+/// mount: the shim appends it to a `vllm serve` argv after it took the
+/// workload's identity. Anything else is left for the comparison to name.
+pub fn strip_snapshot_config_arg(spec: &mut Value) -> bool {
+    let Some(args) = spec["process"]["args"].as_array_mut() else {
+        return false;
+    };
+    let n = args.len();
+    let ours = n >= 2
+        && args[n - 2] == "--snapshot-config"
+        && args[n - 1]
+            .as_str()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+            .is_some_and(|v| v["control_dir"] == CONTROL_MOUNT);
+    if ours {
+        args.truncate(n - 2);
+    }
+    ours
+}
+
+/// The manifest, MAC verified with this host's key.
+pub fn load(root: &Path, name: &str) -> Result<Manifest, Failure> {
+    Manifest::load_verified(root, name).map_err(|e| Failure::Check(e.to_string()))
+}
+
+/// Every host and workload difference, one message.
+pub fn compare(
+    root: &Path,
+    manifest: &Manifest,
+    host: &HostIdentity,
+    spec: &Value,
+) -> Result<(), Failure> {
+    let mut diff = manifest.host.diff(host);
+    diff.extend(
+        manifest
+            .workload
+            .diff(&Workload::from_spec(spec, CONTROL_MOUNT)),
+    );
+    if diff.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::Check(format!(
+        "artifact {}: made for another host or workload: {}",
+        root.join(&manifest.name).display(),
+        diff.join("; ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_vsnaps_own_trailing_snapshot_config_is_stripped() {
+        let config = json!({"mode": "startup", "control_dir": CONTROL_MOUNT}).to_string();
+        let mut spec =
+            json!({"process": {"args": ["vllm", "serve", "m", "--snapshot-config", config]}});
+        assert!(strip_snapshot_config_arg(&mut spec));
+        assert_eq!(spec["process"]["args"], json!(["vllm", "serve", "m"]));
+        assert!(!strip_snapshot_config_arg(&mut spec), "once");
+        let mut other =
+            json!({"process": {"args": ["vllm", "--snapshot-config", "{\"control_dir\":\"/x\"}"]}});
+        assert!(!strip_snapshot_config_arg(&mut other));
+        assert_eq!(other["process"]["args"].as_array().unwrap().len(), 3);
+    }
+}
