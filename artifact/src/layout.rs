@@ -151,6 +151,9 @@ impl Staging {
     /// `<root>/<name>`, exchanging it atomically with an older artifact of the
     /// same name (whose files are then removed with the staging folder).
     pub fn publish(mut self, root: &Path, manifest: &Manifest) -> Result<PathBuf> {
+        // CRIU leaves its images in the page cache: make them durable before
+        // the manifest says the artifact is whole.
+        sync_tree(&self.dir)?;
         write_synced(&self.dir.join(MANIFEST), &manifest.to_bytes())?;
         sync_dir(&self.dir)?;
         let target = path(root, &manifest.name);
@@ -194,6 +197,24 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| ArtifactError::io(path, "write", e))
+}
+
+/// fsyncs every regular file and folder under `dir` (not following links).
+pub fn sync_tree(dir: &Path) -> Result<()> {
+    for e in fs::read_dir(dir).map_err(|e| ArtifactError::io(dir, "read", e))? {
+        let e = e.map_err(|e| ArtifactError::io(dir, "read", e))?;
+        let path = e.path();
+        let md =
+            fs::symlink_metadata(&path).map_err(|err| ArtifactError::io(&path, "stat", err))?;
+        if md.is_dir() {
+            sync_tree(&path)?;
+        } else if md.is_file() {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|err| ArtifactError::io(&path, "fsync", err))?;
+        }
+    }
+    sync_dir(dir)
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {

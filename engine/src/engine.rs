@@ -1,6 +1,12 @@
 //! The engine's memory: model weights plus a configurable block of "state" standing in for
 //! KV cache and compiled kernels. Like vLLM's sleep level 2, `release` drops both and
 //! `load` rebuilds them exactly, which the canary then proves.
+//!
+//! Optionally also a block of "resident" memory (VSNAP_ENGINE_RESIDENT_MB) that is never
+//! released: what a real engine cannot give back before a checkpoint (CUDA context host
+//! mirrors, pinned buffers, the Python heap), so it lands in the checkpoint image. Every
+//! `load` after the first recomputes its checksum, so a restore that lost or damaged it
+//! fails in `recovery: restore memory`.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -10,6 +16,7 @@ use std::time::{Duration, Instant};
 use vsnap_protocol::Oracle;
 
 use crate::failure::Failure;
+use crate::log;
 use crate::model::{encode, token_text, Model, Weights};
 use crate::prng::{mix, SplitMix64};
 use crate::weights_file;
@@ -27,6 +34,9 @@ pub struct EngineConfig {
     pub init_ms: u64,
     /// MiB of state allocated and touched on every load (VSNAP_ENGINE_STATE_MB).
     pub state_mb: u64,
+    /// MiB of resident data allocated and touched once at start-up and kept for the
+    /// process lifetime, never released (VSNAP_ENGINE_RESIDENT_MB).
+    pub resident_mb: u64,
 }
 
 impl EngineConfig {
@@ -35,6 +45,7 @@ impl EngineConfig {
             weights_path,
             init_ms: env_u64("VSNAP_ENGINE_INIT_MS")?,
             state_mb: env_u64("VSNAP_ENGINE_STATE_MB")?,
+            resident_mb: env_u64("VSNAP_ENGINE_RESIDENT_MB")?,
         })
     }
 }
@@ -55,23 +66,32 @@ pub struct Engine {
     state: Vec<u64>,
     /// Checksum of the state at first load; every reload must reproduce it.
     state_checksum: Option<u64>,
+    /// Never released; verified against its checksum on every reload.
+    resident: Resident,
 }
 
 impl Engine {
     /// Burns the configured start-up time, then loads weights and state.
     pub fn initialize(config: EngineConfig) -> Result<Self, Failure> {
         burn_cpu(Duration::from_millis(config.init_ms));
+        let resident = Resident::generate(config.resident_mb)?;
         let mut engine = Engine {
             config,
             model: None,
             state: Vec::new(),
             state_checksum: None,
+            resident,
         };
         engine.load()?;
         Ok(engine)
     }
 
     pub fn load(&mut self) -> Result<(), Failure> {
+        // The first load (at initialize) follows the generation directly; every later one
+        // (rehearsal, recovery after a restore) proves the resident data survived.
+        if self.state_checksum.is_some() {
+            self.resident.verify()?;
+        }
         let weights = match &self.config.weights_path {
             Some(path) => weights_file::load(path).map_err(Failure::engine)?,
             None => Weights::generate(DEFAULT_SEED),
@@ -129,6 +149,81 @@ impl Engine {
     }
 }
 
+/// Resident data: a splitmix64 stream (non-zero, incompressible, so a checkpoint must carry
+/// every page of it) and the checksum it had when generated.
+struct Resident {
+    words: Vec<u64>,
+    checksum: u64,
+}
+
+/// Seed of the resident data stream.
+const RESIDENT_SEED: u64 = 0x7673_6e61_7000_00a5;
+
+impl Resident {
+    fn generate(mb: u64) -> Result<Self, Failure> {
+        let words = usize::try_from(mb)
+            .ok()
+            .and_then(|mb| mb.checked_mul(1 << 17))
+            .ok_or_else(|| Failure::engine("VSNAP_ENGINE_RESIDENT_MB is too large"))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(words)
+            .map_err(|e| Failure::engine(format!("cannot allocate resident data: {e}")))?;
+        let mut rng = SplitMix64::new(RESIDENT_SEED);
+        // splitmix64 outputs zero for one input in 2^64; keep every word non-zero anyway.
+        data.extend((0..words).map(|_| rng.next_u64() | 1));
+        let checksum = checksum(&data);
+        if mb > 0 {
+            log(&format!(
+                "resident data: {mb} MiB, checksum {checksum:016x} (kept, never released)"
+            ));
+        }
+        Ok(Resident {
+            words: data,
+            checksum,
+        })
+    }
+
+    /// Recomputes the checksum over the data as it is in memory now.
+    fn verify(&self) -> Result<(), Failure> {
+        if self.words.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let now = checksum(&self.words);
+        if now != self.checksum {
+            return Err(Failure::engine(format!(
+                "resident data checksum {now:016x}, expected {:016x} ({} MiB): \
+                 the resident memory did not survive",
+                self.checksum,
+                self.words.len() >> 17
+            )));
+        }
+        log(&format!(
+            "resident data verified ({} MiB) in {} ms",
+            self.words.len() >> 17,
+            started.elapsed().as_millis()
+        ));
+        Ok(())
+    }
+}
+
+/// An order-sensitive checksum, four independent lanes so it runs at memory speed.
+fn checksum(words: &[u64]) -> u64 {
+    let mut lanes = [0u64; 4];
+    let mut chunks = words.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &w) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.rotate_left(1) ^ w;
+        }
+    }
+    for (lane, &w) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane = lane.rotate_left(1) ^ w;
+    }
+    lanes
+        .iter()
+        .fold(words.len() as u64, |acc, &lane| mix(acc ^ lane))
+}
+
 fn burn_cpu(duration: Duration) {
     let end = Instant::now() + duration;
     let mut rng = SplitMix64::new(1);
@@ -160,5 +255,47 @@ mod tests {
             before.sampled_token_logprob.to_bits(),
             after.sampled_token_logprob.to_bits()
         );
+    }
+
+    #[test]
+    fn resident_data_is_deterministic_and_verified() {
+        let a = Resident::generate(2).unwrap();
+        let b = Resident::generate(2).unwrap();
+        assert_eq!(a.words.len(), 2 << 17);
+        assert_eq!(a.checksum, b.checksum);
+        assert_eq!(a.words, b.words);
+        // Pinned: a change of the stream or the checksum shows up here.
+        assert_eq!(a.checksum, 0xdeab_3984_51bc_0a56);
+        assert_eq!(
+            Resident::generate(1).unwrap().checksum,
+            Resident::generate(1).unwrap().checksum
+        );
+        assert_ne!(a.checksum, Resident::generate(1).unwrap().checksum);
+        assert!(a.words.iter().all(|&w| w != 0));
+        a.verify().unwrap();
+        assert_eq!(Resident::generate(0).unwrap().words.len(), 0);
+        Resident::generate(0).unwrap().verify().unwrap();
+    }
+
+    #[test]
+    fn lost_resident_data_fails_the_reload() {
+        let mut engine = Engine::initialize(EngineConfig {
+            state_mb: 1,
+            resident_mb: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        engine.release();
+        engine.load().unwrap();
+        engine.release();
+        // A restore that brought back zero pages instead of the data.
+        engine.resident.words[12345] = 0;
+        let err = engine.load().unwrap_err();
+        assert!(err.message.contains("resident data checksum"), "{err}");
+        assert!(engine.model().is_err());
+        // Swapped words are caught too (the checksum is order-sensitive).
+        let mut r = Resident::generate(1).unwrap();
+        r.words.swap(0, 1);
+        assert!(r.verify().is_err());
     }
 }

@@ -1,0 +1,468 @@
+#!/usr/bin/env bash
+# Snapshot benchmark: the reference engine with a multi-second init and a large block of
+# memory it never releases (so it is IN the CRIU image), cold start vs restore, measured
+# side by side in ONE run under ONE private containerd (its own root, state, socket),
+# through io.vsnap.v1:
+#
+#   1. create: cold start + capture + publish; the manifest's timings (capture-ready,
+#      inventory, checkpoint) and image size; checkpoint throughput = image bytes /
+#      checkpoint time;
+#   2. raw read of the artifact's image files (`cat images/* >/dev/null`): cold page
+#      cache (sync; echo 3 >/proc/sys/vm/drop_caches) and warm (read twice, the second
+#      timed); and the memory pages (pages-*.img) read by dd into one freshly allocated
+#      buffer (every page faulted in, as a restore must place them);
+#   3. BENCH_RUNS pairs of cold start (no plan; `ctr run -d` until /health answers) and
+#      restore (`ctr run -d` with plan=restore: it returns once the copy validated its
+#      canary and listens; then /health is confirmed), in ABBA order; per restore the
+#      shim's phase timings (vsnap-restore.json in the bundle: preflight, CRIU restore,
+#      activation + canary, listener); restore throughput = image bytes / CRIU restore;
+#   4. BENCH_COLD_RUNS restores right after dropping the page cache, reported apart.
+#   Every answer of a copy to one completion is compared with the cold engine's.
+#
+# The report (markdown) goes to stdout and, with BENCH_OUT, to that file; progress to
+# stderr. Runs scripts/setup.sh first (idempotent). Takes the binaries from
+# BENCH_TARGET_DIR/release (default ./target), building them only if missing. Cleans up
+# everything it started on exit (tasks, containers, containerd by pid, temp dir), also
+# on failure. Run as root; drops the page cache (machine-wide) for the cold numbers.
+#
+# Environment:
+#   BENCH_RUNS=5            paired cold start / restore runs (ABBA order)
+#   BENCH_COLD_RUNS=3       restores with a cold page cache (each after a drop)
+#   BENCH_INIT_MS=3000      VSNAP_ENGINE_INIT_MS: CPU burnt at start-up (compilation)
+#   BENCH_RESIDENT_MB=1024  VSNAP_ENGINE_RESIDENT_MB: never released, lands in the image
+#   BENCH_STATE_MB=256      VSNAP_ENGINE_STATE_MB: released before capture, reloaded
+#   BENCH_TARGET_DIR=target where release/containerd-shim-vsnap-v1 and
+#                           release/vsnap-ref-engine are
+#   BENCH_OUT=FILE          also write the report to FILE
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec </dev/null
+export LC_ALL=C
+[ "$(id -u)" -eq 0 ] || { echo "bench-snapshot: must run as root" >&2; exit 1; }
+
+RUNS=${BENCH_RUNS:-5}
+COLD_RUNS=${BENCH_COLD_RUNS:-3}
+INIT_MS=${BENCH_INIT_MS:-3000}
+RESIDENT_MB=${BENCH_RESIDENT_MB:-1024}
+STATE_MB=${BENCH_STATE_MB:-256}
+for v in RUNS COLD_RUNS INIT_MS RESIDENT_MB STATE_MB; do
+    case "${!v}" in '' | *[!0-9]*) echo "bench-snapshot: BENCH_$v must be a whole number" >&2; exit 1 ;; esac
+done
+[ "$RUNS" -ge 1 ] || { echo "bench-snapshot: BENCH_RUNS must be >= 1" >&2; exit 1; }
+
+say() { printf 'bench-snapshot: %s\n' "$*" >&2; }
+
+./scripts/setup.sh >&2
+for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
+    [ -d "$d" ] && PATH="$d:$PATH"
+done
+export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+
+TOP=$(pwd)
+CBIN=/opt/vsnap/containerd/bin
+TARGET=$(mkdir -p "${BENCH_TARGET_DIR:-target}" && cd "${BENCH_TARGET_DIR:-target}" && pwd)
+SHIM="$TARGET/release/containerd-shim-vsnap-v1"
+ENGINE="$TARGET/release/vsnap-ref-engine"
+if [ ! -x "$SHIM" ] || [ ! -x "$ENGINE" ]; then
+    say "building the release binaries into $TARGET"
+    CARGO_TARGET_DIR="$TARGET" cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks >&2
+fi
+for b in "$SHIM" "$ENGINE" /bin/busybox "$CBIN/containerd" "$CBIN/ctr"; do
+    [ -x "$b" ] || { echo "bench-snapshot: $b missing" >&2; exit 1; }
+done
+
+# --- a private containerd ---------------------------------------------------------------
+D=$(mktemp -d /tmp/vsnap-bench-snapshot.XXXXXX)
+SOCK="$D/state/containerd.sock"
+CTR=("$CBIN/ctr" --address "$SOCK")
+CPID=
+ENGINE_PID=
+cleanup() {
+    local rc=$? t c m
+    set +e
+    trap - EXIT INT TERM
+    [ -n "$ENGINE_PID" ] && kill -KILL "$ENGINE_PID" 2>/dev/null && wait "$ENGINE_PID" 2>/dev/null
+    if [ -n "$CPID" ] && kill -0 "$CPID" 2>/dev/null; then
+        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do "${CTR[@]}" task kill -s SIGKILL "$t" 2>/dev/null; done
+        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do
+            for _ in $(seq 50); do "${CTR[@]}" task delete "$t" >/dev/null 2>&1 && break; sleep 0.1; done
+        done
+        for c in $("${CTR[@]}" c ls -q 2>/dev/null); do "${CTR[@]}" c rm "$c" >/dev/null 2>&1; done
+        kill "$CPID" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$CPID" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "$CPID" 2>/dev/null && kill -KILL "$CPID" 2>/dev/null
+        wait "$CPID" 2>/dev/null
+    fi
+    if [ "$rc" -ne 0 ] && [ -f "$D/containerd.log" ]; then
+        echo "bench-snapshot: FAILED (exit $rc); last lines of containerd's log:" >&2
+        tail -n 30 "$D/containerd.log" >&2
+    fi
+    # Never let rm -rf walk into a mount left behind (a bundle rootfs, say).
+    for m in $(awk -v d="$D/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+        umount -l "$m" 2>/dev/null
+    done
+    rm -rf "$D"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp" "$D/rootfs/run"
+ln -s "$SHIM" "$D/bin/containerd-shim-vsnap-v1"
+cp /bin/busybox "$D/rootfs/bin/"
+for a in sh cat sleep; do ln -s busybox "$D/rootfs/bin/$a"; done
+# The reference engine and the libraries it links against.
+cp "$ENGINE" "$D/rootfs/vsnap-ref-engine"
+for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
+    mkdir -p "$D/rootfs$(dirname "$lib")"
+    cp "$lib" "$D/rootfs$lib"
+done
+cat >"$D/config.toml" <<TOML
+version = 3
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
+root = "$D/root"
+state = "$D/state"
+[grpc]
+  address = "$SOCK"
+TOML
+ARTIFACTS="$D/artifacts"
+cat >"$D/vsnap.toml" <<TOML
+artifact_root = "$ARTIFACTS"
+TOML
+say "starting a private containerd in $D"
+PATH="$D/bin:$CBIN:$PATH" "$CBIN/containerd" --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
+CPID=$!
+for _ in $(seq 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
+"${CTR[@]}" version >/dev/null || { echo "bench-snapshot: containerd did not come up" >&2; exit 1; }
+
+# --- helpers ----------------------------------------------------------------------------
+NAME=bench
+ART="$ARTIFACTS/$NAME"
+BUNDLES="$D/state/io.containerd.runtime.v2.task/default"
+ENV_ARGS=(--env "VSNAP_ENGINE_INIT_MS=$INIT_MS" --env "VSNAP_ENGINE_STATE_MB=$STATE_MB"
+    --env "VSNAP_ENGINE_RESIDENT_MB=$RESIDENT_MB")
+PORT=18300
+N=0
+
+us_since() { local t=$EPOCHREALTIME; echo $((${t/./} - ${1/./})); }
+ms() { awk -v u="$1" 'BEGIN { printf "%.0f", u / 1000 }'; }
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+health() { curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$1/health"; }
+# Polls /health every 10 ms for up to 120 s.
+wait_health() {
+    local i
+    for i in $(seq 12000); do health "$1" && return 0; sleep 0.01; done
+    echo "bench-snapshot: nothing answers on 127.0.0.1:$1/health" >&2
+    return 1
+}
+# One greedy completion without its per-request id and timestamp.
+ask() {
+    curl -sf --max-time 10 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"ref","prompt":"The capital of France is","max_tokens":8,"temperature":0,"logprobs":1,"return_token_ids":true}' |
+        sed -E 's/"created":[0-9]+,//; s/"id":"[^"]*",//'
+}
+# ctr run -d of the engine. plan: "" (cold start: listens where argv says), create,
+# restore (listens where vsnap.io/listen says; argv and env stay equal to create's:
+# they are part of the artifact's workload identity).
+run_engine() { # id port plan
+    local ann=() args=(--host 127.0.0.1 --port "$2")
+    if [ -n "$3" ]; then
+        ann=(--annotation "vsnap.io/plan=$3" --annotation "vsnap.io/artifact=$NAME"
+            --annotation "vsnap.io/listen=127.0.0.1:$2")
+        args=()
+    fi
+    if ! "${CTR[@]}" run -d --net-host --runtime io.vsnap.v1 --runtime-config-path "$D/vsnap.toml" \
+        "${ann[@]}" "${ENV_ARGS[@]}" --rootfs "$D/rootfs" "$1" /vsnap-ref-engine "${args[@]}" \
+        >"$D/run.out" 2>&1; then
+        echo "bench-snapshot: ctr run ($1, plan '${3:-none}') failed:" >&2
+        cat "$D/run.out" >&2
+        exit 1
+    fi
+}
+stop() {
+    "${CTR[@]}" task kill -s SIGKILL "$1" >/dev/null 2>&1 || true
+    for _ in $(seq 100); do "${CTR[@]}" task delete "$1" >/dev/null 2>&1 && break; sleep 0.05; done
+    "${CTR[@]}" c rm "$1" >/dev/null
+}
+json_num() { # file key [decimals] -> the number (rounded when decimals are given)
+    local v
+    v=$(sed -nE "s/.*\"$2\":[[:space:]]*([0-9.eE+-]+).*/\1/p" "$1" | head -n 1)
+    [ -n "$v" ] || { echo "bench-snapshot: no \"$2\" in $1" >&2; exit 1; }
+    if [ -n "${3:-}" ]; then awk -v v="$v" -v p="$3" 'BEGIN { printf "%.*f", p, v }'; else echo "$v"; fi
+}
+# Quantile q (linear interpolation) of the numbers on stdin, printed with $2 decimals.
+quantile() {
+    sort -g | awk -v q="$1" -v p="${2:-0}" '{ v[NR] = $1 } END {
+        if (NR == 0) { print "n/a"; exit }
+        r = (NR - 1) * q; lo = int(r); f = r - lo;
+        x = v[lo + 1]; if (lo + 2 <= NR) x += f * (v[lo + 2] - v[lo + 1]);
+        printf "%.*f", p, x }'
+}
+med() { printf '%s\n' "$@" | quantile 0.5 "${DEC:-0}"; }
+minmax() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { a = $1 } { b = $1 } END { printf "%s-%s", a, b }'; }
+gbps() { awk -v b="$1" -v m="$2" 'BEGIN { if (m > 0) printf "%.2f", b / (m / 1000) / 1e9; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
+
+# --- 0. the resident data's verification cost, on the host ------------------------------
+# The engine in startup mode outside any container, until capture-ready.json: its
+# rehearsal recomputes the resident checksum once and logs how long that took (the same
+# work its recovery after every restore does, inside activation).
+say "0. resident checksum cost: the engine on the host up to capture-ready"
+mkdir -m 0700 "$D/hostctl"
+VSNAP_ENGINE_INIT_MS=0 VSNAP_ENGINE_STATE_MB=0 VSNAP_ENGINE_RESIDENT_MB="$RESIDENT_MB" \
+    VSNAP_SNAPSHOT_CONFIG="{\"mode\":\"startup\",\"control_dir\":\"$D/hostctl\",\"timeout_s\":60}" \
+    "$ENGINE" >"$D/hostengine.log" 2>&1 &
+ENGINE_PID=$!
+for _ in $(seq 1200); do [ -f "$D/hostctl/capture-ready.json" ] && break; sleep 0.05; done
+kill -KILL "$ENGINE_PID" 2>/dev/null
+wait "$ENGINE_PID" 2>/dev/null || true
+ENGINE_PID=
+VERIFY_MS=$(sed -nE 's/.*resident data verified \([0-9]+ MiB\) in ([0-9]+) ms.*/\1/p' "$D/hostengine.log" | head -n 1)
+VERIFY_MS=${VERIFY_MS:-n/a}
+
+# --- 1. create ---------------------------------------------------------------------------
+say "1. create: cold start, capture, publish (init ${INIT_MS} ms, resident ${RESIDENT_MB} MiB, state ${STATE_MB} MiB)"
+t0=$EPOCHREALTIME
+run_engine donor "$PORT" create
+for _ in $(seq 6000); do [ -f "$ART/manifest.json" ] && break; sleep 0.02; done
+[ -f "$ART/manifest.json" ] || { echo "bench-snapshot: no artifact published" >&2; exit 1; }
+wait_health "$PORT"
+CREATE_US=$(us_since "$t0")
+stop donor
+M="$ART/manifest.json"
+IMAGE_BYTES=$(json_num "$M" image_bytes)
+CAP_READY_MS=$(json_num "$M" cold_start_to_capture_ready)
+INVENTORY_MS=$(json_num "$M" inventory)
+CHECKPOINT_MS=$(json_num "$M" checkpoint)
+IMAGE_FILES=$(find "$ART/images" -type f | wc -l)
+IMAGE_DU=$(du -sb "$ART/images" | cut -f1)
+PAGES_BYTES=$(find "$ART/images" -type f -name 'pages-*.img' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }')
+say "   artifact: $(mib "$IMAGE_BYTES") MiB in $IMAGE_FILES files; checkpoint ${CHECKPOINT_MS} ms"
+sync
+
+# --- 2. raw read of the image files --------------------------------------------------------
+raw_read() { # -> microseconds of cat images/* >/dev/null
+    local t=$EPOCHREALTIME
+    cat "$ART"/images/* >/dev/null
+    us_since "$t"
+}
+# The memory pages (pages-*.img, nearly all the bytes) read into freshly allocated memory,
+# as a restore must place them: dd with one buffer as large as the largest of them, so
+# every page of it is faulted in (allocated and zeroed by the kernel) as it is read into.
+BS_MIB=$(find "$ART/images" -type f -name 'pages-*.img' -printf '%s\n' | sort -n | tail -n 1 |
+    awk '{ printf "%d", $1 / 1048576 + 1 }')
+fresh_read() { # -> microseconds
+    local t=$EPOCHREALTIME f
+    for f in "$ART"/images/pages-*.img; do dd if="$f" of=/dev/null bs="${BS_MIB}M" iflag=fullblock status=none; done
+    us_since "$t"
+}
+say "2. raw read of the image files: cold page cache, then warm (cat; dd into a fresh ${BS_MIB} MiB buffer)"
+RAW_COLD_MS=()
+RAW_WARM_MS=()
+FRESH_COLD_MS=()
+FRESH_WARM_MS=()
+for _ in $(seq "$COLD_RUNS"); do
+    drop_caches
+    RAW_COLD_MS+=("$(ms "$(raw_read)")")
+    drop_caches
+    FRESH_COLD_MS+=("$(ms "$(fresh_read)")")
+done
+for _ in 1 2 3; do
+    raw_read >/dev/null # the first read fills the cache, the second is timed
+    RAW_WARM_MS+=("$(ms "$(raw_read)")")
+    FRESH_WARM_MS+=("$(ms "$(fresh_read)")")
+done
+
+# --- 3. paired cold start / restore ------------------------------------------------------
+COLD_US=()
+REST_CTR_US=()
+REST_US=()
+COLD_ANSWER=
+check_answer() { # port who
+    local a
+    a=$(ask "$1")
+    [ -n "$a" ] || { echo "bench-snapshot: $2 gave no answer" >&2; exit 1; }
+    if [ -z "$COLD_ANSWER" ]; then
+        COLD_ANSWER=$a
+    elif [ "$a" != "$COLD_ANSWER" ]; then
+        printf 'bench-snapshot: %s answered differently:\n%s\nvs the first:\n%s\n' "$2" "$a" "$COLD_ANSWER" >&2
+        exit 1
+    fi
+}
+cold_once() {
+    local id port t0
+    N=$((N + 1)); id="cold-$N"; port=$((PORT + N))
+    t0=$EPOCHREALTIME
+    run_engine "$id" "$port" ""
+    wait_health "$port"
+    COLD_US+=("$(us_since "$t0")")
+    check_answer "$port" "$id"
+    stop "$id"
+}
+# One restore; appends to the arrays named by $1 (REST or CREST).
+restore_once() {
+    local into=$1 id port t0 ctr_us ready_us f pre criu act lis
+    N=$((N + 1)); id="copy-$N"; port=$((PORT + N))
+    t0=$EPOCHREALTIME
+    run_engine "$id" "$port" restore
+    ctr_us=$(us_since "$t0")
+    health "$port" || { echo "bench-snapshot: $id: ctr returned but /health does not answer" >&2; exit 1; }
+    ready_us=$(us_since "$t0")
+    f="$BUNDLES/$id/vsnap-restore.json"
+    [ -f "$f" ] || { echo "bench-snapshot: $id: no $f" >&2; exit 1; }
+    cp "$f" "$D/restore-$id.json"
+    pre=$(json_num "$f" preflight_ms 1)
+    criu=$(json_num "$f" criu_restore_ms 1)
+    act=$(json_num "$f" activation_ms 1)
+    lis=$(json_num "$f" listener_ms 1)
+    local -n a_ctr="${into}_CTR_US" a_us="${into}_US" a_pre="${into}_PRE" a_criu="${into}_CRIU" \
+        a_act="${into}_ACT" a_lis="${into}_LIS"
+    a_ctr+=("$ctr_us"); a_us+=("$ready_us"); a_pre+=("$pre"); a_criu+=("$criu")
+    a_act+=("$act"); a_lis+=("$lis")
+    check_answer "$port" "$id"
+    stop "$id"
+}
+REST_PRE=()
+REST_CRIU=()
+REST_ACT=()
+REST_LIS=()
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+say "3. $RUNS pairs of cold start / restore (ABBA order)"
+for i in $(seq "$RUNS"); do
+    if [ $((i % 2)) -eq 1 ]; then
+        cold_once
+        restore_once REST
+    else
+        restore_once REST
+        cold_once
+    fi
+    say "   pair $i: cold $(ms "${COLD_US[-1]}") ms, restore $(ms "${REST_US[-1]}") ms (CRIU ${REST_CRIU[-1]} ms)"
+done
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- 4. restores with a cold page cache ----------------------------------------------------
+CREST_CTR_US=()
+CREST_US=()
+CREST_PRE=()
+CREST_CRIU=()
+CREST_ACT=()
+CREST_LIS=()
+say "4. $COLD_RUNS restore(s) right after dropping the page cache"
+for _ in $(seq "$COLD_RUNS"); do
+    drop_caches
+    restore_once CREST
+    say "   cold-cache restore $(ms "${CREST_US[-1]}") ms (CRIU ${CREST_CRIU[-1]} ms)"
+done
+
+# --- report --------------------------------------------------------------------------------
+to_ms() { local u; for u in "$@"; do ms "$u"; echo; done; }
+mapfile -t COLD_MS < <(to_ms "${COLD_US[@]}")
+mapfile -t REST_MS < <(to_ms "${REST_US[@]}")
+mapfile -t REST_CTR_MS < <(to_ms "${REST_CTR_US[@]}")
+PAIR_RATIOS=()
+for i in "${!COLD_MS[@]}"; do PAIR_RATIOS+=("$(ratio "${REST_MS[$i]}" "${COLD_MS[$i]}")"); done
+COLD_MED=$(med "${COLD_MS[@]}")
+REST_MED=$(med "${REST_MS[@]}")
+CRIU_MED=$(DEC=1 med "${REST_CRIU[@]}")
+RAW_COLD_MED=$(med "${RAW_COLD_MS[@]}")
+RAW_WARM_MED=$(med "${RAW_WARM_MS[@]}")
+phase_row() { # label values...
+    local label=$1; shift
+    printf '| %s | %s | %s |\n' "$label" "$(DEC=1 med "$@")" "$(minmax "$@")"
+}
+other() { # ctr-wall-ms pre criu act lis -> ms outside the four phases
+    awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" -v e="$5" 'BEGIN { printf "%.1f", a - b - c - d - e }'
+}
+REST_OTHER=()
+for i in "${!REST_CTR_MS[@]}"; do
+    REST_OTHER+=("$(other "${REST_CTR_MS[$i]}" "${REST_PRE[$i]}" "${REST_CRIU[$i]}" "${REST_ACT[$i]}" "${REST_LIS[$i]}")")
+done
+mapfile -t CREST_MS < <(to_ms "${CREST_US[@]}")
+git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git_rev="$git_rev + uncommitted edits"
+{
+    echo "## vsnap snapshot benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "Machine: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), kernel $(uname -r),"
+    echo "memory $(awk '/^MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo) GiB total, $(awk '/^MemAvailable/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo) GiB available at the end;"
+    echo "artifact root on $(df --output=source,fstype "$ARTIFACTS" | tail -n 1 | tr -s ' ' | sed 's/ / (/; s/$/)/');"
+    echo "$("$CBIN/containerd" --version | sed 's/ *$//'), $(runc --version | head -n 1), criu $(criu --version | sed -n 's/^Version: //p' | head -n 1)."
+    echo "Binaries: $TARGET/release (git $git_rev). Load average before / after the paired runs: $LOAD_BEFORE / $LOAD_AFTER."
+    echo
+    echo "Parameters: BENCH_RUNS=$RUNS BENCH_COLD_RUNS=$COLD_RUNS BENCH_INIT_MS=$INIT_MS BENCH_RESIDENT_MB=$RESIDENT_MB BENCH_STATE_MB=$STATE_MB"
+    echo "(engine env: VSNAP_ENGINE_INIT_MS=$INIT_MS VSNAP_ENGINE_RESIDENT_MB=$RESIDENT_MB VSNAP_ENGINE_STATE_MB=$STATE_MB)."
+    echo "GB = 10^9 bytes, MiB = 2^20 bytes."
+    echo
+    echo "### Cold start vs restore, to ready ($RUNS pairs, ABBA order, warm page cache)"
+    echo
+    echo "| start | median (ms) | min-max (ms) |"
+    echo "|---|---:|---:|"
+    echo "| cold start, no plan (\`ctr run -d\` until /health answers) | $COLD_MED | $(minmax "${COLD_MS[@]}") |"
+    echo "| restore (\`ctr run -d\` returns, /health confirmed) | $REST_MED | $(minmax "${REST_MS[@]}") |"
+    echo "| restore, \`ctr run -d\` alone | $(med "${REST_CTR_MS[@]}") | $(minmax "${REST_CTR_MS[@]}") |"
+    echo
+    echo "Restore / cold start: **$(ratio "$REST_MED" "$COLD_MED")** (ratio of medians; median of the per-pair ratios $(DEC=3 med "${PAIR_RATIOS[@]}"))."
+    echo "Every copy answered one completion exactly like the first cold-started engine."
+    echo
+    echo "### Restore broken down by phase (shim's vsnap-restore.json, $RUNS warm-cache restores)"
+    echo
+    echo "| phase | median (ms) | min-max (ms) |"
+    echo "|---|---:|---:|"
+    phase_row "preflight (artifact validation, at create)" "${REST_PRE[@]}"
+    phase_row "CRIU restore (\`runc restore --detach\`)" "${REST_CRIU[@]}"
+    phase_row "activation + canary (handshake, engine reload + resident checksum + canary)" "${REST_ACT[@]}"
+    phase_row "listener probe" "${REST_LIS[@]}"
+    phase_row "rest of \`ctr run -d\` (ctr, containerd, shim start, bookkeeping)" "${REST_OTHER[@]}"
+    echo
+    echo "Resident checksum alone ($RESIDENT_MB MiB, engine on the host, measured in its rehearsal): $VERIFY_MS ms."
+    echo
+    echo "### Create (checkpoint) and artifact"
+    echo
+    echo "| quantity | value |"
+    echo "|---|---:|"
+    echo "| \`ctr run -d\` until artifact published and donor listening | $(ms "$CREATE_US") ms |"
+    echo "| manifest: cold start to capture-ready | $CAP_READY_MS ms |"
+    echo "| manifest: inventory | $INVENTORY_MS ms |"
+    echo "| manifest: checkpoint (\`runc checkpoint\`, CRIU dump) | $CHECKPOINT_MS ms |"
+    echo "| image_bytes (manifest) | $IMAGE_BYTES ($(mib "$IMAGE_BYTES") MiB, $IMAGE_FILES files; pages-*.img $(mib "$PAGES_BYTES") MiB; du $(mib "$IMAGE_DU") MiB) |"
+    echo "| checkpoint throughput (image_bytes / checkpoint) | $(gbps "$IMAGE_BYTES" "$CHECKPOINT_MS") GB/s |"
+    echo
+    echo "### Restore throughput vs raw read of the same image files"
+    echo
+    echo "| read of the $(mib "$IMAGE_BYTES") MiB of images | median (ms) | min-max (ms) | GB/s (median) |"
+    echo "|---|---:|---:|---:|"
+    echo "| \`cat images/* >/dev/null\`, warm page cache (3 x, 2nd read of each pair) | $RAW_WARM_MED | $(minmax "${RAW_WARM_MS[@]}") | $(gbps "$IMAGE_BYTES" "$RAW_WARM_MED") |"
+    echo "| \`cat images/* >/dev/null\`, cold page cache ($COLD_RUNS x, after drop_caches) | $RAW_COLD_MED | $(minmax "${RAW_COLD_MS[@]}") | $(gbps "$IMAGE_BYTES" "$RAW_COLD_MED") |"
+    echo "| \`dd bs=${BS_MIB}M\` of pages-*.img ($(mib "$PAGES_BYTES") MiB) into freshly faulted memory, warm page cache (3 x) | $(med "${FRESH_WARM_MS[@]}") | $(minmax "${FRESH_WARM_MS[@]}") | $(gbps "$PAGES_BYTES" "$(med "${FRESH_WARM_MS[@]}")") |"
+    echo "| \`dd bs=${BS_MIB}M\` of pages-*.img into freshly faulted memory, cold page cache ($COLD_RUNS x) | $(med "${FRESH_COLD_MS[@]}") | $(minmax "${FRESH_COLD_MS[@]}") | $(gbps "$PAGES_BYTES" "$(med "${FRESH_COLD_MS[@]}")") |"
+    echo "| CRIU restore, warm page cache ($RUNS restores) | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
+    echo "| CRIU restore, cold page cache ($COLD_RUNS restores) | $(DEC=1 med "${CREST_CRIU[@]}") | $(minmax "${CREST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$(DEC=1 med "${CREST_CRIU[@]}")") |"
+    echo
+    echo "CRIU restore / \`cat\`: warm $(ratio "$CRIU_MED" "$RAW_WARM_MED"), cold $(ratio "$(DEC=1 med "${CREST_CRIU[@]}")" "$RAW_COLD_MED")."
+    echo "CRIU restore / \`dd\` into fresh memory: warm $(ratio "$CRIU_MED" "$(med "${FRESH_WARM_MS[@]}")"), cold $(ratio "$(DEC=1 med "${CREST_CRIU[@]}")" "$(med "${FRESH_COLD_MS[@]}")")."
+    echo "Transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo n/a)."
+    echo
+    echo "### Restore with a cold page cache ($COLD_RUNS restores, each right after sync + drop_caches)"
+    echo
+    echo "| phase | median (ms) | min-max (ms) |"
+    echo "|---|---:|---:|"
+    echo "| restore to ready (\`ctr run -d\` + /health) | $(med "${CREST_MS[@]}") | $(minmax "${CREST_MS[@]}") |"
+    phase_row "preflight" "${CREST_PRE[@]}"
+    phase_row "CRIU restore" "${CREST_CRIU[@]}"
+    phase_row "activation + canary" "${CREST_ACT[@]}"
+    phase_row "listener probe" "${CREST_LIS[@]}"
+    echo
+    echo "Cold-cache restore / warm-cache cold start: $(ratio "$(med "${CREST_MS[@]}")" "$COLD_MED")."
+    echo
+    echo "Raw values (ms): cold start ${COLD_MS[*]}; restore ${REST_MS[*]}; CRIU ${REST_CRIU[*]};"
+    echo "activation ${REST_ACT[*]}; cold-cache restore ${CREST_MS[*]} (CRIU ${CREST_CRIU[*]});"
+    echo "cat warm ${RAW_WARM_MS[*]}, cold ${RAW_COLD_MS[*]}; dd warm ${FRESH_WARM_MS[*]}, cold ${FRESH_COLD_MS[*]}."
+} >"$D/report.md"
+cat "$D/report.md"
+if [ -n "${BENCH_OUT:-}" ]; then
+    cp "$D/report.md" "$BENCH_OUT"
+    say "report written to $BENCH_OUT"
+fi
+say "done"
