@@ -36,6 +36,9 @@ pub struct Faults {
     pub io_uring: bool,
     /// VSNAP_ENGINE_OUTSIDE_TCP=host:port: hold an established TCP connection.
     pub outside_tcp: Option<String>,
+    /// VSNAP_ENGINE_UNDUMPABLE=1: hold a perf_event fd, a file CRIU cannot dump
+    /// (and vsnap's inventory does not look for), so the checkpoint itself fails.
+    pub undumpable: bool,
 }
 
 /// What to do on entering a phase.
@@ -69,6 +72,7 @@ impl Faults {
             drift,
             io_uring: var("VSNAP_ENGINE_IO_URING").is_some_and(|v| v != "0"),
             outside_tcp: var("VSNAP_ENGINE_OUTSIDE_TCP"),
+            undumpable: var("VSNAP_ENGINE_UNDUMPABLE").is_some_and(|v| v != "0"),
         })
     }
 
@@ -128,7 +132,33 @@ impl Faults {
                 .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_OUTSIDE_TCP={peer}: {e}")))?;
             log(&format!("holding TCP connection to {peer} on fd {fd}"));
         }
+        if self.undumpable {
+            let fd = open_perf_event().map_err(|e| {
+                Failure::engine(format!("VSNAP_ENGINE_UNDUMPABLE: perf_event_open: {e}"))
+            })?;
+            log(&format!("holding perf_event fd {fd}"));
+        }
         Ok(())
+    }
+}
+
+/// A software CPU-clock counter of this process, user space only (allowed at
+/// perf_event_paranoid 2 without privileges).
+fn open_perf_event() -> std::io::Result<i64> {
+    // struct perf_event_attr (PERF_ATTR_SIZE_VER7, 128 bytes): type, size, config,
+    // then flag bits at offset 40: disabled (bit 0), exclude_kernel (bit 5), exclude_hv (bit 6).
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&1u32.to_ne_bytes()); // PERF_TYPE_SOFTWARE
+    attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
+    // config 0: PERF_COUNT_SW_CPU_CLOCK
+    attr[40..48].copy_from_slice(&((1u64) | (1 << 5) | (1 << 6)).to_ne_bytes());
+    // SAFETY: perf_event_open reads `attr` (size given inside it), which lives
+    // across the call; pid 0 / cpu -1 measure this process on any CPU.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(fd)
     }
 }
 

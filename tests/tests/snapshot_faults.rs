@@ -360,3 +360,23 @@ fn a_failed_re_create_keeps_the_previous_artifact() {
     good_restore(&e, "flt-m2", "same");
     e.assert_nothing_left();
 }
+
+#[test]
+fn a_criu_dump_failure_publishes_nothing_and_names_the_checkpoint() {
+    let e = setup("f-dump");
+    // A perf_event fd passes vsnap's inventory but CRIU cannot dump it.
+    let err = failed_capture(
+        &e,
+        "flt-d0",
+        "dump",
+        137,
+        &["--env", "VSNAP_ENGINE_UNDUMPABLE=1"],
+    );
+    assert_has(&err, &["capture: checkpoint", "runc checkpoint failed"]);
+    assert_eq!(
+        e.artifact_names(),
+        Vec::<String>::new(),
+        "nothing published"
+    );
+    e.assert_nothing_left();
+}
