@@ -229,6 +229,8 @@ impl Runc {
             let prefix = format!("runc {} failed: ", inv.verb);
             let detail = detail
                 .map(|d| d.strip_prefix(&prefix).map(str::to_string).unwrap_or(d))
+                // One line: runc's messages can span several.
+                .map(|d| d.trim().replace('\n', "; "))
                 .or_else(|| {
                     let s = String::from_utf8_lossy(&err).trim().to_string();
                     (!s.is_empty()).then_some(s)

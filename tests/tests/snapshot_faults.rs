@@ -372,7 +372,14 @@ fn a_criu_dump_failure_publishes_nothing_and_names_the_checkpoint() {
         137,
         &["--env", "VSNAP_ENGINE_UNDUMPABLE=1"],
     );
-    assert_has(&err, &["capture: checkpoint", "runc checkpoint failed"]);
+    assert_has(
+        &err,
+        &[
+            "capture: checkpoint: runc checkpoint failed",
+            "CRIU: ",
+            "perf_event",
+        ],
+    );
     assert_eq!(
         e.artifact_names(),
         Vec::<String>::new(),

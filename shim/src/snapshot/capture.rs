@@ -124,7 +124,11 @@ impl Capture {
         self.runc
             .checkpoint(&self.id, &staging.images(), &staging.work(), &flags)
             .await
-            .map_err(|e| Error::Other(format!("capture: checkpoint: {e}")))?;
+            .map_err(|e| {
+                // runc's own message is generic; CRIU's log says what it could not dump.
+                let criu = criu_errors(&staging.work().join("dump.log"));
+                Error::Other(format!("capture: {e}{criu}"))
+            })?;
         let checkpoint_time = t.elapsed();
 
         let t = Instant::now();
@@ -203,6 +207,22 @@ impl Capture {
             }
         }
         Ok(published)
+    }
+}
+
+/// The last error lines of a CRIU log, as `; CRIU: ...` (empty without any).
+fn criu_errors(log: &std::path::Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error ("))
+        .map(|l| l.split_once("): ").map_or(l, |(_, msg)| msg).trim())
+        .collect();
+    match errors.len() {
+        0 => String::new(),
+        n => format!("; CRIU: {}", errors[n.saturating_sub(3)..].join("; ")),
     }
 }
 
