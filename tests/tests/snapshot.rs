@@ -19,6 +19,29 @@ fn create_then_restore_twice_answers_like_a_cold_start() {
     let manifest = e.wait_manifest("ref");
     assert_eq!(manifest["name"], "ref");
     assert!(manifest["image_bytes"].as_u64().unwrap() > 0);
+    // The operator CLI reads the real artifact without running anything from it.
+    let vsnap = |args: &[&str]| {
+        let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("--root").arg(&e.artifacts).args(args);
+        vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(60))
+    };
+    let inspect = vsnap(&["inspect", "ref", "--json"]);
+    assert_eq!(inspect.code, Some(0), "{inspect:?}");
+    let inspected: serde_json::Value = serde_json::from_str(&inspect.stdout).unwrap();
+    assert!(
+        inspect
+            .stdout
+            .contains(manifest["capture_id"].as_str().unwrap()),
+        "{inspected}"
+    );
+    let verify = vsnap(&["verify", "ref"]);
+    assert_eq!(
+        verify.code,
+        Some(0),
+        "a fresh artifact verifies: {verify:?}"
+    );
+    assert!(vsnap(&["ls"]).stdout.contains("ref"));
     wait_listening(port, Duration::from_secs(60));
     assert_eq!(
         answers(port),
