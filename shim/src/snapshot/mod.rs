@@ -107,6 +107,17 @@ impl Snapshot {
         let argv = spec::args(&spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let gpus = gpus_of(&spec, config)?;
+        let env: Vec<String> = spec["process"]["env"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for missing in profile::check_vllm_env(&argv, &env)? {
+            log::warn!("{id}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)");
+        }
         // `auto` without a name: the workload's identity names the artifact.
         let name = plan
             .artifact

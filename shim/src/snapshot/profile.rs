@@ -109,6 +109,42 @@ pub fn is_vllm_serve(argv: &[String]) -> bool {
             || argv.iter().any(|a| a.contains("openai.api_server")))
 }
 
+/// What a capturable vLLM needs in its environment: worker processes
+/// spawned (not forked from a CUDA-initialized parent), no InfiniBand
+/// (CRIU cannot dump its queue pairs), and no hub access (a restored copy
+/// must not fetch anything).
+pub const VLLM_CAPTURE_ENV: [(&str, &str); 3] = [
+    ("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
+    ("NCCL_IB_DISABLE", "1"),
+    ("HF_HUB_OFFLINE", "1"),
+];
+
+/// For a vLLM command line: a value that contradicts [`VLLM_CAPTURE_ENV`] is
+/// an error naming the variable; a missing one is returned to be logged.
+pub fn check_vllm_env(argv: &[String], env: &[String]) -> Result<Vec<String>> {
+    let is_vllm = is_vllm_serve(argv) || argv.iter().any(|a| a == "vllm.snapshot.server");
+    if !is_vllm {
+        return Ok(Vec::new());
+    }
+    let mut missing = Vec::new();
+    for (name, want) in VLLM_CAPTURE_ENV {
+        let value = env
+            .iter()
+            .rev()
+            .find_map(|e| e.strip_prefix(name).and_then(|r| r.strip_prefix('=')));
+        match value {
+            Some(v) if v == want => {}
+            Some(v) => {
+                return Err(Error::InvalidArgument(format!(
+                    "create: {name}={v} prevents a capture of vLLM; set {name}={want} (or leave it unset)"
+                )))
+            }
+            None => missing.push(format!("{name}={want}")),
+        }
+    }
+    Ok(missing)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +205,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(ENGINE_PROTOCOL), "{err}");
+    }
+
+    #[test]
+    fn vllm_env_defaults_are_checked() {
+        let vllm = argv(&["vllm", "serve", "m"]);
+        let env = argv(&["NCCL_IB_DISABLE=1"]);
+        let missing = check_vllm_env(&vllm, &env).unwrap();
+        assert_eq!(
+            missing,
+            ["VLLM_WORKER_MULTIPROC_METHOD=spawn", "HF_HUB_OFFLINE=1"]
+        );
+        let err = check_vllm_env(&vllm, &argv(&["VLLM_WORKER_MULTIPROC_METHOD=fork"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("VLLM_WORKER_MULTIPROC_METHOD=fork"), "{err}");
+        assert!(check_vllm_env(&argv(&["/vsnap-ref-engine"]), &[])
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
