@@ -22,5 +22,17 @@ pub const RUNTIME_ID: &str = "io.vsnap.v1";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // `-v` / `-version`, as containerd's shims answer it.
+    if std::env::args()
+        .skip(1)
+        .any(|a| matches!(a.as_str(), "-v" | "-version" | "--version"))
+    {
+        println!(
+            "{}:\n  Runtime: {RUNTIME_ID}\n  Version: {}",
+            env!("CARGO_BIN_NAME"),
+            env!("CARGO_PKG_VERSION")
+        );
+        return;
+    }
     containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, None).await;
 }
