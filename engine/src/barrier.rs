@@ -9,7 +9,7 @@ use std::time::Duration;
 use vsnap_protocol::{to_canonical_json, wait_for_path, write_atomic, ReadyFile, ReleaseFile};
 
 use crate::cli::Options;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::EngineConfig;
 use crate::faults::Faults;
 use crate::session::Session;
 use crate::{bind, log, serve};
@@ -23,23 +23,7 @@ pub fn run(
     faults: Faults,
 ) -> ! {
     let session = Session::standalone(faults);
-    let mut engine = session.phase("initialize engine", || {
-        session.faults().hold_resources()?;
-        Engine::initialize(engine_config)
-    });
-    let oracle = session.phase("reference canary", || engine.canary());
-    session.phase("release memory", || {
-        engine.release();
-        Ok(())
-    });
-    session.phase("rehearsal: restore memory", || engine.load());
-    session.phase("rehearsal: canary", || {
-        Ok(oracle.check_matches(&engine.canary()?, "rehearsal canary")?)
-    });
-    session.phase("rehearsal: release memory", || {
-        engine.release();
-        Ok(())
-    });
+    let (mut engine, oracle) = crate::session::prepare_for_capture(&session, engine_config);
     session.phase("prepare", || {
         let bytes = to_canonical_json(ready_file, &ReadyFile::from(&oracle))?;
         write_atomic(ready_file, &bytes)?;

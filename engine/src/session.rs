@@ -6,7 +6,9 @@ use std::process;
 use std::thread;
 use std::time::Duration;
 
-use vsnap_protocol::{ControlDir, ErrorRecord};
+use vsnap_protocol::{ControlDir, ErrorRecord, Oracle};
+
+use crate::engine::{Engine, EngineConfig};
 
 use crate::failure::Failure;
 use crate::faults::{Faults, Injected};
@@ -119,4 +121,28 @@ fn hang() -> ! {
     loop {
         thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// What both protocols do before they signal readiness: initialize, run the
+/// private canary, release the reloadable state, rehearse (reload, canary must
+/// match) and release again. Returns the engine and its canary oracle.
+pub fn prepare_for_capture(session: &Session, engine_config: EngineConfig) -> (Engine, Oracle) {
+    let mut engine = session.phase("initialize engine", || {
+        session.faults().hold_resources()?;
+        Engine::initialize(engine_config)
+    });
+    let oracle = session.phase("reference canary", || engine.canary());
+    session.phase("release memory", || {
+        engine.release();
+        Ok(())
+    });
+    session.phase("rehearsal: restore memory", || engine.load());
+    session.phase("rehearsal: canary", || {
+        Ok(oracle.check_matches(&engine.canary()?, "rehearsal canary")?)
+    });
+    session.phase("rehearsal: release memory", || {
+        engine.release();
+        Ok(())
+    });
+    (engine, oracle)
 }

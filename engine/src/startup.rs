@@ -16,7 +16,7 @@ use vsnap_protocol::{
 };
 
 use crate::cli::{Options, SnapshotConfig};
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::EngineConfig;
 use crate::failure::Failure;
 use crate::faults::Faults;
 use crate::session::Session;
@@ -45,23 +45,7 @@ pub fn run(
     };
     let session = Session::with_control_dir(faults, dir.clone(), capture_id.clone());
 
-    let mut engine = session.phase("initialize engine", || {
-        session.faults().hold_resources()?;
-        Engine::initialize(engine_config)
-    });
-    let oracle = session.phase("reference canary", || engine.canary());
-    session.phase("release memory", || {
-        engine.release();
-        Ok(())
-    });
-    session.phase("rehearsal: restore memory", || engine.load());
-    session.phase("rehearsal: canary", || {
-        Ok(oracle.check_matches(&engine.canary()?, "rehearsal canary")?)
-    });
-    session.phase("rehearsal: release memory", || {
-        engine.release();
-        Ok(())
-    });
+    let (mut engine, oracle) = crate::session::prepare_for_capture(&session, engine_config);
     session.phase("prepare", || {
         dir.write(&CaptureReady {
             capture_id: capture_id.clone(),
