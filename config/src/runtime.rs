@@ -33,6 +33,9 @@ pub struct RuntimeConfig {
     pub cuda_plugin_dir: PathBuf,
     /// NVIDIA's cuda-checkpoint, which the CUDA plugin runs.
     pub cuda_checkpoint: PathBuf,
+    /// Read `vsnap.io/` settings from the container's and its image's labels
+    /// (through containerd's API) when the annotations choose no plan.
+    pub read_labels: bool,
     /// Require kernel.io_uring_disabled to forbid io_uring for snapshot
     /// containers (2 for root), checked by the io-uring OCI hook. Off by
     /// default: setting the sysctl takes io_uring away from the whole host.
@@ -78,6 +81,7 @@ impl Default for RuntimeConfig {
             criu_binary: PathBuf::from("criu"),
             cuda_plugin_dir: PathBuf::from("/usr/lib/criu"),
             cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
+            read_labels: true,
             enforce_io_uring_sysctl: false,
             capture_timeout_s: 900,
             activation_timeout_s: 120,

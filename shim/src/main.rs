@@ -9,6 +9,7 @@ mod container;
 mod error;
 mod events;
 mod exits;
+mod labels;
 mod options;
 mod process;
 mod runc;

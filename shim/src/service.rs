@@ -25,6 +25,8 @@ const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 pub struct Service {
     id: String,
     namespace: String,
+    /// containerd's own socket (`-address`).
+    address: String,
     exit: Arc<ExitSignal>,
 }
 
@@ -36,6 +38,7 @@ impl Shim for Service {
         Service {
             id: args.id.clone(),
             namespace: args.namespace.clone(),
+            address: args.address.clone(),
             exit: Arc::default(),
         }
     }
@@ -91,6 +94,7 @@ impl Shim for Service {
             exits,
             self.exit.clone(),
             &self.namespace,
+            &self.address,
         )
     }
 

@@ -20,7 +20,7 @@ use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
-use log::{debug, info};
+use log::{debug, info, warn};
 use tokio::sync::Mutex;
 
 use crate::console;
@@ -28,6 +28,7 @@ use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::exits::{Exits, Mark};
+use crate::labels;
 use crate::options;
 use crate::process::wait_exit;
 use crate::runc::{CheckpointFlags, Deadline, Runc};
@@ -47,6 +48,8 @@ pub struct TaskService {
     exits: Exits,
     exit_signal: Arc<ExitSignal>,
     namespace: String,
+    /// containerd's socket, for its API (labels).
+    containerd_address: String,
 }
 
 impl TaskService {
@@ -55,6 +58,7 @@ impl TaskService {
         exits: Exits,
         exit_signal: Arc<ExitSignal>,
         namespace: &str,
+        containerd_address: &str,
     ) -> Self {
         Self {
             containers: Arc::default(),
@@ -62,6 +66,7 @@ impl TaskService {
             exits,
             exit_signal,
             namespace: namespace.to_string(),
+            containerd_address: containerd_address.to_string(),
         }
     }
 
@@ -103,6 +108,34 @@ impl TaskService {
         });
     }
 
+    /// The `vsnap.io/` settings: the spec's annotations, over the container's
+    /// and its image's labels (read from containerd unless the annotations
+    /// already choose a plan, or `read_labels` is off).
+    async fn snapshot_settings(
+        &self,
+        bundle: &Path,
+        id: &str,
+        config: &vsnap_config::RuntimeConfig,
+    ) -> Result<HashMap<String, String>> {
+        let annotations = crate::snapshot::spec::annotations(bundle)?;
+        if !config.read_labels
+            || annotations.contains_key(crate::snapshot::plan::PLAN)
+            || annotations.contains_key(crate::snapshot::plan::CRI_CONTAINER_TYPE)
+            || self.containerd_address.is_empty()
+        {
+            return Ok(annotations);
+        }
+        let labels = match labels::vsnap_labels(&self.containerd_address, &self.namespace, id).await
+        {
+            Ok(labels) => labels,
+            Err(e) => {
+                warn!("{id}: labels not read ({e}): only annotations choose a snapshot plan");
+                HashMap::new()
+            }
+        };
+        Ok(labels::merge(annotations, labels))
+    }
+
     /// runc's state root: one per containerd instance and namespace, so two
     /// containerds on one host never see each other's containers.
     fn runc_root(&self, configured: Option<&Path>, bundle: &Path) -> PathBuf {
@@ -129,7 +162,8 @@ impl TaskService {
             log_dir: bundle.clone(),
             exits: self.exits.clone(),
         };
-        let snapshot = Snapshot::prepare(&bundle, &req.id, &self.namespace, &config)?;
+        let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
+        let snapshot = Snapshot::prepare(&bundle, &req.id, &self.namespace, &config, &settings)?;
         let mark = self.exits.mark();
         let c = Container::create(CreateConfig {
             id: req.id.clone(),

@@ -50,25 +50,37 @@ fn blob(layout: &Path, bytes: &[u8]) -> (String, usize) {
 pub fn import_busybox_image(containerd: &Containerd) {
     let dir = containerd.dir.join("image");
     let root = busybox_rootfs(&dir);
-    let layout = dir.join("layout");
+    import_image(containerd, &dir, &root, IMAGE_REF, serde_json::json!({}));
+}
+
+/// Imports the folder `root` as a one-layer OCI image `reference` whose
+/// config carries `labels`; `work` holds the layout while it is built.
+pub fn import_image(
+    containerd: &Containerd,
+    work: &Path,
+    root: &Path,
+    reference: &str,
+    labels: serde_json::Value,
+) {
+    let layout = work.join("layout");
     std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    let layer_path = dir.join("layer.tar");
+    let layer_path = work.join("layer.tar");
     let st = Command::new("tar")
         .arg("-C")
-        .arg(&root)
+        .arg(root)
         .arg("--numeric-owner")
         .arg("-cf")
         .arg(&layer_path)
         .arg(".")
         .status()
         .unwrap();
-    assert!(st.success(), "tar the busybox layer");
+    assert!(st.success(), "tar the layer");
     let layer = std::fs::read(&layer_path).unwrap();
     let (layer_digest, layer_size) = blob(&layout, &layer);
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
+        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"], "Labels": labels},
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
     });
     let (config_digest, config_size) = blob(&layout, config.to_string().as_bytes());
@@ -85,7 +97,7 @@ pub fn import_busybox_image(containerd: &Containerd) {
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": manifest_digest,
             "size": manifest_size,
-            "annotations": {"io.containerd.image.name": IMAGE_REF, "org.opencontainers.image.ref.name": "test"},
+            "annotations": {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": "test"},
         }],
     });
     std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
@@ -94,7 +106,7 @@ pub fn import_busybox_image(containerd: &Containerd) {
         r#"{"imageLayoutVersion":"1.0.0"}"#,
     )
     .unwrap();
-    let tarball = dir.join("image.tar");
+    let tarball = work.join("image.tar");
     let st = Command::new("tar")
         .arg("-C")
         .arg(&layout)
@@ -106,5 +118,5 @@ pub fn import_busybox_image(containerd: &Containerd) {
     assert!(st.success(), "tar the image layout");
     containerd.ctr_ok(&["images", "import", tarball.to_str().unwrap()]);
     let images = containerd.ctr_ok(&["images", "ls", "-q"]);
-    assert!(images.contains(IMAGE_REF), "image imported: {images}");
+    assert!(images.contains(reference), "image imported: {images}");
 }

@@ -21,6 +21,7 @@ pub const SNAPSHOT_CONFIG_ENV: &str = "VSNAP_SNAPSHOT_CONFIG";
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use vsnap_artifact::{
     self as artifact, layout, ArtifactError, ArtifactLock, HostIdentity, Manifest, Tools, Workload,
@@ -89,14 +90,16 @@ impl Snapshot {
     /// Reads the plan from the bundle's annotations and prepares the
     /// container for it: the control dir, the spec edits and, for a restore,
     /// the validated artifact. `None`: the container runs plain.
+    /// `settings` are the `vsnap.io/` annotations merged with the labels.
     pub fn prepare(
         bundle: &Path,
         id: &str,
         namespace: &str,
         config: &RuntimeConfig,
+        settings: &HashMap<String, String>,
     ) -> Result<Option<Self>> {
         let started = Instant::now();
-        let Some(plan) = plan::from_annotations(&spec::annotations(bundle)?)? else {
+        let Some(plan) = plan::from_annotations(settings)? else {
             return Ok(None);
         };
         let root = config.artifact_root.clone();

@@ -15,7 +15,7 @@ pub const ACTIVATION_TIMEOUT: &str = "vsnap.io/activation-timeout";
 /// `startup` (vLLM's control-dir protocol) or `barrier` (released vLLM).
 pub const ENGINE_PROTOCOL: &str = "vsnap.io/engine-protocol";
 /// CRI marks a pod's sandbox (pause) container with this; it always runs plain.
-const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
