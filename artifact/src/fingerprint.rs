@@ -18,6 +18,8 @@ pub struct Tools {
     pub runc: PathBuf,
     pub criu: PathBuf,
     pub cuda_plugin: PathBuf,
+    /// NVIDIA's cuda-checkpoint (a name on PATH or a path).
+    pub cuda_checkpoint: PathBuf,
 }
 
 impl Default for Tools {
@@ -26,6 +28,7 @@ impl Default for Tools {
             runc: PathBuf::from("runc"),
             criu: PathBuf::from("criu"),
             cuda_plugin: PathBuf::from("/usr/lib/criu/cuda_plugin.so"),
+            cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
         }
     }
 }
@@ -41,6 +44,9 @@ pub struct HostIdentity {
     pub criu_version: String,
     pub criu_sha256: String,
     pub cuda_plugin_sha256: String,
+    /// `absent` on hosts without it (no GPU).
+    #[serde(default)]
+    pub cuda_checkpoint_sha256: String,
     pub shim_version: String,
     /// `name uuid driver` of each GPU the container uses (empty without one);
     /// filled by the shim from nvidia-smi when the spec has NVIDIA devices.
@@ -70,6 +76,7 @@ impl HostIdentity {
             criu_version: first_line(&criu, "--version"),
             criu_sha256: file_sha256(&criu),
             cuda_plugin_sha256: file_sha256(&tools.cuda_plugin),
+            cuda_checkpoint_sha256: file_sha256(&which(&tools.cuda_checkpoint)),
             shim_version: shim_version.to_string(),
             gpus: Vec::new(),
         }

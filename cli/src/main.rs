@@ -117,6 +117,7 @@ impl Ctx {
             runc: self.config.runc_binary.clone(),
             criu: self.config.criu_binary.clone(),
             cuda_plugin: self.config.cuda_plugin_dir.join("cuda_plugin.so"),
+            cuda_checkpoint: self.config.cuda_checkpoint.clone(),
         }
     }
 }

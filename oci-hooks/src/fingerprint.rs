@@ -30,6 +30,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--runc",
     "--criu",
     "--cuda-plugin",
+    "--cuda-checkpoint",
     "--shim-version",
     "--nvidia-smi",
     "--bundle",
@@ -52,6 +53,9 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
         runc: flags.path("--runc").unwrap_or(defaults.runc),
         criu: flags.path("--criu").unwrap_or(defaults.criu),
         cuda_plugin: flags.path("--cuda-plugin").unwrap_or(defaults.cuda_plugin),
+        cuda_checkpoint: flags
+            .path("--cuda-checkpoint")
+            .unwrap_or(defaults.cuda_checkpoint),
     };
     let shim_version = flags.value("--shim-version").unwrap_or(SHIM_VERSION);
     // The manifest first: a bad artifact is named even without a state.

@@ -121,6 +121,7 @@ impl Host {
             runc: tools_dir.join("runc"),
             criu: tools_dir.join("criu"),
             cuda_plugin: tools_dir.join("cuda_plugin.so"),
+            cuda_checkpoint: tools_dir.join("cuda-checkpoint"),
         };
         let root = tmp.path().join("artifacts");
         ensure_root(&root).unwrap();

@@ -138,6 +138,7 @@ impl Snapshot {
             runc: config.runc_binary.clone(),
             criu: config.criu_binary.clone(),
             cuda_plugin: config.cuda_plugin_dir.join("cuda_plugin.so"),
+            cuda_checkpoint: config.cuda_checkpoint.clone(),
         };
         let lock = match mode {
             Mode::Restore => {

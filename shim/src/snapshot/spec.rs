@@ -193,6 +193,8 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
                 &text(&s.tools.criu),
                 "--cuda-plugin",
                 &text(&s.tools.cuda_plugin),
+                "--cuda-checkpoint",
+                &text(&s.tools.cuda_checkpoint),
                 "--shim-version",
                 env!("CARGO_PKG_VERSION"),
             ]
