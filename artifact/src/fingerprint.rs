@@ -98,6 +98,9 @@ pub struct Workload {
     pub env: BTreeMap<String, String>,
     pub rootfs: String,
     pub image: String,
+    /// The image manifest's digest, from containerd, for image-based containers.
+    #[serde(default)]
+    pub image_digest: String,
     pub security: BTreeMap<String, String>,
 }
 
@@ -183,6 +186,7 @@ impl Workload {
                 .unwrap_or_default()
                 .to_string(),
             image,
+            image_digest: String::new(),
             security,
         }
     }

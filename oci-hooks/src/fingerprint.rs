@@ -173,11 +173,13 @@ pub fn compare(
     spec: &Value,
 ) -> Result<(), Failure> {
     let mut diff = manifest.host.diff(host);
-    diff.extend(
-        manifest
-            .workload
-            .diff(&Workload::from_spec(spec, CONTROL_MOUNT)),
-    );
+    // The image digest comes from containerd's API, which a hook cannot ask:
+    // the shim compares it before the hooks run.
+    let live = Workload {
+        image_digest: manifest.workload.image_digest.clone(),
+        ..Workload::from_spec(spec, CONTROL_MOUNT)
+    };
+    diff.extend(manifest.workload.diff(&live));
     if diff.is_empty() {
         return Ok(());
     }

@@ -10,6 +10,7 @@ use containerd_client::services::v1::{
     containers_client::ContainersClient, content_client::ContentClient,
     images_client::ImagesClient, GetContainerRequest, GetImageRequest, ReadContentRequest,
 };
+use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::Request;
 use containerd_client::with_namespace;
 use serde_json::Value;
@@ -32,6 +33,20 @@ pub async fn vsnap_labels(
 }
 
 async fn lookup(address: &str, ns: &str, id: &str) -> Result<HashMap<String, String>, String> {
+    let (channel, container) = container(address, ns, id).await?;
+    let mut labels = HashMap::new();
+    if !container.image.is_empty() {
+        labels.extend(image_labels(&channel, ns, &container.image).await?);
+    }
+    labels.extend(vsnap_only(container.labels));
+    Ok(labels)
+}
+
+async fn container(
+    address: &str,
+    ns: &str,
+    id: &str,
+) -> Result<(Channel, containerd_client::services::v1::Container), String> {
     let address = address.trim_start_matches("unix://");
     let channel = containerd_client::connect(address)
         .await
@@ -44,16 +59,35 @@ async fn lookup(address: &str, ns: &str, id: &str) -> Result<HashMap<String, Str
         .into_inner()
         .container
         .ok_or_else(|| format!("container {id} not found"))?;
-    let mut labels = HashMap::new();
-    if !container.image.is_empty() {
-        labels.extend(image_labels(&channel, ns, &container.image).await?);
-    }
-    labels.extend(vsnap_only(container.labels));
-    Ok(labels)
+    Ok((channel, container))
+}
+
+/// The digest of the container's image (its index or manifest), or `None`
+/// for a container without an image (`ctr run --rootfs`).
+pub async fn image_digest(address: &str, ns: &str, id: &str) -> Result<Option<String>, String> {
+    let find = async {
+        let (channel, container) = container(address, ns, id).await?;
+        if container.image.is_empty() {
+            return Ok(None);
+        }
+        let request = GetImageRequest {
+            name: container.image.clone(),
+        };
+        let image = ImagesClient::new(channel)
+            .get(with_namespace!(request, ns))
+            .await
+            .map_err(|e| format!("get image {}: {}", container.image, e.message()))?
+            .into_inner()
+            .image;
+        Ok(image.and_then(|i| i.target).map(|t| t.digest))
+    };
+    tokio::time::timeout(TIMEOUT, find)
+        .await
+        .map_err(|_| format!("containerd did not answer within {TIMEOUT:?}"))?
 }
 
 async fn image_labels(
-    channel: &containerd_client::tonic::transport::Channel,
+    channel: &Channel,
     ns: &str,
     name: &str,
 ) -> Result<HashMap<String, String>, String> {
@@ -101,11 +135,7 @@ async fn image_labels(
     Ok(vsnap_only(labels))
 }
 
-async fn read_json(
-    channel: &containerd_client::tonic::transport::Channel,
-    ns: &str,
-    digest: &str,
-) -> Result<Value, String> {
+async fn read_json(channel: &Channel, ns: &str, digest: &str) -> Result<Value, String> {
     let request = ReadContentRequest {
         digest: digest.to_string(),
         offset: 0,

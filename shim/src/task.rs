@@ -136,6 +136,23 @@ impl TaskService {
         Ok(labels::merge(annotations, labels))
     }
 
+    /// For a snapshot container: its image's digest, part of its identity.
+    async fn image_digest(
+        &self,
+        settings: &HashMap<String, String>,
+        id: &str,
+    ) -> Result<Option<String>> {
+        let planned = settings
+            .get(crate::snapshot::plan::PLAN)
+            .is_some_and(|p| p != "off");
+        if !planned || self.containerd_address.is_empty() {
+            return Ok(None);
+        }
+        labels::image_digest(&self.containerd_address, &self.namespace, id)
+            .await
+            .map_err(|e| Error::FailedPrecondition(format!("create: image identity: {e}")))
+    }
+
     /// runc's state root: one per containerd instance and namespace, so two
     /// containerds on one host never see each other's containers.
     fn runc_root(&self, configured: Option<&Path>, bundle: &Path) -> PathBuf {
@@ -163,7 +180,15 @@ impl TaskService {
             exits: self.exits.clone(),
         };
         let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
-        let snapshot = Snapshot::prepare(&bundle, &req.id, &self.namespace, &config, &settings)?;
+        let image_digest = self.image_digest(&settings, &req.id).await?;
+        let snapshot = Snapshot::prepare(
+            &bundle,
+            &req.id,
+            &self.namespace,
+            &config,
+            &settings,
+            image_digest.as_deref(),
+        )?;
         let mark = self.exits.mark();
         let c = Container::create(CreateConfig {
             id: req.id.clone(),

@@ -111,8 +111,17 @@ fn an_image_can_opt_in_with_its_config_labels() {
         ])
     };
     assert!(run("i1").ok());
-    // auto without a name: the artifact is keyed by the workload.
-    wait_artifact(&e.artifacts, "auto-");
+    // auto without a name: the artifact is keyed by the workload, whose
+    // identity includes the image's digest (asked from containerd).
+    let name = wait_artifact(&e.artifacts, "auto-");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(e.artifacts.join(&name).join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let digest = manifest["workload"]["image_digest"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(digest.starts_with("sha256:"), "{manifest}");
     wait_listening(port, Duration::from_secs(60));
     e.remove("i1");
     let out = run("i2");

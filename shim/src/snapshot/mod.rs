@@ -97,6 +97,7 @@ impl Snapshot {
         namespace: &str,
         config: &RuntimeConfig,
         settings: &HashMap<String, String>,
+        image_digest: Option<&str>,
     ) -> Result<Option<Self>> {
         let started = Instant::now();
         let Some(plan) = plan::from_annotations(settings)? else {
@@ -106,7 +107,10 @@ impl Snapshot {
         let preflight = |e| artifact_error("restore: preflight", e);
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
         let spec = spec::read(bundle)?;
-        let workload = Workload::from_spec(&spec, CONTROL_MOUNT);
+        let workload = Workload {
+            image_digest: image_digest.unwrap_or_default().to_string(),
+            ..Workload::from_spec(&spec, CONTROL_MOUNT)
+        };
         let argv = spec::args(&spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let gpus = gpus_of(&spec, config)?;
