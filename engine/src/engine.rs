@@ -19,6 +19,7 @@ use crate::failure::Failure;
 use crate::log;
 use crate::model::{encode, token_text, Model, Weights};
 use crate::prng::{mix, SplitMix64};
+use crate::shm::UnlinkedShm;
 use crate::weights_file;
 
 /// The canary prompt of the protocol.
@@ -37,6 +38,8 @@ pub struct EngineConfig {
     /// MiB of resident data allocated and touched once at start-up and kept for the
     /// process lifetime, never released (VSNAP_ENGINE_RESIDENT_MB).
     pub resident_mb: u64,
+    /// KiB of an unlinked /dev/shm file held open (VSNAP_ENGINE_SHM_KB).
+    pub shm_kb: u64,
 }
 
 impl EngineConfig {
@@ -46,6 +49,7 @@ impl EngineConfig {
             init_ms: env_u64("VSNAP_ENGINE_INIT_MS")?,
             state_mb: env_u64("VSNAP_ENGINE_STATE_MB")?,
             resident_mb: env_u64("VSNAP_ENGINE_RESIDENT_MB")?,
+            shm_kb: env_u64("VSNAP_ENGINE_SHM_KB")?,
         })
     }
 }
@@ -68,6 +72,8 @@ pub struct Engine {
     state_checksum: Option<u64>,
     /// Never released; verified against its checksum on every reload.
     resident: Resident,
+    /// An unlinked /dev/shm file held open; verified on every reload.
+    shm: Option<UnlinkedShm>,
 }
 
 impl Engine {
@@ -75,12 +81,14 @@ impl Engine {
     pub fn initialize(config: EngineConfig) -> Result<Self, Failure> {
         burn_cpu(Duration::from_millis(config.init_ms));
         let resident = Resident::generate(config.resident_mb)?;
+        let shm = UnlinkedShm::create(config.shm_kb)?;
         let mut engine = Engine {
             config,
             model: None,
             state: Vec::new(),
             state_checksum: None,
             resident,
+            shm,
         };
         engine.load()?;
         Ok(engine)
@@ -91,6 +99,9 @@ impl Engine {
         // (rehearsal, recovery after a restore) proves the resident data survived.
         if self.state_checksum.is_some() {
             self.resident.verify()?;
+            if let Some(shm) = &self.shm {
+                shm.verify()?;
+            }
         }
         let weights = match &self.config.weights_path {
             Some(path) => weights_file::load(path).map_err(Failure::engine)?,

@@ -13,6 +13,7 @@ mod http;
 mod model;
 mod prng;
 mod session;
+mod shm;
 mod startup;
 mod weights_file;
 

@@ -345,3 +345,31 @@ fn auto_without_a_name_keys_the_artifact_by_the_workload() {
     wait_listening(port, Duration::from_secs(60));
     e.remove("k3");
 }
+
+#[test]
+fn an_unlinked_dev_shm_file_is_carried_in_the_artifact() {
+    let e = setup("shm");
+    // The engine holds a /dev/shm file it unlinked (as multiprocessing's
+    // SharedMemory or a POSIX semaphore do) and checks its bytes at recovery.
+    let env = ["--env", "VSNAP_ENGINE_SHM_KB=256"];
+    let port = free_port();
+    assert!(e.run("s0", "create", "shm", port, &env).ok());
+    e.wait_manifest("shm");
+    let images = vsnap_e2e::containerd::list(&e.artifacts.join("shm/images"));
+    // CRIU carries the unlinked file in the image (a ghost file and its remap).
+    assert!(
+        images.iter().any(|f| f.starts_with("ghost-file"))
+            && images.iter().any(|f| f.starts_with("remap-fpath")),
+        "{images:?}"
+    );
+    wait_listening(port, Duration::from_secs(60));
+    e.remove("s0");
+    for copy in ["s1", "s2"] {
+        let out = e.run(copy, "restore", "shm", free_port(), &env);
+        assert!(
+            out.ok(),
+            "{copy}: the copy recovered the unlinked file: {out:?}"
+        );
+        e.remove(copy);
+    }
+}
