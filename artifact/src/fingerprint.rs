@@ -140,11 +140,14 @@ impl Workload {
         .find_map(|k| annotations[*k].as_str())
         .unwrap_or_default()
         .to_string();
-        let mounts: Vec<&Value> = spec["mounts"]
+        // Where, what and how, not from where: a bind source (an emptyDir,
+        // a per-pod path) legitimately differs from one container to the next.
+        let mounts: Vec<Value> = spec["mounts"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|m| m["destination"].as_str() != Some(ignore_mount))
+            .map(|m| serde_json::json!({"destination": m["destination"], "type": m["type"], "options": m["options"]}))
             .collect();
         let linux = &spec["linux"];
         let namespaces: Vec<Value> = linux["namespaces"]
@@ -395,6 +398,22 @@ mod tests {
                 .diff(&Workload::from_spec(&same, "/run/vsnap/control"))
                 .is_empty(),
             "the control mount is not identity"
+        );
+        // A bind's source may differ; its destination, type and options may not.
+        let mut with_shm = base.clone();
+        with_shm["mounts"] = json!([{"destination": "/dev/shm", "type": "bind", "source": "/pod-a", "options": ["rbind", "rw"]}]);
+        let shm = Workload::from_spec(&with_shm, "/run/vsnap/control");
+        let mut other_pod = with_shm.clone();
+        other_pod["mounts"][0]["source"] = json!("/pod-b");
+        assert!(shm
+            .diff(&Workload::from_spec(&other_pod, "/run/vsnap/control"))
+            .is_empty());
+        let mut read_only = with_shm.clone();
+        read_only["mounts"][0]["options"] = json!(["rbind", "ro"]);
+        let diff = shm.diff(&Workload::from_spec(&read_only, "/run/vsnap/control"));
+        assert!(
+            diff.len() == 1 && diff[0].starts_with("workload.security.mounts"),
+            "{diff:?}"
         );
         for (path, value, field) in [
             (

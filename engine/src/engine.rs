@@ -40,6 +40,8 @@ pub struct EngineConfig {
     pub resident_mb: u64,
     /// KiB of an unlinked /dev/shm file held open (VSNAP_ENGINE_SHM_KB).
     pub shm_kb: u64,
+    /// Keep that file's name (VSNAP_ENGINE_SHM_NAMED=1).
+    pub shm_named: bool,
 }
 
 impl EngineConfig {
@@ -50,6 +52,7 @@ impl EngineConfig {
             state_mb: env_u64("VSNAP_ENGINE_STATE_MB")?,
             resident_mb: env_u64("VSNAP_ENGINE_RESIDENT_MB")?,
             shm_kb: env_u64("VSNAP_ENGINE_SHM_KB")?,
+            shm_named: env_u64("VSNAP_ENGINE_SHM_NAMED")? != 0,
         })
     }
 }
@@ -81,7 +84,7 @@ impl Engine {
     pub fn initialize(config: EngineConfig) -> Result<Self, Failure> {
         burn_cpu(Duration::from_millis(config.init_ms));
         let resident = Resident::generate(config.resident_mb)?;
-        let shm = UnlinkedShm::create(config.shm_kb)?;
+        let shm = UnlinkedShm::create(config.shm_kb, config.shm_named)?;
         let mut engine = Engine {
             config,
             model: None,

@@ -20,14 +20,19 @@ pub struct UnlinkedShm {
 }
 
 impl UnlinkedShm {
-    /// `None` when `kb` is 0.
-    pub fn create(kb: u64) -> Result<Option<Self>, Failure> {
+    /// `None` when `kb` is 0. With `keep_name` the file stays linked
+    /// (`/dev/shm/vsnap-ref-engine-shm`, as a named shared memory segment).
+    pub fn create(kb: u64, keep_name: bool) -> Result<Option<Self>, Failure> {
         if kb == 0 {
             return Ok(None);
         }
         let len = usize::try_from(kb * 1024)
             .map_err(|_| Failure::engine("VSNAP_ENGINE_SHM_KB is too large"))?;
-        let path = format!("/dev/shm/vsnap-ref-engine-{}", std::process::id());
+        let path = if keep_name {
+            "/dev/shm/vsnap-ref-engine-shm".to_string()
+        } else {
+            format!("/dev/shm/vsnap-ref-engine-{}", std::process::id())
+        };
         let mut file = File::options()
             .read(true)
             .write(true)
@@ -38,8 +43,13 @@ impl UnlinkedShm {
         let bytes = stream(len);
         file.write_all(&bytes)
             .map_err(|e| Failure::engine(format!("write {path}: {e}")))?;
-        std::fs::remove_file(&path).map_err(|e| Failure::engine(format!("unlink {path}: {e}")))?;
-        crate::log(&format!("holding an unlinked {kb} KiB file from /dev/shm"));
+        if keep_name {
+            crate::log(&format!("holding {path} ({kb} KiB)"));
+        } else {
+            std::fs::remove_file(&path)
+                .map_err(|e| Failure::engine(format!("unlink {path}: {e}")))?;
+            crate::log(&format!("holding an unlinked {kb} KiB file from /dev/shm"));
+        }
         Ok(Some(UnlinkedShm {
             file,
             len,
@@ -85,10 +95,10 @@ mod tests {
 
     #[test]
     fn the_unlinked_file_is_kept_and_verified() {
-        let shm = UnlinkedShm::create(4).unwrap().unwrap();
+        let shm = UnlinkedShm::create(4, false).unwrap().unwrap();
         shm.verify().unwrap();
         shm.file.write_at(b"x", 0).unwrap();
         assert!(shm.verify().is_err(), "a changed byte is noticed");
-        assert!(UnlinkedShm::create(0).unwrap().is_none());
+        assert!(UnlinkedShm::create(0, false).unwrap().is_none());
     }
 }

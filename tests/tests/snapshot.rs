@@ -373,3 +373,52 @@ fn an_unlinked_dev_shm_file_is_carried_in_the_artifact() {
         e.remove(copy);
     }
 }
+
+#[test]
+fn dev_shm_files_in_a_host_mounted_dev_shm_are_carried_too() {
+    let e = setup("shm-host");
+    // /dev/shm bind-mounted from a host folder (Kubernetes: an emptyDir of
+    // medium Memory), a fresh empty one for every container. Two engines: one
+    // holds an unlinked 4 MiB file (above CRIU's default 1 MiB ghost limit),
+    // one a named file (which CRIU leaves to the external mount).
+    let mount = |id: &str| {
+        let dir = e.c.dir.join(format!("shm-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        format!(
+            "type=bind,src={},dst=/dev/shm,options=rbind:rw",
+            dir.display()
+        )
+    };
+    for (name, named) in [("unlinked", "0"), ("named", "1")] {
+        let named_env = format!("VSNAP_ENGINE_SHM_NAMED={named}");
+        let env = [
+            "--env",
+            "VSNAP_ENGINE_SHM_KB=4096",
+            "--env",
+            named_env.as_str(),
+        ];
+        let port = free_port();
+        let donor = format!("{name}0");
+        let m0 = mount(&donor);
+        let mut extra = env.to_vec();
+        extra.extend_from_slice(&["--mount", &m0]);
+        assert!(e.run(&donor, "create", name, port, &extra).ok());
+        e.wait_manifest(name);
+        wait_listening(port, Duration::from_secs(60));
+        e.remove(&donor);
+        for copy in ["1", "2"] {
+            let copy = format!("{name}{copy}");
+            let m = mount(&copy);
+            let mut extra = env.to_vec();
+            extra.extend_from_slice(&["--mount", &m]);
+            let out = e.run(&copy, "restore", name, free_port(), &extra);
+            assert!(out.ok(), "{copy}: {out:?}");
+            e.remove(&copy);
+        }
+    }
+    // The named file travelled in the artifact, not through the host folder.
+    assert!(e
+        .artifacts
+        .join("named/dev-shm/vsnap-ref-engine-shm")
+        .is_file());
+}

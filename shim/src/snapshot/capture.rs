@@ -14,7 +14,7 @@ use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
-use super::{artifact_error, barrier, cuda};
+use super::{artifact_error, barrier, cuda, shm};
 use crate::error::{Error, Result};
 use crate::runc::{CheckpointFlags, Runc};
 use vsnap_artifact::{
@@ -129,6 +129,9 @@ impl Capture {
                 let criu = criu_errors(&staging.work().join("dump.log"));
                 Error::Other(format!("capture: {e}{criu}"))
             })?;
+        if let Some(host_shm) = &s.host_shm {
+            shm::carry(host_shm, &staging.dir.join(shm::ARTIFACT_DIR))?;
+        }
         let checkpoint_time = t.elapsed();
 
         let t = Instant::now();

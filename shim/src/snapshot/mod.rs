@@ -11,6 +11,7 @@ pub mod inventory;
 pub mod plan;
 pub mod profile;
 pub mod restore;
+pub mod shm;
 pub mod spec;
 
 /// Where the control dir appears inside the container.
@@ -59,6 +60,8 @@ pub struct Snapshot {
     pub preflight: Duration,
     /// `name uuid driver` of the GPUs, when the container has NVIDIA devices.
     pub gpus: Vec<String>,
+    /// The host folder mounted at /dev/shm, when it is one.
+    pub host_shm: Option<PathBuf>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -189,6 +192,7 @@ impl Snapshot {
             profile,
             preflight: started.elapsed(),
             gpus,
+            host_shm: spec::host_dev_shm(&spec),
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
@@ -201,6 +205,12 @@ impl Snapshot {
             spec::add_control_dir(bundle, &s.control_dir, startup.then_some(timeout))?;
             if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
                 spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
+            }
+            spec::add_criu_config(bundle)?;
+            if s.mode == Mode::Restore {
+                if let Some(shm) = &s.host_shm {
+                    shm::put_back(&s.artifact_dir().join(shm::ARTIFACT_DIR), shm)?;
+                }
             }
             spec::add_snapshot_hooks(bundle, &s, config.enforce_io_uring_sysctl)?;
             Ok(())

@@ -86,6 +86,48 @@ pub fn args(spec: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// runc passes the CRIU config file named by this annotation to CRIU.
+pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
+/// Unlinked files held open (multiprocessing SharedMemory, semaphores) are
+/// dumped as "ghost files" up to this size; CRIU's default, 1 MiB, fails the
+/// dump of an engine holding a larger one.
+const GHOST_LIMIT_BYTES: u64 = 64 << 30;
+
+/// Gives runc a CRIU config for this container (unless the spec names one):
+/// a ghost-file limit large enough for an engine's shared memory.
+pub fn add_criu_config(bundle: &Path) -> Result<()> {
+    let mut spec = read(bundle)?;
+    if spec["annotations"][CRIU_CONFIG_ANNOTATION].is_string() {
+        return Ok(());
+    }
+    let path = bundle.join("vsnap-criu.conf");
+    let body = format!(
+        "# CRIU options vsnap gives runc for this container\nghost-limit {GHOST_LIMIT_BYTES}\n"
+    );
+    std::fs::write(&path, body)
+        .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;
+    if !spec["annotations"].is_object() {
+        spec["annotations"] = json!({});
+    }
+    spec["annotations"][CRIU_CONFIG_ANNOTATION] = Value::String(path.display().to_string());
+    write(bundle, &spec)
+}
+
+/// The host folder bind-mounted at `/dev/shm`, when the container has one
+/// (Kubernetes: an emptyDir of medium Memory). Its files are not in CRIU's
+/// image (external mount), so vsnap carries them itself.
+pub fn host_dev_shm(spec: &Value) -> Option<std::path::PathBuf> {
+    spec["mounts"].as_array()?.iter().find_map(|m| {
+        let bind = m["type"] == "bind"
+            || m["options"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|x| x == "bind" || x == "rbind"));
+        (m["destination"] == "/dev/shm" && bind)
+            .then(|| m["source"].as_str().map(std::path::PathBuf::from))
+            .flatten()
+    })
+}
+
 /// Appends `--snapshot-config <json>` to the argv (stock vLLM reads its
 /// snapshot config from its arguments).
 pub fn add_snapshot_config_arg(bundle: &Path, timeout_s: u64) -> Result<()> {
