@@ -58,6 +58,17 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
+    /// As the `log` crate's level filter.
+    pub fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             LogLevel::Error => "error",

@@ -171,6 +171,10 @@ impl TaskService {
             )));
         }
         let config = options::from_any(req.options.as_ref())?;
+        // The config can raise the shim's log level (containerd's -debug too).
+        if log::max_level() < config.log_level.filter() {
+            log::set_max_level(config.log_level.filter());
+        }
         let bundle = PathBuf::from(&req.bundle);
         let runc = Runc {
             binary: config.runc_binary.clone(),
