@@ -53,10 +53,8 @@ done
 say() { printf 'bench-snapshot: %s\n' "$*" >&2; }
 
 ./scripts/setup.sh >&2
-for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
-    [ -d "$d" ] && PATH="$d:$PATH"
-done
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+. scripts/lib.sh
+vsnap_path
 
 TOP=$(pwd)
 CBIN=/opt/vsnap/containerd/bin
@@ -118,14 +116,7 @@ for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
     mkdir -p "$D/rootfs$(dirname "$lib")"
     cp "$lib" "$D/rootfs$lib"
 done
-cat >"$D/config.toml" <<TOML
-version = 3
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$SOCK"
-TOML
+vsnap_containerd_config "$D" >"$D/config.toml"
 ARTIFACTS="$D/artifacts"
 cat >"$D/vsnap.toml" <<TOML
 artifact_root = "$ARTIFACTS"

@@ -39,10 +39,8 @@ case "$WARMUP" in '' | *[!0-9]*) echo "bench: BENCH_WARMUP must be an integer" >
 say() { printf 'bench: %s\n' "$*" >&2; }
 
 ./scripts/setup.sh >&2
-for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
-    [ -d "$d" ] && PATH="$d:$PATH"
-done
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+. scripts/lib.sh
+vsnap_path
 
 TOP=$(pwd)
 CBIN=/opt/vsnap/containerd/bin
@@ -134,16 +132,7 @@ mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tm
 ln -s "$SHIM" "$D/bin/$SHIM_NAME"
 cp /bin/busybox "$D/rootfs/bin/"
 for a in sh true sleep; do ln -s busybox "$D/rootfs/bin/$a"; done
-cat >"$D/config.toml" <<TOML
-version = 3
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$SOCK"
-[debug]
-  level = "$LOG_LEVEL"
-TOML
+vsnap_containerd_config "$D" "$LOG_LEVEL" >"$D/config.toml"
 # Both shims are told to use $RUNC explicitly; their PATH resolves runc to it as well.
 printf 'runc_binary = "%s"\n' "$RUNC" >"$D/vsnap.toml"
 CPATH="$D/bin:$CBIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -7,10 +7,8 @@ cd "$(dirname "$0")/.."
 exec </dev/null
 [ "$(id -u)" -eq 0 ] || { echo "demo: must run as root" >&2; exit 1; }
 ./scripts/setup.sh
-for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
-    [ -d "$d" ] && PATH="$d:$PATH"
-done
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+. scripts/lib.sh
+vsnap_path
 
 cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks
 TOP=$(pwd)
@@ -40,14 +38,7 @@ cp "$ENGINE" "$D/rootfs/vsnap-ref-engine"
 for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
     mkdir -p "$D/rootfs$(dirname "$lib")"; cp "$lib" "$D/rootfs$lib"
 done
-cat > "$D/config.toml" <<TOML
-version = 3
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$D/state/containerd.sock"
-TOML
+vsnap_containerd_config "$D" >"$D/config.toml"
 cat > "$D/vsnap.toml" <<TOML
 artifact_root = "$D/artifacts"
 TOML

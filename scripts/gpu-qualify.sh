@@ -49,10 +49,8 @@ cd "$(dirname "$0")/.."
 TOP=$(pwd)
 exec </dev/null
 export LC_ALL=C
-for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
-    [ -d "$d" ] && PATH="$d:$PATH"
-done
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+. scripts/lib.sh
+vsnap_path
 
 IMAGE=${VSNAP_QUALIFY_IMAGE:-}
 MODEL=${VSNAP_QUALIFY_MODEL:-}
@@ -333,14 +331,7 @@ start_containerd() {
     D=$(mktemp -d "$WORKDIR/vsnap-qualify.XXXXXX")
     mkdir -p "$D/bin" "$D/logs"
     ln -s "$SHIM" "$D/bin/containerd-shim-vsnap-v1"
-    cat >"$D/config.toml" <<TOML
-version = 3
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$D/state/containerd.sock"
-TOML
+    vsnap_containerd_config "$D" >"$D/config.toml"
     printf 'artifact_root = "%s"\n' "$D/artifacts" >"$D/vsnap.toml"
     # The shim, runc and CRIU inherit containerd's PATH: CRIU's CUDA plugin finds
     # cuda-checkpoint there.

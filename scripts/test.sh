@@ -7,10 +7,8 @@ exec </dev/null
 
 [ "$(id -u)" -eq 0 ] || { echo "test: must run as root (containers, mounts, CRIU)" >&2; exit 1; }
 ./scripts/setup.sh
-for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
-    [ -d "$d" ] && PATH="$d:$PATH"
-done
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+. scripts/lib.sh
+vsnap_path
 
 echo "test: format and lints"
 cargo fmt --all -- --check
