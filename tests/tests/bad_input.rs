@@ -26,74 +26,59 @@ fn assert_nothing_left(c: &Containerd, id: &str) {
     assert_eq!(c.mounts(), Vec::<String>::new(), "no mount left");
 }
 
-#[test]
-fn a_missing_runtime_config_file_is_named() {
-    let c = Containerd::start("badcfg");
+/// `ctr run --runtime-config-path PATH ... /bin/true` of a busybox rootfs,
+/// which must fail; returns ctr's stderr after checking nothing is left.
+/// With `body`, PATH is a config file holding it.
+fn run_with_config(tag: &str, id: &str, path: Option<&str>, body: Option<&str>) -> String {
+    let c = Containerd::start(tag);
     let rootfs = busybox_rootfs(&c.dir).display().to_string();
+    let written = c.dir.join("vsnap.toml");
+    if let Some(body) = body {
+        std::fs::write(&written, body).unwrap();
+    }
+    let path = path.unwrap_or_else(|| written.to_str().unwrap());
     let out = c.ctr(&[
         "run",
         "--rm",
         "--runtime",
         RT,
         "--runtime-config-path",
-        "/nonexistent/vsnap.toml",
+        path,
         "--rootfs",
         &rootfs,
-        "cfg1",
+        id,
         "/bin/true",
     ]);
-    assert_ne!(out.code, Some(0));
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert_nothing_left(&c, id);
+    out.stderr
+}
+
+#[test]
+fn a_missing_runtime_config_file_is_named() {
+    let err = run_with_config("badcfg", "cfg1", Some("/nonexistent/vsnap.toml"), None);
     assert!(
-        out.stderr.contains("runtime options") && out.stderr.contains("/nonexistent/vsnap.toml"),
-        "{out:?}"
+        err.contains("runtime options") && err.contains("/nonexistent/vsnap.toml"),
+        "{err}"
     );
-    assert_nothing_left(&c, "cfg1");
 }
 
 #[test]
 fn an_unknown_key_in_the_runtime_config_is_named() {
-    let c = Containerd::start("badkey");
-    let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    let config = c.dir.join("vsnap.toml");
-    std::fs::write(&config, "runc_binary = \"runc\"\nrunc_bianry = \"typo\"\n").unwrap();
-    let out = c.ctr(&[
-        "run",
-        "--rm",
-        "--runtime",
-        RT,
-        "--runtime-config-path",
-        config.to_str().unwrap(),
-        "--rootfs",
-        &rootfs,
-        "cfg2",
-        "/bin/true",
-    ]);
-    assert_ne!(out.code, Some(0));
-    assert!(out.stderr.contains("runc_bianry"), "{out:?}");
-    assert_nothing_left(&c, "cfg2");
+    let body = "runc_binary = \"runc\"\nrunc_bianry = \"typo\"\n";
+    let err = run_with_config("badkey", "cfg2", None, Some(body));
+    assert!(err.contains("runc_bianry"), "{err}");
 }
 
 #[test]
 fn a_runc_binary_that_does_not_exist_is_named() {
-    let c = Containerd::start("badrunc");
-    let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    let config = c.dir.join("vsnap.toml");
-    std::fs::write(&config, "runc_binary = \"/nonexistent/runc\"\n").unwrap();
-    let out = c.ctr(&[
-        "run",
-        "--rm",
-        "--runtime",
-        RT,
-        "--runtime-config-path",
-        config.to_str().unwrap(),
-        "--rootfs",
-        &rootfs,
+    let err = run_with_config(
+        "badrunc",
         "cfg3",
-        "/bin/true",
-    ]);
-    assert_ne!(out.code, Some(0));
-    assert!(out.stderr.contains("/nonexistent/runc"), "{out:?}");
-    assert_nothing_left(&c, "cfg3");
+        None,
+        Some("runc_binary = \"/nonexistent/runc\"\n"),
+    );
+    assert!(err.contains("/nonexistent/runc"), "{err}");
 }
 
 #[test]
