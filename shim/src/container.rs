@@ -9,6 +9,7 @@ use containerd_shim::mount::mount_rootfs;
 use containerd_shim_protos::api::Mount;
 use log::warn;
 use nix::mount::{umount2, MntFlags};
+use tokio_util::sync::CancellationToken;
 
 use crate::console::ConsoleSocket;
 use crate::error::{Error, Result};
@@ -28,6 +29,9 @@ pub struct Container {
     pub restore_from: Option<PathBuf>,
     /// The snapshot plan, when the container has one.
     pub snapshot: Option<Snapshot>,
+    /// While the init is Starting (a restore and its activation): what a
+    /// kill cancels.
+    pub starting: Option<CancellationToken>,
     rootfs_mounted: bool,
 }
 
@@ -74,6 +78,7 @@ impl Container {
                 .checkpoint
                 .or_else(|| cfg.snapshot.as_ref().and_then(Snapshot::images)),
             snapshot: cfg.snapshot,
+            starting: None,
             rootfs_mounted: false,
         };
         if let Err(e) = c.mount_rootfs(&cfg.rootfs) {
@@ -156,68 +161,88 @@ impl Container {
         }
     }
 
-    /// Starts the init process (or restores the checkpoint given at create,
-    /// within `deadline` when one is given).
-    /// Returns true when the init pid is new (a restore).
-    pub async fn start(&mut self, deadline: Option<&Deadline>) -> Result<bool> {
+    /// Starts the init process with `runc start` (a plain container; a
+    /// restore goes through [`Container::begin_restore`]).
+    pub async fn start(&mut self) -> Result<()> {
+        self.ensure_created()?;
+        self.runc.start(&self.id).await?;
+        self.init.status = Status::Running;
+        Ok(())
+    }
+
+    fn ensure_created(&self) -> Result<()> {
         if self.init.status != Status::Created {
             return Err(Error::FailedPrecondition(format!(
                 "start: container {} is not in the created state",
                 self.id
             )));
         }
-        if let Some(image) = self.restore_from.clone() {
-            self.restore(&image, deadline).await?;
-            self.init.status = Status::Running;
-            return Ok(true);
-        }
-        self.runc.start(&self.id).await?;
-        self.init.status = Status::Running;
-        Ok(false)
+        Ok(())
     }
 
-    async fn restore(&mut self, image: &Path, deadline: Option<&Deadline>) -> Result<()> {
-        let pid_file = self.bundle.join("init.pid");
+    /// Prepares the restore of the checkpoint given at create: the init
+    /// becomes Starting, its stdio is made ready, and the returned job runs
+    /// `runc restore` without any hold on the container, so every other
+    /// call answers meanwhile. A kill cancels `deadline.cancel`.
+    pub fn begin_restore(&mut self, deadline: Deadline) -> Result<RestoreJob> {
+        self.ensure_created()?;
+        let image = self.restore_from.clone().ok_or_else(|| {
+            Error::FailedPrecondition(format!("start: container {} has no checkpoint", self.id))
+        })?;
         let work = self.bundle.join("criu-work");
         std::fs::create_dir_all(&work)
             .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
         let prepared = Prepared::new(&mut self.init)?;
-        let flags = CheckpointFlags {
-            shell_job: self.init.stdio.terminal,
-            ..Default::default()
-        };
-        let restored = self
-            .runc
-            .restore(
-                &self.id,
-                &self.bundle,
-                image,
-                &work,
-                &pid_file,
-                prepared.console_path.as_deref(),
-                &flags,
-                prepared.child_stdio,
-                deadline,
-            )
-            .await;
-        if restored.is_err() {
-            // runc or CRIU killed mid-restore (a deadline) leave their mounts:
-            // runc's criu-root, CRIU's cgroup yard in the work folder. They
-            // would keep runc from removing its state and containerd the bundle.
-            unmount_under(&self.runc.root.join(&self.id));
-            unmount_under(&work);
-            let _ = self.runc.delete(&self.id, true).await;
-            // Killed before it recorded its state, runc cannot find the
-            // container's cgroups to remove them: remove them here.
-            if !self.runc.systemd_cgroup {
-                if let Some(path) = self.cgroups_path() {
-                    remove_cgroups(&path).await;
-                }
-            }
+        self.init.status = Status::Starting;
+        self.starting = Some(deadline.cancel.clone());
+        Ok(RestoreJob {
+            id: self.id.clone(),
+            bundle: self.bundle.clone(),
+            runc: self.runc.clone(),
+            image,
+            work,
+            flags: CheckpointFlags {
+                shell_job: self.init.stdio.terminal,
+                ..Default::default()
+            },
+            cgroups_path: self.cgroups_path(),
+            prepared: Some(prepared),
+            deadline,
+        })
+    }
+
+    /// Takes the result of a restore job: the terminal, the pid. The init
+    /// stays Starting until [`Container::started`] (after its activation).
+    pub async fn finish_restore(&mut self, mut job: RestoreJob, ran: Result<()>) -> Result<i32> {
+        let prepared = job.prepared.take().expect("taken once");
+        Prepared::finish(prepared.receive, ran, &mut self.init).await?;
+        self.init.pid = read_pid(&job.pid_file(), "restore")?;
+        Ok(self.init.pid)
+    }
+
+    /// The init is up and, for a restore, validated: it counts as running.
+    pub fn started(&mut self) {
+        self.starting = None;
+        if self.init.status == Status::Starting {
+            self.init.status = Status::Running;
         }
-        Prepared::finish(prepared.receive, restored, &mut self.init).await?;
-        self.init.pid = read_pid(&pid_file, "restore")?;
-        Ok(())
+    }
+
+    /// A start that failed: nothing of it may run or be seen. A process
+    /// that exists is killed (its exit arrives through the reaper); without
+    /// one, the init is recorded as killed here. Returns that synthetic exit
+    /// when there was one, for the caller to publish.
+    pub async fn start_failed(&mut self) -> Option<crate::exits::Exit> {
+        self.starting = None;
+        if self.init.pid != 0 {
+            let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
+            return None;
+        }
+        let exit = crate::exits::Exit {
+            code: 128 + libc::SIGKILL,
+            at: time::OffsetDateTime::now_utc(),
+        };
+        self.init.set_exited(exit).then_some(exit)
     }
 
     /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
@@ -242,6 +267,10 @@ impl Container {
             )));
         }
         serde_json::from_slice::<oci_spec::runtime::Process>(process_json)
+            .map_err(|e| Error::InvalidArgument(format!("exec: process spec of {exec_id}: {e}")))?;
+        // As containerd's runc shim: the request's terminal flag wins, or
+        // runc refuses a console socket for a spec without a terminal.
+        let process_json = exec_spec_with_terminal(process_json, stdio.terminal)
             .map_err(|e| Error::InvalidArgument(format!("exec: process spec of {exec_id}: {e}")))?;
         let path = self.exec_spec_path(exec_id);
         std::fs::write(&path, process_json)
@@ -311,19 +340,36 @@ impl Container {
     pub async fn kill(&self, exec_id: &str, signal: u32, all: bool) -> Result<()> {
         let p = self.process(exec_id)?;
         if exec_id.is_empty() {
+            if let Some(cancel) = self.starting.as_ref().filter(|_| signal != 0) {
+                // A kill during a restore ends it: runc and CRIU are killed
+                // with what they restored so far, and Start fails.
+                cancel.cancel();
+                if p.pid == 0 {
+                    return Ok(());
+                }
+            }
             if p.exit().is_some() && !all {
                 return Err(Error::NotFound(format!(
                     "kill: container {} process already finished",
                     self.id
                 )));
             }
-            return self.runc.kill(&self.id, signal, all).await;
+            return self
+                .runc
+                .kill(&self.id, signal, all)
+                .await
+                .map_err(gone_is_not_found);
         }
         p.ensure_running("kill")?;
         let sig = nix::sys::signal::Signal::try_from(signal as i32)
             .map_err(|_| Error::InvalidArgument(format!("kill: invalid signal {signal}")))?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), sig)
-            .map_err(|e| Error::io(format!("kill: exec {exec_id}"), e.into()))
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), sig).map_err(|e| match e {
+            nix::errno::Errno::ESRCH => Error::NotFound(format!(
+                "kill: exec {exec_id} of {}: process already finished",
+                self.id
+            )),
+            e => Error::io(format!("kill: exec {exec_id}"), e.into()),
+        })
     }
 
     /// Removes an exec that has exited or never started.
@@ -340,10 +386,23 @@ impl Container {
 
     /// Tears the container down in runc; the caller drains stdio afterwards.
     pub async fn delete(&mut self) -> Result<()> {
-        if matches!(self.init.status, Status::Running | Status::Paused) {
+        if matches!(
+            self.init.status,
+            Status::Running | Status::Paused | Status::Starting
+        ) {
             return Err(Error::FailedPrecondition(format!(
                 "delete: container {} is still running",
                 self.id
+            )));
+        }
+        // Never remove runc's state through a mount (a criu-root bind of the
+        // rootfs): unmount first, and keep the state if that fails.
+        let state = self.runc.root.join(&self.id);
+        unmount_under(&state);
+        if has_mounts_under(&state) {
+            return Err(Error::FailedPrecondition(format!(
+                "delete: mounts remain under {}",
+                state.display()
             )));
         }
         // A never-started (or restore-pending) container may still have its
@@ -376,10 +435,34 @@ impl Container {
     }
 }
 
+/// A kill that failed because the process is gone (it exited, or runc no
+/// longer knows the container) is NotFound, as containerd's runc shim says:
+/// containerd and CRI treat that as "already stopped".
+fn gone_is_not_found(e: Error) -> Error {
+    match e {
+        Error::Runc { detail, .. } if is_gone(&detail) => {
+            Error::NotFound(format!("kill: {detail}"))
+        }
+        e => e,
+    }
+}
+
+fn is_gone(detail: &str) -> bool {
+    let d = detail.to_ascii_lowercase();
+    [
+        "container not running",
+        "no such process",
+        "process already finished",
+        "does not exist",
+    ]
+    .iter()
+    .any(|m| d.contains(m))
+}
+
 /// Removes the (empty) cgroup `path` from every hierarchy that has it,
 /// waiting a little for killed members to finish exiting. rmdir refuses a
 /// cgroup that still has processes or children, so nothing in use goes.
-async fn remove_cgroups(path: &Path) {
+pub async fn remove_cgroups(path: &Path) {
     let relative = path.strip_prefix("/").unwrap_or(path);
     let base = Path::new("/sys/fs/cgroup");
     let mut dirs = vec![base.join(relative)];
@@ -402,10 +485,10 @@ async fn remove_cgroups(path: &Path) {
     }
 }
 
-/// Unmounts whatever is mounted at or below `dir`, deepest first.
-fn unmount_under(dir: &Path) {
+/// The mount points at or below `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
+        return Vec::new();
     };
     let mut points: Vec<PathBuf> = info
         .lines()
@@ -414,6 +497,16 @@ fn unmount_under(dir: &Path) {
         .filter(|p| p.starts_with(dir))
         .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    points
+}
+
+pub fn has_mounts_under(dir: &Path) -> bool {
+    !mounts_under(dir).is_empty()
+}
+
+/// Unmounts whatever is mounted at or below `dir`, deepest first.
+pub fn unmount_under(dir: &Path) {
+    let points = mounts_under(dir);
     for p in points {
         if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
             warn!("unmount {}: {e}", p.display());
@@ -443,6 +536,83 @@ fn unescape_mount_path(p: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A restore under way: everything `runc restore` needs, owned, so that it
+/// runs with no lock on the container.
+pub struct RestoreJob {
+    id: String,
+    bundle: PathBuf,
+    runc: Runc,
+    image: PathBuf,
+    work: PathBuf,
+    flags: CheckpointFlags,
+    cgroups_path: Option<PathBuf>,
+    prepared: Option<Prepared>,
+    pub deadline: Deadline,
+}
+
+impl RestoreJob {
+    fn pid_file(&self) -> PathBuf {
+        self.bundle.join("init.pid")
+    }
+
+    /// Runs `runc restore` within the deadline (and until cancelled). On
+    /// failure, runc's and CRIU's leftovers are undone: their mounts first,
+    /// so that removing runc's state can never reach the rootfs.
+    pub async fn run(&mut self) -> Result<()> {
+        let child_stdio = self.prepared.as_mut().and_then(|p| p.child_stdio.take());
+        let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
+        let restored = self
+            .runc
+            .restore(
+                &self.id,
+                &self.bundle,
+                &self.image,
+                &self.work,
+                &self.pid_file(),
+                console.as_deref(),
+                &self.flags,
+                child_stdio,
+                Some(&self.deadline),
+            )
+            .await;
+        if restored.is_err() {
+            undo_runc_state(
+                &self.runc,
+                &self.id,
+                &self.work,
+                self.cgroups_path.as_deref(),
+            )
+            .await;
+        }
+        restored
+    }
+}
+
+/// Undoes what a killed or failed `runc restore` leaves: runc's criu-root
+/// and CRIU's cgroup yard are unmounted before runc removes its state (a
+/// `runc delete` through a live bind mount would unlink the rootfs), then
+/// runc's state, then (cgroupfs) the container's cgroups.
+pub async fn undo_runc_state(runc: &Runc, id: &str, work: &Path, cgroups: Option<&Path>) {
+    let state = runc.root.join(id);
+    unmount_under(&state);
+    unmount_under(work);
+    if has_mounts_under(&state) {
+        warn!(
+            "{id}: mounts remain under {}: runc's state is kept so nothing under them is removed",
+            state.display()
+        );
+        return;
+    }
+    let _ = runc.delete(id, true).await;
+    // Killed before it recorded its state, runc cannot find the container's
+    // cgroups to remove them: remove them here.
+    if !runc.systemd_cgroup {
+        if let Some(path) = cgroups {
+            remove_cgroups(path).await;
+        }
+    }
 }
 
 /// A process's stdio made ready for runc: the pipes it gets, or the console
@@ -501,6 +671,22 @@ impl Prepared {
     }
 }
 
+/// The exec's process spec with `terminal` set to the request's flag.
+fn exec_spec_with_terminal(process_json: &[u8], terminal: bool) -> serde_json::Result<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(process_json)?;
+    match v.as_object_mut() {
+        Some(o) => {
+            o.insert("terminal".into(), terminal.into());
+        }
+        None => {
+            return Err(serde::de::Error::custom(
+                "the process spec is not an object",
+            ));
+        }
+    }
+    serde_json::to_vec(&v)
+}
+
 fn read_pid(path: &Path, phase: &str) -> Result<i32> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::io(format!("{phase}: read pid file {}", path.display()), e))?;
@@ -516,6 +702,42 @@ fn read_pid(path: &Path, phase: &str) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kills_of_gone_processes_are_not_found() {
+        for detail in [
+            "container not running",
+            "os: process already finished",
+            "no such process",
+            "container \"x\" does not exist",
+        ] {
+            let e = gone_is_not_found(Error::Runc {
+                phase: "kill".into(),
+                verb: "kill",
+                detail: detail.into(),
+            });
+            assert!(matches!(e, Error::NotFound(_)), "{detail}: {e:?}");
+        }
+        let other = gone_is_not_found(Error::Runc {
+            phase: "kill".into(),
+            verb: "kill",
+            detail: "permission denied".into(),
+        });
+        assert!(matches!(other, Error::Runc { .. }), "{other:?}");
+    }
+
+    #[test]
+    fn exec_specs_take_the_requests_terminal_flag() {
+        let spec = br#"{"args":["sh"],"cwd":"/","terminal":false,"user":{"uid":0,"gid":0}}"#;
+        let v: serde_json::Value =
+            serde_json::from_slice(&exec_spec_with_terminal(spec, true).unwrap()).unwrap();
+        assert_eq!(v["terminal"], true);
+        assert_eq!(v["args"][0], "sh");
+        let v: serde_json::Value =
+            serde_json::from_slice(&exec_spec_with_terminal(spec, false).unwrap()).unwrap();
+        assert_eq!(v["terminal"], false);
+        assert!(exec_spec_with_terminal(b"[1]", true).is_err());
+    }
 
     #[test]
     fn mountinfo_paths_are_unescaped() {

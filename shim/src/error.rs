@@ -30,6 +30,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A deadline passed before the work was done.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The work was stopped on purpose (a kill during a restore).
+    #[error("{0}")]
+    Cancelled(String),
     #[error("{0}")]
     Other(String),
 }
@@ -50,6 +56,8 @@ impl Error {
             Error::NotFound(_) => Code::NOT_FOUND,
             Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            Error::DeadlineExceeded(_) => Code::DEADLINE_EXCEEDED,
+            Error::Cancelled(_) => Code::CANCELLED,
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Code::NOT_FOUND
             }

@@ -4,6 +4,7 @@
 //! API call maps onto the runc CLI. Stdio always goes through pipes the shim
 //! owns, so a container can later be checkpointed and restored by runc + CRIU.
 
+mod cleanup;
 mod console;
 mod container;
 mod error;
@@ -15,6 +16,7 @@ mod process;
 mod runc;
 mod service;
 mod snapshot;
+mod start;
 mod stdio;
 mod task;
 
@@ -35,5 +37,31 @@ async fn main() {
         );
         return;
     }
+    if std::env::args()
+        .skip(1)
+        .any(|a| matches!(a.as_str(), "-h" | "-help" | "--help"))
+    {
+        print!("{}", usage());
+        return;
+    }
     containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, None).await;
+}
+
+/// `-h` / `--help`: the flags containerd passes, as its shims print them.
+fn usage() -> String {
+    format!(
+        "Usage of {bin} ({RUNTIME_ID}), started by containerd:\n\
+         \x20 {bin} [flags] start|delete\n\
+         \x20 -namespace string   namespace that owns the shim\n\
+         \x20 -id string          id of the task\n\
+         \x20 -address string     grpc address back to main containerd\n\
+         \x20 -publish-binary string  (unused: events go over ttrpc)\n\
+         \x20 -bundle string      path to the bundle if not workdir\n\
+         \x20 -debug              enable debug output in logs\n\
+         \x20 -socket string      socket path to serve\n\
+         \x20 -v, -version        show the shim version and exit\n\
+         \x20 -h, -help           show this help and exit\n\
+         Runtime options: docs/configuration.md (TOML at the runtime's ConfigPath).\n",
+        bin = env!("CARGO_BIN_NAME")
+    )
 }

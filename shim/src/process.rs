@@ -12,6 +12,8 @@ use crate::stdio::FileCopies;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
     Created,
+    /// A restore and its activation are under way: not visible as running.
+    Starting,
     Running,
     Paused,
     Stopped,
@@ -20,7 +22,7 @@ pub enum Status {
 impl From<Status> for TaskStatus {
     fn from(s: Status) -> Self {
         match s {
-            Status::Created => TaskStatus::CREATED,
+            Status::Created | Status::Starting => TaskStatus::CREATED,
             Status::Running => TaskStatus::RUNNING,
             Status::Paused => TaskStatus::PAUSED,
             Status::Stopped => TaskStatus::STOPPED,
@@ -92,10 +94,9 @@ impl Process {
                 "{what}: process {} already finished",
                 self.display_id()
             ))),
-            Status::Created if self.pid == 0 => Err(Error::FailedPrecondition(format!(
-                "{what}: process {} is not started",
-                self.display_id()
-            ))),
+            Status::Created | Status::Starting if self.pid == 0 => Err(Error::FailedPrecondition(
+                format!("{what}: process {} is not started", self.display_id()),
+            )),
             _ => Ok(()),
         }
     }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
+use tokio_util::sync::CancellationToken;
 
+use crate::cleanup::InFlight;
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 
@@ -49,21 +51,44 @@ pub struct CheckpointFlags {
     pub manage_cgroups_mode: Option<String>,
 }
 
-/// A bound on one runc invocation, and what to call it in errors.
+/// A bound on one runc invocation (and on the activation after a restore),
+/// what to call it in errors, and the token a kill cancels it with.
 #[derive(Clone, Debug)]
 pub struct Deadline {
     pub at: Instant,
     /// e.g. "the activation timeout of 120s (activation_timeout_s)".
     pub what: String,
+    /// Cancelled when the work must stop now (a kill during a restore).
+    pub cancel: CancellationToken,
 }
 
 impl Deadline {
+    pub fn new(at: Instant, what: impl Into<String>) -> Self {
+        Self {
+            at,
+            what: what.into(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
     /// `msg`, naming this deadline once it has passed.
     pub fn explain(&self, msg: String) -> String {
         if Instant::now() >= self.at {
             format!("{msg}; deadline: {} passed", self.what)
         } else {
             msg
+        }
+    }
+
+    /// The error for a failure under this deadline: DEADLINE_EXCEEDED once
+    /// it has passed, CANCELLED once cancelled, else a failed precondition.
+    pub fn fail(&self, msg: String) -> Error {
+        if self.cancel.is_cancelled() {
+            Error::Cancelled(format!("{msg}; cancelled: the task was killed"))
+        } else if Instant::now() >= self.at {
+            Error::DeadlineExceeded(self.explain(msg))
+        } else {
+            Error::FailedPrecondition(msg)
         }
     }
 }
@@ -172,6 +197,10 @@ impl Runc {
         drop(cmd);
         let runc_pid = child.id() as i32;
         let mut exit = self.exits.watch(runc_pid, mark);
+        // A dead shim's delete stops what is recorded here (cleanup.rs).
+        let _in_flight = matches!(inv.verb, "restore" | "checkpoint")
+            .then(|| InFlight::record(&self.log_dir, inv.verb, runc_pid))
+            .flatten();
 
         let mut out = Vec::new();
         let mut err = Vec::new();
@@ -200,9 +229,11 @@ impl Runc {
         };
         let waited = match inv.deadline {
             None => Ok(finished.await),
-            Some(deadline) => tokio::time::timeout_at(deadline.at.into(), finished)
-                .await
-                .map_err(|_| deadline),
+            Some(deadline) => tokio::select! {
+                exit = finished => Ok(exit),
+                () = tokio::time::sleep_until(deadline.at.into()) => Err(deadline),
+                () = deadline.cancel.cancelled() => Err(deadline),
+            },
         };
         let exit = match waited {
             Ok(exit) => exit,
@@ -212,13 +243,19 @@ impl Runc {
                 // before the caller cleans up after it.
                 let _ = tokio::time::timeout(Duration::from_secs(10), &mut exit).await;
                 let _ = std::fs::remove_file(&log);
-                return Err(Error::Runc {
-                    phase: inv.phase.to_string(),
-                    verb: inv.verb,
-                    detail: format!(
-                        "not done when {} passed; killed runc and the {killed} processes under it",
-                        deadline.what
-                    ),
+                let why = if deadline.cancel.is_cancelled() {
+                    "cancelled by a kill of the task".to_string()
+                } else {
+                    format!("not done when {} passed", deadline.what)
+                };
+                let msg = format!(
+                    "{}: runc {} {why}; killed runc and the {killed} processes under it",
+                    inv.phase, inv.verb
+                );
+                return Err(if deadline.cancel.is_cancelled() {
+                    Error::Cancelled(msg)
+                } else {
+                    Error::DeadlineExceeded(msg)
                 });
             }
         }
@@ -399,7 +436,7 @@ impl Runc {
 /// SIGKILLs every process under `root`, then `root`. They are all stopped
 /// first, so none can fork, and none dies and leaves its children to the
 /// shim (a subreaper) before they are found. Returns how many were under it.
-fn kill_tree(root: i32) -> usize {
+pub fn kill_tree(root: i32) -> usize {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     let _ = kill(Pid::from_raw(root), Signal::SIGSTOP);

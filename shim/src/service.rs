@@ -4,6 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::cleanup;
+use crate::events::Events;
+use crate::exits::Exits;
+use crate::task::{runc_root, TaskService};
 use async_trait::async_trait;
 use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
@@ -12,12 +16,6 @@ use containerd_shim::{api, Config, Flags, StartOpts};
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
-use log::warn;
-
-use crate::events::Events;
-use crate::exits::Exits;
-use crate::runc::Runc;
-use crate::task::{runc_root_for, TaskService};
 
 /// The annotation CRI puts on every container of a pod: one shim per pod.
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
@@ -55,24 +53,20 @@ impl Shim for Service {
         Ok(address)
     }
 
-    /// Cleans up after a shim that died: containerd runs `delete` in the bundle.
+    /// Cleans up after a shim that died: containerd runs `delete` in the
+    /// bundle. What the shim recorded there (cleanup.rs) says which runc to
+    /// ask and what was in flight; runc and CRIU are stopped and their mounts
+    /// undone before runc's state goes.
     async fn delete_shim(&mut self) -> containerd_shim::Result<api::DeleteResponse> {
         let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         let config = crate::options::from_any(None).unwrap_or_default();
-        let runc = Runc {
-            binary: config.runc_binary,
-            root: config
-                .runc_root
-                .unwrap_or_else(|| runc_root_for(&bundle, &self.namespace)),
-            systemd_cgroup: config.systemd_cgroup,
-            log_dir: std::env::temp_dir(),
-            exits: Exits::start().await,
-        };
-        if let Err(e) = runc.delete(&self.id, true).await {
-            warn!("delete {}: {e}", self.id);
-        }
-        let rootfs = bundle.join("rootfs");
-        while nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+        let fallback = cleanup::default_runc(
+            config.runc_binary,
+            runc_root(config.runc_root.as_deref(), &bundle, &self.namespace),
+            config.systemd_cgroup,
+        )
+        .await;
+        cleanup::dead_shim_delete(&bundle, &self.id, fallback).await;
         Ok(api::DeleteResponse {
             exited_at: MessageField::some(convert_to_timestamp(Some(
                 time::OffsetDateTime::now_utc(),

@@ -1,7 +1,11 @@
 //! The containerd task API (v3) served over ttrpc. This is the wire edge:
-//! requests are unwrapped here and handed to [`Container`]; events go out in
-//! the order containerd expects (create, start, exit, delete; exec added,
-//! exec started, exit), which the containers lock serializes.
+//! requests are unwrapped here and handed to [`Container`] (and to
+//! [`crate::start`] for the init's start). Each container has its own lock;
+//! the map of containers is locked only to look one up, never across an
+//! await, so a long call on one container (a restore, a checkpoint) never
+//! holds up another. Events go out in the order containerd expects (create,
+//! start, exit, delete; exec added, exec started, exit): each is queued while
+//! its container's lock is held.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +18,7 @@ use containerd_shim::util::{convert_to_any, convert_to_timestamp};
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskResumed,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim_protos::protobuf::Message;
@@ -23,6 +27,7 @@ use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
 use log::{debug, info, warn};
 use tokio::sync::Mutex;
 
+use crate::cleanup;
 use crate::console;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
@@ -31,21 +36,72 @@ use crate::exits::{Exits, Mark};
 use crate::labels;
 use crate::options;
 use crate::process::wait_exit;
-use crate::runc::{CheckpointFlags, Deadline, Runc};
-use crate::snapshot::barrier;
-use crate::snapshot::capture::Capture;
-use crate::snapshot::plan::Mode;
-use crate::snapshot::restore::activate_copy;
-use crate::snapshot::RestoreTimings;
+use crate::runc::{CheckpointFlags, Runc};
 use crate::snapshot::Snapshot;
-use std::time::{Duration, Instant};
 
-type Containers = Arc<Mutex<HashMap<String, Container>>>;
+/// One container, locked on its own.
+pub type ContainerRef = Arc<Mutex<Container>>;
+type Containers = Arc<std::sync::Mutex<HashMap<String, ContainerRef>>>;
+
+/// What the service and the work it spawns (exit watchers, restores) share.
+#[derive(Clone)]
+pub struct Shared {
+    containers: Containers,
+    pub events: Events,
+    pub exits: Exits,
+}
+
+impl Shared {
+    fn get(&self, id: &str) -> Result<ContainerRef> {
+        self.containers
+            .lock()
+            .expect("containers lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("container {id} not found")))
+    }
+
+    /// Records the exit of `pid` (spawned after `mark`) and publishes TaskExit.
+    pub fn watch(&self, id: &str, exec_id: &str, pid: i32, mark: Mark) {
+        let rx = self.exits.watch(pid, mark);
+        let shared = self.clone();
+        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        tokio::spawn(async move {
+            let Ok(exit) = rx.await else { return };
+            let Ok(handle) = shared.get(&id) else { return };
+            let mut c = handle.lock().await;
+            let Ok(p) = c.process_mut(&exec_id) else {
+                return;
+            };
+            if p.pid != pid || !p.set_exited(exit) {
+                return;
+            }
+            debug!(
+                "{id}/{}: pid {pid} exited with {}",
+                p.display_id(),
+                exit.code
+            );
+            shared
+                .events
+                .send(TaskExit {
+                    container_id: id.clone(),
+                    id: if exec_id.is_empty() {
+                        id.clone()
+                    } else {
+                        exec_id
+                    },
+                    pid: pid as u32,
+                    exit_status: exit.code as u32,
+                    exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+                    ..Default::default()
+                })
+                .await;
+        });
+    }
+}
 
 pub struct TaskService {
-    containers: Containers,
-    events: Events,
-    exits: Exits,
+    shared: Shared,
     exit_signal: Arc<ExitSignal>,
     namespace: String,
     /// containerd's socket, for its API (labels).
@@ -61,51 +117,19 @@ impl TaskService {
         containerd_address: &str,
     ) -> Self {
         Self {
-            containers: Arc::default(),
-            events,
-            exits,
+            shared: Shared {
+                containers: Arc::default(),
+                events,
+                exits,
+            },
             exit_signal,
             namespace: namespace.to_string(),
             containerd_address: containerd_address.to_string(),
         }
     }
 
-    /// Records the exit of `pid` (spawned after `mark`) and publishes TaskExit.
-    fn watch(&self, id: &str, exec_id: &str, pid: i32, mark: Mark) {
-        let rx = self.exits.watch(pid, mark);
-        let containers = self.containers.clone();
-        let events = self.events.clone();
-        let (id, exec_id) = (id.to_string(), exec_id.to_string());
-        tokio::spawn(async move {
-            let Ok(exit) = rx.await else { return };
-            let mut map = containers.lock().await;
-            let Some(c) = map.get_mut(&id) else { return };
-            let Ok(p) = c.process_mut(&exec_id) else {
-                return;
-            };
-            if p.pid != pid || !p.set_exited(exit) {
-                return;
-            }
-            debug!(
-                "{id}/{}: pid {pid} exited with {}",
-                p.display_id(),
-                exit.code
-            );
-            events
-                .send(TaskExit {
-                    container_id: id.clone(),
-                    id: if exec_id.is_empty() {
-                        id.clone()
-                    } else {
-                        exec_id
-                    },
-                    pid: pid as u32,
-                    exit_status: exit.code as u32,
-                    exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
-                    ..Default::default()
-                })
-                .await;
-        });
+    fn container(&self, id: &str) -> Result<ContainerRef> {
+        self.shared.get(id)
     }
 
     /// The `vsnap.io/` settings: the spec's annotations, over the container's
@@ -153,22 +177,9 @@ impl TaskService {
             .map_err(|e| Error::FailedPrecondition(format!("create: image identity: {e}")))
     }
 
-    /// runc's state root: one per containerd instance and namespace, so two
-    /// containerds on one host never see each other's containers.
-    fn runc_root(&self, configured: Option<&Path>, bundle: &Path) -> PathBuf {
-        if let Some(root) = configured {
-            return root.to_path_buf();
-        }
-        runc_root_for(bundle, &self.namespace)
-    }
-
     async fn do_create(&self, req: api::CreateTaskRequest) -> Result<api::CreateTaskResponse> {
-        let mut map = self.containers.lock().await;
-        if map.contains_key(&req.id) {
-            return Err(Error::AlreadyExists(format!(
-                "create: container {} already exists",
-                req.id
-            )));
+        if self.container(&req.id).is_ok() {
+            return Err(already_exists(&req.id));
         }
         let config = options::from_any(req.options.as_ref())?;
         // The config can raise the shim's log level (containerd's -debug too).
@@ -178,22 +189,47 @@ impl TaskService {
         let bundle = PathBuf::from(&req.bundle);
         let runc = Runc {
             binary: config.runc_binary.clone(),
-            root: self.runc_root(config.runc_root.as_deref(), &bundle),
+            root: runc_root(config.runc_root.as_deref(), &bundle, &self.namespace),
             systemd_cgroup: config.systemd_cgroup,
             log_dir: bundle.clone(),
-            exits: self.exits.clone(),
+            exits: self.shared.exits.clone(),
         };
         let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
-        let snapshot = Snapshot::prepare(
-            &bundle,
-            &req.id,
-            &self.namespace,
-            &config,
-            &settings,
-            image_digest.as_deref(),
-        )?;
-        let mark = self.exits.mark();
+        // Files, hashes of binaries, nvidia-smi: off the runtime thread.
+        let snapshot = {
+            let (bundle, id, ns) = (bundle.clone(), req.id.clone(), self.namespace.clone());
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || {
+                Snapshot::prepare(
+                    &bundle,
+                    &id,
+                    &ns,
+                    &config,
+                    &settings,
+                    image_digest.as_deref(),
+                )
+            })
+            .await
+            .map_err(|e| Error::Other(format!("create: {e}")))??
+        };
+        // What a delete after this shim's death needs (cleanup.rs).
+        let record = cleanup::Record {
+            runc_binary: runc.binary.clone(),
+            runc_root: runc.root.clone(),
+            systemd_cgroup: runc.systemd_cgroup,
+            control_dir: snapshot.as_ref().map(|s| s.control_dir.clone()),
+        };
+        if let Err(e) = record.write(&bundle) {
+            if let Some(s) = &snapshot {
+                s.cleanup();
+            }
+            return Err(Error::io(
+                format!("create: write {}", bundle.join(cleanup::RECORD).display()),
+                e,
+            ));
+        }
+        let mark = self.shared.exits.mark();
         let c = Container::create(CreateConfig {
             id: req.id.clone(),
             bundle,
@@ -206,12 +242,22 @@ impl TaskService {
         })
         .await?;
         let pid = c.init.pid;
-        if pid != 0 {
-            self.watch(&req.id, "", pid, mark);
+        let handle = Arc::new(Mutex::new(c));
+        // Queued under the container's lock: TaskCreate before its exit.
+        let guard = handle.lock().await;
+        {
+            let mut map = self.shared.containers.lock().expect("containers lock");
+            if map.contains_key(&req.id) {
+                return Err(already_exists(&req.id));
+            }
+            map.insert(req.id.clone(), handle.clone());
         }
-        map.insert(req.id.clone(), c);
+        if pid != 0 {
+            self.shared.watch(&req.id, "", pid, mark);
+        }
         info!("created {} (pid {pid})", req.id);
-        self.events
+        self.shared
+            .events
             .send(TaskCreate {
                 container_id: req.id,
                 bundle: req.bundle,
@@ -228,6 +274,7 @@ impl TaskService {
                 ..Default::default()
             })
             .await;
+        drop(guard);
         Ok(api::CreateTaskResponse {
             pid: pid as u32,
             ..Default::default()
@@ -235,27 +282,16 @@ impl TaskService {
     }
 
     async fn do_start(&self, req: api::StartRequest) -> Result<api::StartResponse> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
-        let mark = self.exits.mark();
+        let handle = self.container(&req.id)?;
+        let mark = self.shared.exits.mark();
         let pid = if req.exec_id.is_empty() {
-            let started = self.start_init(c, mark).await;
-            if let Some(s) = c.snapshot.as_mut() {
-                s.release_lock();
-            }
-            let pid = started?;
-            self.events
-                .send(TaskStart {
-                    container_id: req.id.clone(),
-                    pid: pid as u32,
-                    ..Default::default()
-                })
-                .await;
-            pid
+            crate::start::init(self.shared.clone(), handle, mark).await?
         } else {
+            let mut c = handle.lock().await;
             let pid = c.start_exec(&req.exec_id).await?;
-            self.watch(&req.id, &req.exec_id, pid, mark);
-            self.events
+            self.shared.watch(&req.id, &req.exec_id, pid, mark);
+            self.shared
+                .events
                 .send(TaskExecStarted {
                     container_id: req.id.clone(),
                     exec_id: req.exec_id.clone(),
@@ -271,105 +307,12 @@ impl TaskService {
         })
     }
 
-    /// Starts (or restores) the init process and runs its snapshot plan.
-    async fn start_init(&self, c: &mut Container, mark: Mark) -> Result<i32> {
-        // A restore runs CRIU and the activation within one deadline.
-        let deadline = c
-            .snapshot
-            .as_ref()
-            .filter(|s| s.mode == Mode::Restore)
-            .map(Snapshot::activation_deadline);
-        let started = Instant::now();
-        if c.start(deadline.as_ref()).await? {
-            self.watch(&c.id, "", c.init.pid, mark);
-        }
-        let restored_in = started.elapsed();
-        if let Some(s) = c.snapshot.clone() {
-            self.run_plan(c, s, deadline, restored_in).await?;
-        }
-        Ok(c.init.pid)
-    }
-
-    /// After the init process runs: a create plan captures in the background
-    /// (a cold start can take minutes, Start must not wait for it); a restore
-    /// is started only once the copy validated its canary and listens.
-    async fn run_plan(
-        &self,
-        c: &Container,
-        s: Snapshot,
-        deadline: Option<Deadline>,
-        restored_in: Duration,
-    ) -> Result<()> {
-        match s.mode {
-            Mode::Restore => {
-                let (dir, id, host, port, pid) = (
-                    s.control_dir.clone(),
-                    c.id.clone(),
-                    s.plan.host.clone(),
-                    s.plan.port,
-                    c.init.pid,
-                );
-                let deadline = deadline.unwrap_or_else(|| s.activation_deadline());
-                let profile = s.profile.clone();
-                let woken = Instant::now();
-                let activated = tokio::task::spawn_blocking(move || {
-                    match (profile.ready_path(&dir), profile.release_path(&dir)) {
-                        (Some(ready), Some(release)) => {
-                            let started = Instant::now();
-                            barrier::release_and_check(
-                                "restore", &ready, &release, host, port, pid, &deadline,
-                            )
-                            .map(|()| started.elapsed())
-                        }
-                        _ => activate_copy(&dir, &id, host, port, pid, &deadline),
-                    }
-                })
-                .await
-                .map_err(|e| Error::Other(format!("restore: {e}")))?;
-                match activated {
-                    Ok(validated) => {
-                        let timings = RestoreTimings {
-                            preflight: s.preflight,
-                            criu_restore: restored_in,
-                            activation: validated,
-                            listener: woken.elapsed().saturating_sub(validated),
-                        };
-                        info!(
-                            "{}: restored copy validated and listening: {timings:?}",
-                            c.id
-                        );
-                        timings.record(&c.bundle);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        // Never a silent fallback: the copy dies, Start fails.
-                        let _ = c.runc.kill(&c.id, libc::SIGKILL as u32, true).await;
-                        Err(e)
-                    }
-                }
-            }
-            _ => {
-                let capture = Capture {
-                    id: c.id.clone(),
-                    bundle: c.bundle.clone(),
-                    runc: c.runc.clone(),
-                    pid: c.init.pid,
-                    terminal: c.init.stdio.terminal,
-                    snapshot: s,
-                    started: Instant::now(),
-                };
-                tokio::spawn(capture.run());
-                Ok(())
-            }
-        }
-    }
-
     async fn do_delete(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let mut c = handle.lock().await;
         if !req.exec_id.is_empty() {
             let mut p = c.delete_exec(&req.exec_id)?;
-            drop(map);
+            drop(c);
             p.shutdown_io().await;
             let (exit_status, exited_at) = p.exit_status();
             return Ok(api::DeleteResponse {
@@ -380,8 +323,11 @@ impl TaskService {
             });
         }
         c.delete().await?;
-        let mut c = map.remove(&req.id).expect("looked up above");
-        drop(map);
+        self.shared
+            .containers
+            .lock()
+            .expect("containers lock")
+            .remove(&req.id);
         for p in c.execs.values_mut() {
             p.shutdown_io().await;
         }
@@ -389,7 +335,8 @@ impl TaskService {
         let (exit_status, exited_at) = c.init.exit_status();
         let exited_at = convert_to_timestamp(exited_at);
         info!("deleted {}", req.id);
-        self.events
+        self.shared
+            .events
             .send(TaskDelete {
                 container_id: req.id.clone(),
                 pid: c.init.pid as u32,
@@ -408,8 +355,8 @@ impl TaskService {
     }
 
     async fn do_state(&self, req: api::StateRequest) -> Result<api::StateResponse> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         let p = c.process(&req.exec_id)?;
         let (exit_status, exited_at) = p.exit_status();
         Ok(api::StateResponse {
@@ -429,15 +376,15 @@ impl TaskService {
     }
 
     async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         let runc = c.runc.clone();
         let execs: HashMap<i32, String> = c
             .execs
             .values()
             .map(|p| (p.pid, p.exec_id.clone()))
             .collect();
-        drop(map);
+        drop(c);
         let pids = runc.ps(&req.id).await?;
         let mut processes = Vec::with_capacity(pids.len());
         for pid in pids {
@@ -461,14 +408,15 @@ impl TaskService {
     }
 
     async fn do_pause(&self, id: &str, pause: bool) -> Result<()> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, id)?;
+        let handle = self.container(id)?;
+        let mut c = handle.lock().await;
         c.init
             .ensure_running(if pause { "pause" } else { "resume" })?;
         if pause {
             c.runc.pause(id).await?;
             c.init.status = crate::process::Status::Paused;
-            self.events
+            self.shared
+                .events
                 .send(TaskPaused {
                     container_id: id.to_string(),
                     ..Default::default()
@@ -477,7 +425,8 @@ impl TaskService {
         } else {
             c.runc.resume(id).await?;
             c.init.status = crate::process::Status::Running;
-            self.events
+            self.shared
+                .events
                 .send(TaskResumed {
                     container_id: id.to_string(),
                     ..Default::default()
@@ -495,8 +444,8 @@ impl TaskService {
             })?,
             _ => CheckpointOptions::default(),
         };
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         let image = PathBuf::from(if opts.image_path.is_empty() {
             &req.path
         } else {
@@ -526,14 +475,24 @@ impl TaskService {
     }
 }
 
-fn get<'a>(map: &'a mut HashMap<String, Container>, id: &str) -> Result<&'a mut Container> {
-    map.get_mut(id)
-        .ok_or_else(|| Error::NotFound(format!("container {id} not found")))
+fn already_exists(id: &str) -> Error {
+    Error::AlreadyExists(format!("create: container {id} already exists"))
+}
+
+/// runc's state root for `namespace`: `<runc_root>/<namespace>` when the
+/// runtime options name a root (as containerd's runc shim reads its Root
+/// option); else one per containerd instance, beside containerd's own state,
+/// so two containerds on one host never see each other's containers.
+pub fn runc_root(configured: Option<&Path>, bundle: &Path, namespace: &str) -> PathBuf {
+    match configured {
+        Some(root) => root.join(namespace),
+        None => runc_root_for(bundle, namespace),
+    }
 }
 
 /// `<containerd state>/io.containerd.runtime.v2.task/<ns>/<id>` is the bundle;
 /// runc's root goes beside containerd's own state: `<state>/vsnap-runc/<ns>`.
-pub fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
+fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
     match bundle.ancestors().nth(3) {
         Some(state)
             if bundle
@@ -609,15 +568,15 @@ impl Task for TaskService {
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<Empty> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         c.kill(&req.exec_id, req.signal, req.all).await?;
         Ok(Empty::new())
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<Empty> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let mut c = handle.lock().await;
         let spec = req
             .spec
             .as_ref()
@@ -625,7 +584,8 @@ impl Task for TaskService {
             .unwrap_or_default();
         let stdio = Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal);
         c.add_exec(&req.exec_id, stdio, spec)?;
-        self.events
+        self.shared
+            .events
             .send(TaskExecAdded {
                 container_id: req.id,
                 exec_id: req.exec_id,
@@ -640,8 +600,8 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::ResizePtyRequest,
     ) -> TtrpcResult<Empty> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         let p = c.process(&req.exec_id)?;
         if let Some(pty) = &p.pty {
             console::resize(pty, req.width, req.height)?;
@@ -650,15 +610,15 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<Empty> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         c.process(&req.exec_id)?.io.close_input();
         Ok(Empty::new())
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<Empty> {
-        let mut map = self.containers.lock().await;
-        let c = get(&mut map, &req.id)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
         let resources = req
             .resources
             .as_ref()
@@ -676,8 +636,8 @@ impl Task for TaskService {
         req: api::WaitRequest,
     ) -> TtrpcResult<api::WaitResponse> {
         let rx = {
-            let mut map = self.containers.lock().await;
-            let c = get(&mut map, &req.id)?;
+            let handle = self.container(&req.id)?;
+            let c = handle.lock().await;
             c.process(&req.exec_id)?.exit_watch()
         };
         let exit = wait_exit(rx).await;
@@ -694,8 +654,8 @@ impl Task for TaskService {
         req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
         let pid = {
-            let mut map = self.containers.lock().await;
-            let c = get(&mut map, &req.id)?;
+            let handle = self.container(&req.id)?;
+            let c = handle.lock().await;
             c.init.ensure_running("stats")?;
             c.init.pid as u32
         };
@@ -716,8 +676,10 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::ConnectRequest,
     ) -> TtrpcResult<api::ConnectResponse> {
-        let mut map = self.containers.lock().await;
-        let task_pid = map.get_mut(&req.id).map(|c| c.init.pid as u32).unwrap_or(0);
+        let task_pid = match self.container(&req.id) {
+            Ok(handle) => handle.lock().await.init.pid as u32,
+            Err(_) => 0,
+        };
         Ok(api::ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,
@@ -727,8 +689,13 @@ impl Task for TaskService {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<Empty> {
-        let map = self.containers.lock().await;
-        if req.now || map.is_empty() {
+        let empty = self
+            .shared
+            .containers
+            .lock()
+            .expect("containers lock")
+            .is_empty();
+        if req.now || empty {
             self.exit_signal.signal();
         }
         Ok(Empty::new())

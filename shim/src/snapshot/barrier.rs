@@ -23,7 +23,7 @@ pub fn release_and_check(
     pid: i32,
     deadline: &Deadline,
 ) -> Result<()> {
-    let fail = |m: String| Error::FailedPrecondition(deadline.explain(format!("{phase}: {m}")));
+    let fail = |m: String| deadline.fail(format!("{phase}: {m}"));
     let oracle = match read_json::<ReadyFile>(ready) {
         Ok(Some(r)) => r.value.oracle(),
         Ok(None) => {
@@ -55,10 +55,10 @@ mod tests {
     #[test]
     fn a_missing_ready_file_leaves_the_abort_marker() {
         let dir = tempfile::tempdir().unwrap();
-        let deadline = Deadline {
-            at: std::time::Instant::now() + std::time::Duration::from_secs(1),
-            what: "a test deadline".into(),
-        };
+        let deadline = Deadline::new(
+            std::time::Instant::now() + std::time::Duration::from_secs(1),
+            "a test deadline",
+        );
         let release_file = dir.path().join("release.json");
         let err = release_and_check(
             "restore",

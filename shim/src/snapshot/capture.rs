@@ -39,17 +39,7 @@ impl Capture {
             Ok(path) => info!("{}: artifact published at {}", self.id, path.display()),
             Err(e) => {
                 error!("{}: {e}", self.id);
-                let record = serde_json::json!({"container": self.id, "error": e.to_string()});
-                // Whole or absent: a reader never sees it half written.
-                let (tmp, path) = (
-                    self.bundle.join(".vsnap-error.json.tmp"),
-                    self.bundle.join("vsnap-error.json"),
-                );
-                if let Err(e) = std::fs::write(&tmp, record.to_string())
-                    .and_then(|_| std::fs::rename(&tmp, &path))
-                {
-                    error!("{}: write {}: {e}", self.id, path.display());
-                }
+                super::record_error(&self.bundle, &self.id, &e);
                 let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
             }
         }

@@ -230,13 +230,13 @@ impl Snapshot {
         } else {
             "activation_timeout_s"
         };
-        Deadline {
-            at: Instant::now() + self.activation_timeout,
-            what: format!(
+        Deadline::new(
+            Instant::now() + self.activation_timeout,
+            format!(
                 "the activation timeout of {}s ({source})",
                 self.activation_timeout.as_secs()
             ),
-        }
+        )
     }
 
     pub fn artifact_dir(&self) -> PathBuf {
@@ -278,6 +278,21 @@ fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<Strin
         .iter()
         .map(|g| format!("{} {} {}", g.name, g.uuid, g.driver))
         .collect())
+}
+
+/// Leaves `vsnap-error.json` in the bundle: the container and the error of
+/// its failed capture or restore. Whole or absent: never half written.
+pub fn record_error(bundle: &Path, id: &str, e: &Error) {
+    let record = serde_json::json!({"container": id, "error": e.to_string()});
+    let (tmp, path) = (
+        bundle.join(".vsnap-error.json.tmp"),
+        bundle.join("vsnap-error.json"),
+    );
+    if let Err(e) =
+        std::fs::write(&tmp, record.to_string()).and_then(|_| std::fs::rename(&tmp, &path))
+    {
+        log::error!("{id}: write {}: {e}", path.display());
+    }
 }
 
 /// An artifact error as the shim reports it, with its phase.

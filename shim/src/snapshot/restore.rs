@@ -61,15 +61,12 @@ pub fn activate_and_probe(
         port,
     );
     activate(&dir, capture, &activation, deadline.at, &mut || {
-        is_alive(pid)
+        is_alive(pid) && !deadline.cancel.is_cancelled()
     })
-    .map_err(|e| {
-        Error::FailedPrecondition(deadline.explain(format!("{phase}: activation: {e}")))
-    })?;
+    .map_err(|e| deadline.fail(format!("{phase}: activation: {e}")))?;
     let validated = started.elapsed();
-    probe_listener(pid, host.as_deref(), port, deadline.at).map_err(|e| {
-        Error::FailedPrecondition(deadline.explain(format!("{phase}: listener: {e}")))
-    })?;
+    probe_listener(pid, host.as_deref(), port, deadline.at)
+        .map_err(|e| deadline.fail(format!("{phase}: listener: {e}")))?;
     Ok(validated)
 }
 

@@ -1,0 +1,202 @@
+//! Starting a container's init process, in its three shapes: a plain
+//! `runc start`; a `create` plan (start, then capture in the background); a
+//! restore (runc + CRIU, then the activation), which the shim owns rather
+//! than the Start call: it runs in its own task with no lock on the
+//! container, so State, Kill, Stats and the other containers answer
+//! meanwhile, and it finishes or fails within its deadline even when
+//! containerd dies mid-call. A restored copy counts as RUNNING only once its
+//! engine validated its canary and listens; a failed one is killed and
+//! reported as exited non-zero, with its error record in the bundle.
+
+use std::time::{Duration, Instant};
+
+use containerd_shim::util::convert_to_timestamp;
+use containerd_shim_protos::events::task::{TaskExit, TaskStart};
+use containerd_shim_protos::protobuf::MessageField;
+use log::{error, info};
+
+use crate::container::{Container, RestoreJob};
+use crate::error::{Error, Result};
+use crate::exits::Mark;
+use crate::runc::Deadline;
+use crate::snapshot::barrier;
+use crate::snapshot::capture::Capture;
+use crate::snapshot::plan::Mode;
+use crate::snapshot::restore::activate_copy;
+use crate::snapshot::{record_error, RestoreTimings, Snapshot};
+use crate::task::{ContainerRef, Shared};
+
+/// How long a restore of a checkpoint given by containerd (no plan, so no
+/// activation timeout) may take before it is given up.
+const CHECKPOINT_RESTORE_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Starts (or restores) the init process of `handle`; returns its pid.
+pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i32> {
+    let mut c = handle.lock().await;
+    if c.restore_from.is_none() {
+        return plain(&shared, &mut c).await;
+    }
+    let deadline = match c.snapshot.as_ref().filter(|s| s.mode == Mode::Restore) {
+        Some(s) => s.activation_deadline(),
+        None => Deadline::new(
+            Instant::now() + CHECKPOINT_RESTORE_LIMIT,
+            "the checkpoint restore limit of 3600s",
+        ),
+    };
+    let job = c.begin_restore(deadline)?;
+    drop(c);
+    // Owned by the shim: a dropped Start call does not stop it.
+    tokio::spawn(restore(shared, handle, job, mark))
+        .await
+        .map_err(|e| Error::Other(format!("restore: {e}")))?
+}
+
+/// `runc start`, then, for a `create` plan, the capture in the background
+/// (a cold start can take minutes: Start must not wait for it).
+async fn plain(shared: &Shared, c: &mut Container) -> Result<i32> {
+    let started = c.start().await;
+    if let Some(s) = c.snapshot.as_mut() {
+        s.release_lock();
+    }
+    started?;
+    publish_start(shared, c).await;
+    if let Some(s) = c.snapshot.clone() {
+        let capture = Capture {
+            id: c.id.clone(),
+            bundle: c.bundle.clone(),
+            runc: c.runc.clone(),
+            pid: c.init.pid,
+            terminal: c.init.stdio.terminal,
+            snapshot: s,
+            started: Instant::now(),
+        };
+        tokio::spawn(capture.run());
+    }
+    Ok(c.init.pid)
+}
+
+async fn publish_start(shared: &Shared, c: &Container) {
+    shared
+        .events
+        .send(TaskStart {
+            container_id: c.id.clone(),
+            pid: c.init.pid as u32,
+            ..Default::default()
+        })
+        .await;
+}
+
+/// The restore, from `runc restore` to a validated, listening copy.
+async fn restore(
+    shared: Shared,
+    handle: ContainerRef,
+    mut job: RestoreJob,
+    mark: Mark,
+) -> Result<i32> {
+    let deadline = job.deadline.clone();
+    let t = Instant::now();
+    let ran = job.run().await;
+    let restored_in = t.elapsed();
+    let (id, pid, snapshot, bundle) = {
+        let mut c = handle.lock().await;
+        match c.finish_restore(job, ran).await {
+            Ok(pid) => {
+                shared.watch(&c.id, "", pid, mark);
+                (c.id.clone(), pid, c.snapshot.clone(), c.bundle.clone())
+            }
+            Err(e) => return Err(fail(&shared, &mut c, e).await),
+        }
+    };
+    if let Some(s) = snapshot.filter(|s| s.mode == Mode::Restore) {
+        match activate(&s, &id, pid, &deadline, restored_in).await {
+            Ok(timings) => {
+                info!("{id}: restored copy validated and listening: {timings:?}");
+                timings.record(&bundle);
+            }
+            Err(e) => {
+                let mut c = handle.lock().await;
+                return Err(fail(&shared, &mut c, e).await);
+            }
+        }
+    }
+    let mut c = handle.lock().await;
+    if deadline.cancel.is_cancelled() {
+        let e = Error::Cancelled(format!("restore: {id}: cancelled: the task was killed"));
+        return Err(fail(&shared, &mut c, e).await);
+    }
+    if let Some(exit) = c.init.exit() {
+        let e = Error::FailedPrecondition(format!(
+            "restore: {id}: the copy exited ({}) before it was started",
+            exit.code
+        ));
+        return Err(fail(&shared, &mut c, e).await);
+    }
+    c.started();
+    if let Some(s) = c.snapshot.as_mut() {
+        s.release_lock();
+    }
+    publish_start(&shared, &c).await;
+    Ok(pid)
+}
+
+/// Wakes the restored copy and waits until it validated and listens.
+async fn activate(
+    s: &Snapshot,
+    id: &str,
+    pid: i32,
+    deadline: &Deadline,
+    restored_in: Duration,
+) -> Result<RestoreTimings> {
+    let (dir, id, host, port) = (
+        s.control_dir.clone(),
+        id.to_string(),
+        s.plan.host.clone(),
+        s.plan.port,
+    );
+    let (profile, deadline) = (s.profile.clone(), deadline.clone());
+    let woken = Instant::now();
+    let validated = tokio::task::spawn_blocking(move || {
+        match (profile.ready_path(&dir), profile.release_path(&dir)) {
+            (Some(ready), Some(release)) => {
+                let started = Instant::now();
+                barrier::release_and_check("restore", &ready, &release, host, port, pid, &deadline)
+                    .map(|()| started.elapsed())
+            }
+            _ => activate_copy(&dir, &id, host, port, pid, &deadline),
+        }
+    })
+    .await
+    .map_err(|e| Error::Other(format!("restore: activation: {e}")))??;
+    Ok(RestoreTimings {
+        preflight: s.preflight,
+        criu_restore: restored_in,
+        activation: validated,
+        listener: woken.elapsed().saturating_sub(validated),
+    })
+}
+
+/// A restore that failed: nothing of it runs or is seen. The artifact lock
+/// goes, the error is recorded in the bundle, the copy is killed (its exit
+/// comes through the reaper) or, with no process, the init is recorded as
+/// killed and its exit published here.
+async fn fail(shared: &Shared, c: &mut Container, e: Error) -> Error {
+    error!("{}: {e}", c.id);
+    if let Some(s) = c.snapshot.as_mut() {
+        s.release_lock();
+    }
+    record_error(&c.bundle, &c.id, &e);
+    if let Some(exit) = c.start_failed().await {
+        shared
+            .events
+            .send(TaskExit {
+                container_id: c.id.clone(),
+                id: c.id.clone(),
+                pid: 0,
+                exit_status: exit.code as u32,
+                exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+                ..Default::default()
+            })
+            .await;
+    }
+    e
+}
