@@ -3,8 +3,9 @@
 //! every difference is named with its captured and live value (or digest).
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -315,17 +316,22 @@ fn which(bin: &Path) -> PathBuf {
 }
 
 fn first_line(bin: &Path, arg: &str) -> String {
-    Command::new(bin)
-        .arg(arg)
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "absent".to_string())
+    let run = || -> Option<String> {
+        let mut child = Command::new(bin)
+            .arg(arg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut out = String::new();
+        child.stdout.take()?.read_to_string(&mut out).ok()?;
+        // Only what it printed counts: a subreaper (the shim reaps every
+        // child) may have collected its exit status already.
+        let _ = child.wait();
+        out.lines().next().map(str::to_string)
+    };
+    run().unwrap_or_else(|| "absent".to_string())
 }
 
 fn file_sha256(path: &Path) -> String {

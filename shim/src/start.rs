@@ -55,23 +55,27 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
 /// (a cold start can take minutes: Start must not wait for it).
 async fn plain(shared: &Shared, c: &mut Container) -> Result<i32> {
     let started = c.start().await;
+    if started.is_ok() {
+        if let Some(s) = c.snapshot.clone() {
+            // The capture holds its own clone of the artifact lock.
+            let capture = Capture {
+                id: c.id.clone(),
+                bundle: c.bundle.clone(),
+                runc: c.runc.clone(),
+                pid: c.init.pid,
+                terminal: c.init.stdio.terminal,
+                snapshot: s,
+                started: Instant::now(),
+            };
+            tokio::spawn(capture.run());
+        }
+    }
     if let Some(s) = c.snapshot.as_mut() {
         s.release_lock();
     }
     started?;
+    // Queued under the container's lock: before any exit of the capture's.
     publish_start(shared, c).await;
-    if let Some(s) = c.snapshot.clone() {
-        let capture = Capture {
-            id: c.id.clone(),
-            bundle: c.bundle.clone(),
-            runc: c.runc.clone(),
-            pid: c.init.pid,
-            terminal: c.init.stdio.terminal,
-            snapshot: s,
-            started: Instant::now(),
-        };
-        tokio::spawn(capture.run());
-    }
     Ok(c.init.pid)
 }
 

@@ -77,6 +77,21 @@ impl Env {
         extra: &[&str],
         engine_args: &[&str],
     ) -> CmdOutput {
+        let cmd = self.run_command(id, plan, artifact, port, extra, engine_args);
+        crate::cmd::run(cmd, None, Duration::from_secs(180))
+    }
+
+    /// The `ctr run -d` command of [`Env::run_args`], to run elsewhere (a
+    /// thread that waits while the test acts on the shim).
+    pub fn run_command(
+        &self,
+        id: &str,
+        plan: &str,
+        artifact: &str,
+        port: u16,
+        extra: &[&str],
+        engine_args: &[&str],
+    ) -> std::process::Command {
         let listen = format!("127.0.0.1:{port}");
         let plan = format!("vsnap.io/plan={plan}");
         let artifact = format!("vsnap.io/artifact={artifact}");
@@ -99,7 +114,29 @@ impl Env {
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--rootfs", &self.rootfs, id, "/vsnap-ref-engine"]);
         args.extend_from_slice(engine_args);
-        self.c.ctr(&args)
+        self.c.ctr_command(&args)
+    }
+
+    /// Creates a good artifact `name` from container `id` and removes the
+    /// donor; returns the manifest. With `after-capture=exit` the donor is
+    /// never activated, so switches aimed at the recovery phases act only on
+    /// restored copies (which must be run with the same `env`).
+    pub fn create_good(&self, id: &str, name: &str, env: &[&str]) -> Vec<u8> {
+        let mut extra = vec!["--annotation", "vsnap.io/after-capture=exit"];
+        for kv in env {
+            extra.extend_from_slice(&["--env", kv]);
+        }
+        let out = self.run(id, "create", name, crate::engine::free_port(), &extra);
+        assert!(out.ok(), "{out:?}");
+        self.wait_manifest(name);
+        // The donor is stopped (SIGTERM, exit 0) once the artifact is published.
+        self.wait_stopped(id);
+        let deleted = self.remove(id);
+        assert!(
+            !deleted.contains("non-zero"),
+            "{id} exits cleanly after capture: {deleted}"
+        );
+        std::fs::read(self.manifest(name)).unwrap()
     }
 
     pub fn artifact(&self, name: &str) -> PathBuf {

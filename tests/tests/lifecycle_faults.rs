@@ -1,0 +1,349 @@
+//! A restore under faults, end to end with real containerd, runc and CRIU:
+//! the shim SIGKILLed in each phase of a restore, containerd SIGKILLed
+//! during one, and calls to a shim that is restoring. Each moment is reached
+//! by waiting for its condition (runc's criu-root mount, the copy's pid
+//! file), never by sleeping. What must hold: the rootfs is intact, nothing
+//! is left (process, mount, runc state, cgroup, control dir), a container is
+//! RUNNING only once its engine validated, and a later restore works.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use vsnap_e2e::cmd::{run, CmdOutput};
+use vsnap_e2e::engine::{answer, complete, free_port};
+use vsnap_e2e::snapshot_env::{control_dirs, poll, setup, Env};
+
+/// 1 GiB resident in the engine: CRIU's restore takes about a second here.
+const BIG: &str = "VSNAP_ENGINE_RESIDENT_MB=1024";
+/// The copy never finishes its recovery: the activation waits.
+const HANG: &str = "VSNAP_ENGINE_HANG_PHASE=recover";
+
+/// Every file under `dir`: its sha256 (or a symlink's target).
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(p);
+                out.insert(rel, "dir".into());
+            } else if ft.is_symlink() {
+                out.insert(
+                    rel,
+                    format!("-> {}", std::fs::read_link(&p).unwrap().display()),
+                );
+            } else {
+                let mut h = Sha256::new();
+                let mut f = std::fs::File::open(&p).unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = f.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    h.update(&buf[..n]);
+                }
+                let digest: Vec<String> = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+                out.insert(rel, digest.concat());
+            }
+        }
+    }
+    out
+}
+
+/// Waits (polling every 5 ms) until `done` holds.
+fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn mounted(path: &Path) -> bool {
+    let p = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == p)
+}
+
+/// runc's bind mount of the rootfs while it restores `id`.
+fn criu_root(e: &Env, id: &str) -> PathBuf {
+    e.c.runc_root().join(id).join("criu-root")
+}
+
+/// A restore of `name` as `id` run by ctr on a thread (ctr blocks in Start).
+fn restore_in_background(
+    e: &Env,
+    id: &str,
+    name: &str,
+    port: u16,
+    extra: &[&str],
+) -> JoinHandle<CmdOutput> {
+    let cmd = e.run_command(id, "restore", name, port, extra, &[]);
+    std::thread::spawn(move || run(cmd, None, Duration::from_secs(180)))
+}
+
+fn sigkill(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+/// Kills this instance's one shim (by pid) and returns its pid.
+fn kill_the_shim(e: &Env) -> i32 {
+    let shims = e.c.shim_pids();
+    assert_eq!(shims.len(), 1, "one shim serves the restore: {shims:?}");
+    sigkill(shims[0]);
+    shims[0]
+}
+
+/// Removes whatever is left of `id` through containerd (after a fault the
+/// task may be gone already).
+fn remove_any(e: &Env, id: &str) {
+    let _ = e.c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+    let _ = e.c.ctr(&["task", "delete", "-f", id]);
+    let _ = e.c.ctr(&["c", "rm", id]);
+    poll(Duration::from_secs(30), &format!("{id} removed"), || {
+        !e.c.ctr_ok(&["c", "ls", "-q"]).lines().any(|l| l == id)
+    });
+}
+
+/// After a fault and the cleanup: the rootfs as it was, and nothing left.
+fn assert_intact_and_clean(e: &Env, id: &str, before: &BTreeMap<String, String>) {
+    assert_eq!(&tree(Path::new(&e.rootfs)), before, "the rootfs is intact");
+    assert_eq!(
+        e.cgroups(id),
+        Vec::<String>::new(),
+        "no cgroup (no process) of {id}"
+    );
+    e.assert_nothing_left();
+}
+
+/// A later restore of `name` works and answers.
+fn restore_works(e: &Env, id: &str, name: &str, env: &[&str]) {
+    let port = free_port();
+    let mut extra = Vec::new();
+    for kv in env {
+        extra.extend_from_slice(&["--env", *kv]);
+    }
+    let out = e.run(id, "restore", name, port, &extra);
+    assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
+    let reply = complete(port, "The capital of France is", 4);
+    assert!(answer(&reply).0.is_string(), "{reply}");
+    e.remove(id);
+}
+
+#[test]
+fn a_shim_killed_during_criu_restore_loses_no_file_and_leaves_nothing() {
+    let e = setup("k-criu");
+    e.create_good("kc0", "big", &[BIG]);
+    let before = tree(Path::new(&e.rootfs));
+    let ctr = restore_in_background(&e, "kc1", "big", free_port(), &["--env", BIG]);
+    // runc's criu-root bind mount of the rootfs is up: CRIU is restoring.
+    wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
+        mounted(&criu_root(&e, "kc1"))
+    });
+    kill_the_shim(&e);
+    let out = ctr.join().unwrap();
+    assert!(!out.ok(), "a restore whose shim died never starts: {out:?}");
+    remove_any(&e, "kc1");
+    assert_intact_and_clean(&e, "kc1", &before);
+    restore_works(&e, "kc2", "big", &[BIG]);
+    e.assert_nothing_left();
+}
+
+#[test]
+fn a_shim_killed_during_the_activation_leaves_no_copy_running() {
+    let e = setup("k-act");
+    e.create_good("ka0", "hang", &[HANG]);
+    let before = tree(Path::new(&e.rootfs));
+    let ctr = restore_in_background(&e, "ka1", "hang", free_port(), &["--env", HANG]);
+    // runc wrote the copy's pid: CRIU is done, the activation waits.
+    let pid_file = e.bundle("ka1").join("init.pid");
+    wait_until(Duration::from_secs(60), "the copy's pid file", || {
+        pid_file.exists() && !mounted(&criu_root(&e, "ka1"))
+    });
+    kill_the_shim(&e);
+    let out = ctr.join().unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert_ne!(
+        e.task_status("ka1").as_deref(),
+        Some("RUNNING"),
+        "an unvalidated copy is never RUNNING"
+    );
+    remove_any(&e, "ka1");
+    assert_intact_and_clean(&e, "ka1", &before);
+}
+
+#[test]
+fn containerd_killed_during_a_restore_never_shows_an_unvalidated_copy() {
+    let mut e = setup("k-ctrd");
+    e.create_good("kd0", "hang", &[HANG]);
+    let bounded = [
+        "--env",
+        HANG,
+        "--annotation",
+        "vsnap.io/activation-timeout=8",
+    ];
+    let ctr = restore_in_background(&e, "kd1", "hang", free_port(), &bounded);
+    let bundle = e.bundle("kd1");
+    wait_until(Duration::from_secs(60), "the copy's pid file", || {
+        bundle.join("init.pid").exists()
+    });
+    e.c.restart();
+    let _ = ctr.join().unwrap();
+    // The shim finishes the activation on its own: past its deadline the
+    // copy is killed and reported exited, with its error record.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = e.task_status("kd1");
+        assert_ne!(status.as_deref(), Some("RUNNING"), "never RUNNING");
+        if status.as_deref() == Some("STOPPED") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "kd1 never stopped: {status:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let record = std::fs::read_to_string(bundle.join("vsnap-error.json")).unwrap();
+    assert!(
+        record.contains("restore: activation") && record.contains("deadline"),
+        "{record}"
+    );
+    assert!(
+        !lock_held(&e, "hang"),
+        "the artifact lock went with the restore"
+    );
+    let deleted = e.remove("kd1");
+    assert!(deleted.contains("137"), "exited killed: {deleted}");
+    e.assert_nothing_left();
+}
+
+#[test]
+fn containerd_killed_during_criu_restore_shows_the_copy_once_validated() {
+    let mut e = setup("k-ctrd-ok");
+    e.create_good("ko0", "big", &[BIG]);
+    let port = free_port();
+    let ctr = restore_in_background(&e, "ko1", "big", port, &["--env", BIG]);
+    wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
+        mounted(&criu_root(&e, "ko1"))
+    });
+    e.c.restart();
+    let _ = ctr.join().unwrap();
+    poll(Duration::from_secs(60), "ko1 running", || {
+        e.task_status("ko1").as_deref() == Some("RUNNING")
+    });
+    // RUNNING means validated and listening: it answers at once.
+    let reply = complete(port, "The capital of France is", 4);
+    assert!(answer(&reply).0.is_string(), "{reply}");
+    e.remove("ko1");
+    e.assert_nothing_left();
+}
+
+/// Whether /proc/locks lists an flock on artifact `name`'s lock file.
+fn lock_held(e: &Env, name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(e.artifacts.join(".locks").join(format!("{name}.lock"))).unwrap();
+    let (major, minor) = (libc::major(md.dev()), libc::minor(md.dev()));
+    let key = format!("{major:02x}:{minor:02x}:{}", md.ino());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains("FLOCK") && !l.contains("->") && l.split_whitespace().any(|f| f == key))
+}
+
+/// The latency of one ctr call that must succeed.
+fn timed(e: &Env, args: &[&str]) -> Duration {
+    let t = Instant::now();
+    e.c.ctr_ok(args);
+    t.elapsed()
+}
+
+#[test]
+fn a_restoring_shim_answers_at_once_and_a_kill_ends_the_restore() {
+    let e = setup("busy");
+    e.create_good("b0", "big", &[BIG, HANG]);
+    // Two containers in one shim, as CRI groups a pod.
+    let group = ["--annotation", "io.kubernetes.cri.sandbox-id=b1"];
+    let rootfs = e.rootfs.clone();
+    let mut plain = vec!["run", "-d", "--runtime", "io.vsnap.v1"];
+    plain.extend_from_slice(&group);
+    plain.extend_from_slice(&["--rootfs", &rootfs, "b1", "/bin/sleep", "1000"]);
+    e.c.ctr_ok(&plain);
+    let mut extra = vec!["--env", BIG, "--env", HANG];
+    extra.extend_from_slice(&group);
+    let ctr = restore_in_background(&e, "b2", "big", free_port(), &extra);
+    wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
+        mounted(&criu_root(&e, "b2"))
+    });
+    assert_eq!(e.c.shim_pids().len(), 1, "one shim for both");
+    // During CRIU's restore, then during the activation.
+    let mut worst = Duration::ZERO;
+    for phase in ["criu", "activation"] {
+        if phase == "activation" {
+            let pid_file = e.bundle("b2").join("init.pid");
+            wait_until(Duration::from_secs(60), "the copy's pid file", || {
+                pid_file.exists()
+            });
+        }
+        let ls = e.c.ctr_ok(&["task", "ls"]);
+        assert!(
+            ls.lines()
+                .any(|l| l.starts_with("b2") && l.contains("CREATED")),
+            "{phase}: the restoring copy is CREATED, not RUNNING: {ls}"
+        );
+        for args in [
+            &["task", "ls"][..],
+            &["task", "metrics", "b1"],
+            &["task", "ps", "b1"],
+        ] {
+            worst = worst.max(timed(&e, args));
+        }
+    }
+    assert!(
+        worst < Duration::from_secs(1),
+        "calls answered in {worst:?}"
+    );
+    // A kill ends the restore: Start fails naming the cancellation.
+    let t = Instant::now();
+    e.c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "b2"]);
+    let out = ctr.join().unwrap();
+    eprintln!("kill to Start's end: {:?}", t.elapsed());
+    assert!(!out.ok(), "{out:?}");
+    assert!(out.stderr.contains("cancelled"), "{}", out.stderr);
+    e.wait_stopped("b2");
+    remove_any(&e, "b2");
+    assert_eq!(e.cgroups("b2"), Vec::<String>::new(), "no process of b2");
+    assert_eq!(control_dirs(&e.artifacts), Vec::<String>::new());
+    e.remove("b1");
+    e.assert_nothing_left();
+}
+
+#[test]
+fn a_kill_during_criu_restore_cancels_it_and_leaves_nothing() {
+    let e = setup("k-cancel");
+    e.create_good("c0", "big", &[BIG]);
+    let before = tree(Path::new(&e.rootfs));
+    let ctr = restore_in_background(&e, "c1", "big", free_port(), &["--env", BIG]);
+    wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
+        mounted(&criu_root(&e, "c1"))
+    });
+    e.c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    let out = ctr.join().unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert!(out.stderr.contains("cancelled"), "{}", out.stderr);
+    remove_any(&e, "c1");
+    assert_intact_and_clean(&e, "c1", &before);
+    restore_works(&e, "c2", "big", &[BIG]);
+}
