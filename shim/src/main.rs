@@ -11,6 +11,9 @@ mod error;
 mod events;
 mod exits;
 mod labels;
+// Not called until task.rs wires stats to it.
+#[allow(dead_code)]
+mod metrics;
 mod options;
 mod process;
 mod runc;
