@@ -1,0 +1,288 @@
+//! OOM notifications for a container's memory cgroup.
+//!
+//! [`watch`] finds the memory cgroup of a process and starts one plain thread
+//! (never a tokio worker: the shim runs a current_thread runtime) that blocks
+//! on the kernel's notification and sends `()` on a channel per OOM:
+//!
+//! - cgroup v1: an eventfd registered through `cgroup.event_control` on
+//!   `memory.oom_control`, as containerd's Go runc shim does; one message per
+//!   wakeup. The kernel also signals the eventfd when the cgroup is removed:
+//!   the watcher tells that apart by reading `memory.oom_control` through the
+//!   descriptor it holds, which fails (ENODEV) once the cgroup is gone, even if
+//!   a cgroup of the same name has been created again since (a restore).
+//! - cgroup v2: inotify on `memory.events` and `cgroup.events`; one message per
+//!   increase of `oom_kill`. The watcher ends once the cgroup has no process.
+//!
+//! When the watcher ends, the channel closes. A dropped receiver stops the
+//! watcher at its next wakeup.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::error::{Error, Result};
+use crate::metrics::{cgroups_of, parse_flat_keyed, Cgroups};
+
+/// Starts watching the memory cgroup of process `pid` for OOMs.
+///
+/// The receiver gets one `()` per OOM in that cgroup and is closed (`recv()`
+/// returns `None`) when the cgroup goes away (v1) or has no process left
+/// (v2). Does a few small cgroupfs reads and writes synchronously; the
+/// waiting happens on a thread of its own.
+pub fn watch(pid: u32) -> Result<UnboundedReceiver<()>> {
+    let cgroups = cgroups_of(pid, "oom")?;
+    let dir = cgroups
+        .memory_dir()
+        .ok_or_else(|| Error::NotFound(format!("oom: pid {pid} has no memory cgroup")))?
+        .to_path_buf();
+    let (tx, rx) = unbounded_channel();
+    match cgroups {
+        Cgroups::V1(_) => start_v1(dir, tx)?,
+        Cgroups::V2(_) => start_v2(dir, tx)?,
+    }
+    Ok(rx)
+}
+
+/// Registers an eventfd for `memory.oom_control` of the v1 cgroup `dir` and
+/// starts the thread that waits on it.
+fn start_v1(dir: PathBuf, tx: UnboundedSender<()>) -> Result<()> {
+    let io_err = |what: &str, e| Error::io(format!("oom: {what} in {}", dir.display()), e);
+    let oom_control = File::open(dir.join("memory.oom_control"))
+        .map_err(|e| io_err("opening memory.oom_control", e))?;
+    let efd = eventfd().map_err(|e| io_err("creating an eventfd", e))?;
+    let registration = format!("{} {}", efd.as_raw_fd(), oom_control.as_raw_fd());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.event_control"))
+        .and_then(|mut f| f.write_all(registration.as_bytes()))
+        .map_err(|e| io_err("writing cgroup.event_control", e))?;
+    std::thread::Builder::new()
+        .name("oom-v1".into())
+        .spawn(move || v1_loop(efd, oom_control, tx))
+        .map_err(|e| io_err("starting the watcher thread", e))?;
+    Ok(())
+}
+
+/// Sends one message per eventfd wakeup while the cgroup still exists.
+fn v1_loop(mut efd: File, oom_control: File, tx: UnboundedSender<()>) {
+    let mut counter = [0u8; 8];
+    let mut contents = [0u8; 256];
+    loop {
+        // read_exact retries on EINTR.
+        if efd.read_exact(&mut counter).is_err() {
+            return;
+        }
+        // A removed cgroup's files fail to read: that wakeup was the removal.
+        if oom_control.read_at(&mut contents, 0).is_err() {
+            return;
+        }
+        if tx.send(()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A new close-on-exec eventfd, as a `File` to read its counter from.
+fn eventfd() -> std::io::Result<File> {
+    // SAFETY: eventfd takes no pointers.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: eventfd just returned this descriptor and nothing else owns it.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Starts watching `memory.events` and `cgroup.events` of the v2 cgroup
+/// `dir` with inotify, counting `oom_kill` from its current value.
+fn start_v2(dir: PathBuf, tx: UnboundedSender<()>) -> Result<()> {
+    let io_err = |what: &str, e| Error::io(format!("oom: {what} in {}", dir.display()), e);
+    let events = std::fs::read_to_string(dir.join("memory.events"))
+        .map_err(|e| io_err("reading memory.events", e))?;
+    let kills = parse_oom_kills(&events);
+    let inotify = inotify_watching(&[dir.join("memory.events"), dir.join("cgroup.events")])
+        .map_err(|e| io_err("watching memory.events and cgroup.events", e))?;
+    let thread_dir = dir.clone();
+    std::thread::Builder::new()
+        .name("oom-v2".into())
+        .spawn(move || v2_loop(inotify, &thread_dir, kills, tx))
+        .map_err(|e| io_err("starting the watcher thread", e))?;
+    Ok(())
+}
+
+/// Sends one message per new OOM kill until the cgroup is empty or gone.
+fn v2_loop(mut inotify: File, dir: &Path, mut kills: u64, tx: UnboundedSender<()>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        // Emptiness first: every kill before it is then in memory.events.
+        let done =
+            !std::fs::read_to_string(dir.join("cgroup.events")).is_ok_and(|c| parse_populated(&c));
+        let Ok(events) = std::fs::read_to_string(dir.join("memory.events")) else {
+            return;
+        };
+        let now = parse_oom_kills(&events);
+        for _ in kills..now {
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+        kills = kills.max(now);
+        if done {
+            return;
+        }
+        match inotify.read(&mut buf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
+}
+
+/// A new close-on-exec inotify instance with an `IN_MODIFY` watch on each of
+/// `paths`, as a `File` to read events from.
+fn inotify_watching(paths: &[PathBuf]) -> std::io::Result<File> {
+    // SAFETY: inotify_init1 takes no pointers.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: inotify_init1 just returned this descriptor and nothing else owns it.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    for path in paths {
+        let c_path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
+        // SAFETY: c_path is a NUL-terminated string that outlives the call.
+        let wd =
+            unsafe { libc::inotify_add_watch(file.as_raw_fd(), c_path.as_ptr(), libc::IN_MODIFY) };
+        if wd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
+}
+
+/// The `oom_kill` count of a v2 `memory.events` (or v1 `memory.oom_control`),
+/// 0 when absent.
+fn parse_oom_kills(content: &str) -> u64 {
+    parse_flat_keyed(content)
+        .get("oom_kill")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Whether a v2 `cgroup.events` says the cgroup still has processes.
+fn parse_populated(content: &str) -> bool {
+    parse_flat_keyed(content)
+        .get("populated")
+        .is_some_and(|&p| p != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::test_support::*;
+    use std::time::Duration;
+    use tokio::time::timeout;
+
+    #[test]
+    fn parses_oom_kill_counts_and_population() {
+        let events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(parse_oom_kills(events), 2);
+        assert_eq!(
+            parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n"),
+            7
+        );
+        assert_eq!(parse_oom_kills(""), 0);
+        assert!(parse_populated("populated 1\nfrozen 0\n"));
+        assert!(!parse_populated("populated 0\nfrozen 0\n"));
+        assert!(!parse_populated(""));
+    }
+
+    #[test]
+    fn a_missing_process_is_an_error_naming_it() {
+        let err = watch(4_194_399).unwrap_err().to_string();
+        assert!(err.starts_with("oom: "), "{err}");
+        assert!(err.contains("4194399"), "{err}");
+    }
+
+    /// A memory cgroup limited to 16 MiB, without swap beyond it.
+    fn limited_cgroup(tag: &str) -> TestCgroup {
+        let cgroup = TestCgroup::create(&["memory"], tag);
+        let dir = cgroup.dir("memory");
+        let limits: &[(&str, &str)] = if cgroup.v2 {
+            &[("memory.max", "16777216"), ("memory.swap.max", "0")]
+        } else {
+            // memsw, where present, is memory + swap: the same value means no swap.
+            &[
+                ("memory.limit_in_bytes", "16777216"),
+                ("memory.memsw.limit_in_bytes", "16777216"),
+            ]
+        };
+        for (file, value) in limits {
+            let path = dir.join(file);
+            if path.exists() {
+                std::fs::write(&path, value)
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            }
+        }
+        cgroup
+    }
+
+    /// Waits for the end of the watcher's channel, counting the messages.
+    async fn messages_until_closed(rx: &mut UnboundedReceiver<()>) -> usize {
+        let mut n = 0;
+        while rx.recv().await.is_some() {
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn an_oom_kill_is_reported_and_removal_ends_the_watch() {
+        require_root();
+        let cgroup = limited_cgroup("oom");
+        let mut child =
+            Shell::spawn("read x; x=$(head -c 64000000 /dev/zero | tr '\\0' a); echo ${#x}");
+        cgroup.add(child.pid());
+        let mut rx = watch(child.pid()).expect("watch");
+        child.go();
+
+        let got = timeout(Duration::from_secs(20), rx.recv()).await;
+        assert_eq!(got, Ok(Some(())), "no OOM message within 20 s");
+        let status = child.0.wait().unwrap();
+        assert!(
+            !status.success(),
+            "the allocating shell was not killed: {status}"
+        );
+
+        drop(child);
+        drop(cgroup);
+        // Further OOMs of the same allocation may have been reported; then the
+        // removal of the cgroup closes the channel.
+        timeout(Duration::from_secs(10), messages_until_closed(&mut rx))
+            .await
+            .expect("the watch did not end after the cgroup was removed");
+    }
+
+    #[tokio::test]
+    async fn a_cgroup_removed_without_oom_sends_nothing() {
+        require_root();
+        let cgroup = limited_cgroup("no-oom");
+        let child = Shell::spawn("read x");
+        cgroup.add(child.pid());
+        let mut rx = watch(child.pid()).expect("watch");
+
+        drop(child);
+        drop(cgroup);
+        let n = timeout(Duration::from_secs(10), messages_until_closed(&mut rx))
+            .await
+            .expect("the watch did not end after the cgroup was removed");
+        assert_eq!(n, 0, "the removal was reported as an OOM");
+    }
+}
