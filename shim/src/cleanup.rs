@@ -101,30 +101,39 @@ fn is_dead(pid: i32) -> bool {
 /// processes under it (CRIU, a partly restored tree), and waits until they
 /// are gone. Returns how many it stopped.
 pub async fn stop_in_flight(bundle: &Path) -> usize {
-    let mut stopped = 0;
-    let entries = std::fs::read_dir(bundle).into_iter().flatten().flatten();
-    for entry in entries {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(IN_FLIGHT) {
-            continue;
+    let pids = in_flight_pids(bundle);
+    for &pid in &pids {
+        let under = kill_tree(pid);
+        info!(
+            "{}: killed runc {pid} and the {under} processes under it",
+            bundle.display()
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_dead(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let mut fields = text.split_whitespace().map(str::parse::<u64>);
-        if let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) {
-            let pid = pid as i32;
-            if start_time(pid) == Some(start) {
-                let under = kill_tree(pid);
-                info!("{name}: killed runc {pid} and the {under} processes under it");
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !is_dead(pid) && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                stopped += 1;
-            }
-        }
-        let _ = std::fs::remove_file(entry.path());
     }
-    stopped
+    for entry in std::fs::read_dir(bundle).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(IN_FLIGHT) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    pids.len()
+}
+
+/// The pids of the runc invocations recorded in flight in `bundle` (still
+/// the processes they were).
+pub fn in_flight_pids(bundle: &Path) -> Vec<i32> {
+    let entries = std::fs::read_dir(bundle).into_iter().flatten().flatten();
+    entries
+        .filter(|e| e.file_name().to_string_lossy().starts_with(IN_FLIGHT))
+        .filter_map(|e| {
+            let text = std::fs::read_to_string(e.path()).ok()?;
+            let mut fields = text.split_whitespace().map(str::parse::<u64>);
+            let (pid, start) = (fields.next()?.ok()? as i32, fields.next()?.ok()?);
+            (start_time(pid) == Some(start)).then_some(pid)
+        })
+        .collect()
 }
 
 /// The container's cgroupfs path from its spec, when it has one.

@@ -12,9 +12,7 @@ mod events;
 mod exits;
 mod labels;
 // Not called until task.rs wires stats and TaskOOM to them.
-#[allow(dead_code)]
 mod metrics;
-#[allow(dead_code)]
 mod oom;
 mod options;
 mod process;

@@ -74,6 +74,7 @@ async fn plain(shared: &Shared, c: &mut Container) -> Result<i32> {
         s.release_lock();
     }
     started?;
+    shared.watch_oom(&c.id, c.init.pid);
     // Queued under the container's lock: before any exit of the capture's.
     publish_start(shared, c).await;
     Ok(c.init.pid)
@@ -139,6 +140,7 @@ async fn restore(
     if let Some(s) = c.snapshot.as_mut() {
         s.release_lock();
     }
+    shared.watch_oom(&c.id, pid);
     publish_start(&shared, &c).await;
     Ok(pid)
 }

@@ -17,7 +17,7 @@ use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::util::{convert_to_any, convert_to_timestamp};
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
     TaskResumed,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
@@ -59,6 +59,30 @@ impl Shared {
             .get(id)
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("container {id} not found")))
+    }
+
+    /// Publishes TaskOOM for every OOM kill in the memory cgroup of the
+    /// init `pid` of `id`, until that cgroup goes.
+    pub fn watch_oom(&self, id: &str, pid: i32) {
+        let mut rx = match crate::oom::watch(pid as u32) {
+            Ok(rx) => rx,
+            Err(e) => {
+                warn!("{id}: no OOM events: {e}");
+                return;
+            }
+        };
+        let (events, id) = (self.events.clone(), id.to_string());
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                info!("{id}: OOM kill in its memory cgroup");
+                events
+                    .send(TaskOOM {
+                        container_id: id.clone(),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+        });
     }
 
     /// Records the exit of `pid` (spawned after `mark`) and publishes TaskExit.
@@ -373,6 +397,22 @@ impl TaskService {
     async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
         let handle = self.container(&req.id)?;
         let c = handle.lock().await;
+        if c.init.status == crate::process::Status::Starting && c.init.pid == 0 {
+            // CRIU is restoring: what works on the container is runc (and
+            // CRIU under it). containerd, reconnecting after a restart,
+            // takes a shim with no pids for a leaked one and deletes it.
+            let processes = cleanup::in_flight_pids(&c.bundle)
+                .into_iter()
+                .map(|pid| containerd_shim_protos::types::task::ProcessInfo {
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .collect();
+            return Ok(api::PidsResponse {
+                processes,
+                ..Default::default()
+            });
+        }
         let runc = c.runc.clone();
         let execs: HashMap<i32, String> = c
             .execs
@@ -654,14 +694,11 @@ impl Task for TaskService {
             c.init.ensure_running("stats")?;
             c.init.pid as u32
         };
-        let metrics = tokio::task::spawn_blocking(move || -> Result<_> {
-            let cgroup = containerd_shim::cgroup::get_cgroup(pid)?;
-            Ok(containerd_shim::cgroup::collect_metrics(&cgroup)?)
-        })
-        .await
-        .map_err(|e| Error::Other(format!("stats: {e}")))??;
+        let metrics = tokio::task::spawn_blocking(move || crate::metrics::collect(pid))
+            .await
+            .map_err(|e| Error::Other(format!("stats: {e}")))??;
         Ok(api::StatsResponse {
-            stats: MessageField::some(convert_to_any(Box::new(metrics)).map_err(Error::from)?),
+            stats: MessageField::some(metrics.to_any()?),
             ..Default::default()
         })
     }
