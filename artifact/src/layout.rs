@@ -116,7 +116,11 @@ pub struct Staging {
 }
 
 impl Staging {
+    /// A fresh staging folder for `name`. The caller holds `name`'s
+    /// exclusive lock, so any other staging folder of `name` belongs to a
+    /// writer that died: it is removed first.
     pub fn new(root: &Path, name: &str) -> Result<Self> {
+        remove_dead_staging(root, name);
         let n = STAGING.fetch_add(1, Ordering::Relaxed);
         let dir = root.join(format!(".staging-{name}-{}-{n}", std::process::id()));
         DirBuilder::new()
@@ -174,6 +178,27 @@ impl Staging {
         sync_dir(root)?;
         self.published = !exchanged;
         Ok(target)
+    }
+}
+
+/// The artifact name in `.staging-<name>-<pid>-<n>`.
+fn staging_name(file_name: &str) -> Option<&str> {
+    let rest = file_name.strip_prefix(".staging-")?;
+    let mut parts = rest.rsplitn(3, '-');
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let (n, pid, name) = (parts.next()?, parts.next()?, parts.next()?);
+    (digits(n) && digits(pid)).then_some(name)
+}
+
+/// Removes the staging folders of `name` left by dead writers (the caller
+/// holds `name`'s exclusive lock).
+fn remove_dead_staging(root: &Path, name: &str) {
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && staging_name(&file_name) == Some(name) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -255,6 +280,40 @@ pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_new_staging_removes_dead_writers_staging_of_its_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in [
+            ".staging-model-999999-0",
+            ".staging-model-v2-999999-1",
+            ".staging-other-999999-0",
+            ".staging-model-odd",
+        ] {
+            std::fs::create_dir(root.join(d)).unwrap();
+        }
+        assert_eq!(
+            super::staging_name(".staging-model-v2-12-3"),
+            Some("model-v2")
+        );
+        assert_eq!(super::staging_name(".staging-model-odd"), None);
+        let s = super::Staging::new(root, "model").unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| *n != s.dir.file_name().unwrap().to_string_lossy())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".staging-model-odd",
+                ".staging-model-v2-999999-1",
+                ".staging-other-999999-0"
+            ]
+        );
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 

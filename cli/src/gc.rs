@@ -20,10 +20,6 @@ use crate::table::{row, table};
 use crate::units::{format_duration, human_age, human_size};
 use crate::{emit, emit_json, warn, Ctx, Outcome, ERROR, FAILED, OK};
 
-/// A `.staging-*` or `.trash-*` folder is stale once this old and its writer
-/// is gone.
-pub const LEFTOVER_AGE: Duration = Duration::from_secs(3600);
-
 pub struct Policy {
     pub older_than: Option<Duration>,
     pub max_total_size: Option<u64>,
@@ -77,14 +73,13 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     let mut actions = Vec::new();
     for l in store::leftovers(root).map_err(read_err)? {
         let path = root.join(&l.file_name);
-        let Some(age) = store::mtime(&path).map(store::age_since) else {
-            continue;
-        };
-        // A writer still at work keeps its folder, however old.
-        if age < LEFTOVER_AGE
-            || store::pid_alive(l.pid)
-            || ArtifactLock::is_held(root, &l.name).unwrap_or(true)
-        {
+        let age = store::mtime(&path)
+            .map(store::age_since)
+            .unwrap_or_default();
+        // A writer holds `<name>`'s exclusive lock from before it makes its
+        // folder until it is done: a free lock means a dead writer, however
+        // young its folder.
+        if ArtifactLock::is_held(root, &l.name).unwrap_or(true) {
             continue;
         }
         let mut action = Action {
@@ -93,10 +88,8 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
             kind: l.kind,
             age_seconds: age.as_secs(),
             reason: format!(
-                "{} folder older than {} whose writer (pid {}) is gone",
-                l.kind,
-                format_duration(LEFTOVER_AGE),
-                l.pid
+                "{} folder whose writer (pid {}) is gone: {}'s lock is free",
+                l.kind, l.pid, l.name
             ),
             result: "would-remove",
             error: None,

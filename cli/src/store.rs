@@ -93,22 +93,6 @@ pub fn leftovers(root: &Path) -> io::Result<Vec<Leftover>> {
     Ok(out)
 }
 
-/// Whether a process with this pid exists (in the caller's pid namespace).
-pub fn pid_alive(pid: u32) -> bool {
-    // Never 0 or negative: kill() would address process groups.
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks for existence and permission.
-    if unsafe { libc::kill(pid, 0) } == 0 {
-        return true;
-    }
-    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
 /// When the manifest says the artifact was captured, if it says so readably.
 pub fn created_at(m: &Manifest) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(
@@ -267,9 +251,6 @@ pub fn remove_leftover(root: &Path, l: &Leftover) -> Result<(), RemoveError> {
         Err(ArtifactError::Locked(_)) => return Err(RemoveError::InUse),
         Err(e) => return Err(RemoveError::Failed(e.to_string())),
     };
-    if pid_alive(l.pid) {
-        return Err(RemoveError::InUse);
-    }
     remove_tree(&root.join(&l.file_name)).map_err(RemoveError::Failed)
 }
 
@@ -336,14 +317,6 @@ mod tests {
         ] {
             assert_eq!(parse_leftover(not), None, "{not}");
         }
-    }
-
-    #[test]
-    fn our_pid_is_alive_and_impossible_pids_are_not() {
-        assert!(pid_alive(std::process::id()));
-        assert!(!pid_alive(0), "never a process group");
-        assert!(!pid_alive(u32::MAX), "never -1");
-        assert!(!pid_alive(i32::MAX as u32), "beyond pid_max");
     }
 
     #[test]

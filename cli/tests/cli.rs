@@ -32,8 +32,8 @@ impl Fixture {
     /// None (the test skips) unless running as root.
     fn new() -> Option<Self> {
         if fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
-            eprintln!("skipped: the artifact checks need a root-owned path; run as root");
-            return None;
+            // A missing prerequisite is a failure, never a silent skip.
+            panic!("the CLI tests need root: the artifact checks need a root-owned path");
         }
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("artifacts");
@@ -624,7 +624,8 @@ fn gc_removes_stale_leftovers_whose_writer_is_gone() {
 
     let (code, v) = f.json(&["gc", "--dry-run", "--json"]);
     assert_eq!(code, 0, "{v}");
-    assert_eq!(v["actions"].as_array().unwrap().len(), 2, "{v}");
+    // The lock says whether a writer lives, not the folder's age or a pid.
+    assert_eq!(v["actions"].as_array().unwrap().len(), 4, "{v}");
     assert_eq!(
         f.entries().len(),
         7,
@@ -644,13 +645,10 @@ fn gc_removes_stale_leftovers_whose_writer_is_gone() {
         "{stdout}"
     );
     let left = f.entries();
-    assert!(
-        !left
-            .iter()
-            .any(|e| e.contains("crashed") || e.contains("gone")),
-        "{left:?}"
-    );
-    for kept in ["recent", "alive", "locked", "odd"] {
+    for removed in ["crashed", "gone", "recent", "alive"] {
+        assert!(!left.iter().any(|e| e.contains(removed)), "{left:?}");
+    }
+    for kept in ["locked", "odd"] {
         assert!(left.iter().any(|e| e.contains(kept)), "{kept}: {left:?}");
     }
 
