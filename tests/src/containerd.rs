@@ -174,6 +174,19 @@ impl Containerd {
         pids
     }
 
+    /// The socket of the shim serving `grouping` (a container id, or a
+    /// pod's sandbox id) in this instance, as the shim names it:
+    /// `/run/containerd/s/<sha256("<containerd socket>/<ns>/<grouping>")>`.
+    pub fn shim_socket(&self, grouping: &str) -> PathBuf {
+        use sha2::{Digest, Sha256};
+        let key = format!("{}/{NAMESPACE}/{grouping}", self.socket().display());
+        let hex: String = Sha256::digest(key.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        PathBuf::from("/run/containerd/s").join(hex)
+    }
+
     /// Containers runc still knows in this instance's root.
     pub fn runc_containers(&self) -> Vec<String> {
         let out = run(

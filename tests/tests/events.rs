@@ -28,7 +28,14 @@ fn task_events_arrive_in_lifecycle_order() {
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(300)); // let the subscription start
+    // The subscription is live once it shows an event made after it began
+    // (a namespace's creation: no task topic, so not counted below).
+    let live = (0..100).any(|n| {
+        c.ctr_ok(&["namespaces", "create", &format!("probe{n}")]);
+        rx.recv_timeout(Duration::from_millis(200))
+            .is_ok_and(|l| l.contains("/namespaces/create"))
+    });
+    assert!(live, "ctr events never showed a namespace's creation");
 
     c.ctr_ok(&[
         "run",

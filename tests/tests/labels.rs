@@ -25,7 +25,13 @@ fn wait_artifact(root: &std::path::Path, prefix: &str) -> String {
 /// `ctr c create` then labels set afterwards: they live only in containerd's
 /// container record (ctr copies `--label` values into the spec's annotations
 /// too, which would not show that the shim reads the record).
-fn create_then_label(e: &vsnap_e2e::snapshot_env::Env, id: &str, extra: &[&str], labels: &[&str]) {
+fn create_then_label(
+    e: &vsnap_e2e::snapshot_env::Env,
+    id: &str,
+    extra: &[&str],
+    labels: &[&str],
+    engine_args: &[&str],
+) {
     let mut args = vec![
         "c",
         "create",
@@ -37,6 +43,7 @@ fn create_then_label(e: &vsnap_e2e::snapshot_env::Env, id: &str, extra: &[&str],
     ];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--rootfs", &e.rootfs, id, "/vsnap-ref-engine"]);
+    args.extend_from_slice(engine_args);
     e.c.ctr_ok(&args);
     let mut label = vec!["c", "label", id];
     label.extend_from_slice(labels);
@@ -57,6 +64,7 @@ fn container_labels_choose_the_plan() {
             "vsnap.io/artifact=from-labels",
             &listen,
         ],
+        &[],
     );
     e.c.ctr_ok(&["t", "start", "-d", "l1"]);
     assert_eq!(wait_artifact(&e.artifacts, "from-labels"), "from-labels");
@@ -64,16 +72,18 @@ fn container_labels_choose_the_plan() {
     e.remove("l1");
 
     // An annotation wins over the labels: plan=off runs the engine plain.
+    let plain_port = free_port().to_string();
     create_then_label(
         &e,
         "l2",
         &["--annotation", "vsnap.io/plan=off"],
         &["vsnap.io/plan=create", "vsnap.io/artifact=never", &listen],
+        &["--host", "127.0.0.1", "--port", &plain_port],
     );
     e.c.ctr_ok(&["t", "start", "-d", "l2"]);
-    // Plain: the engine listens on its default 0.0.0.0:8000 after its init;
-    // what matters is that nothing is captured.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Plain: the engine listens once its init is done (a create plan would
+    // hold it capture-ready, not listening, and capture first).
+    wait_listening(plain_port.parse().unwrap(), Duration::from_secs(60));
     assert!(!e.artifacts.join("never").exists(), "nothing captured");
     assert_eq!(
         vsnap_e2e::snapshot_env::control_dirs(&e.artifacts),

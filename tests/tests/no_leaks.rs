@@ -1,54 +1,69 @@
 //! Fifty sequential create/start/wait/delete cycles leave nothing behind: no
 //! shim process, no shim socket, no mount, no FIFO, no runc state, and
-//! containerd's open descriptors are back where they started.
-//! (A test binary of its own: it counts host-wide things.)
+//! containerd's open descriptors are back where they started. Every check is
+//! scoped to this test's own containerd instance and ids, so other
+//! containerds and shims on the host do not matter.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vsnap_e2e::containerd::list;
 use vsnap_e2e::image::busybox_rootfs;
 use vsnap_e2e::Containerd;
 
-const SHIM_SOCKETS: &str = "/run/containerd/s";
-const CTR_FIFOS: &str = "/run/containerd/fifo";
-
 #[test]
 fn fifty_cycles_leave_nothing_behind() {
     let c = Containerd::start("leaks");
     let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    // One cycle first, so containerd's lazily opened descriptors exist.
-    c.ctr_ok(&[
-        "run",
-        "--rm",
-        "--runtime",
-        "io.vsnap.v1",
-        "--rootfs",
-        &rootfs,
-        "warm",
-        "/bin/true",
-    ]);
-    let fds_before = c.open_fds();
-    let sockets_before = list(std::path::Path::new(SHIM_SOCKETS)).len();
-    let fifos_before = list(std::path::Path::new(CTR_FIFOS)).len();
-
-    for i in 0..50 {
-        let id = format!("cycle{i}");
-        let out = c.ctr(&[
+    // ctr's FIFOs in a folder of this test's own.
+    let fifos = c.dir.join("fifo");
+    std::fs::create_dir_all(&fifos).unwrap();
+    let fifo_dir = fifos.display().to_string();
+    let run = |flag: &str, args: &[&str]| {
+        let mut all = vec![
             "run",
-            "--rm",
+            flag,
+            "--fifo-dir",
+            &fifo_dir,
             "--runtime",
             "io.vsnap.v1",
-            "--rootfs",
-            &rootfs,
-            &id,
-            "/bin/echo",
-            &id,
-        ]);
+        ];
+        all.extend_from_slice(&["--rootfs", &rootfs]);
+        all.extend_from_slice(args);
+        c.ctr(&all)
+    };
+    // A running container's socket is where the checks below look for it.
+    let out = run("-d", &["held", "/bin/sleep", "1000"]);
+    assert!(out.ok(), "{out:?}");
+    assert!(
+        c.shim_socket("held").exists(),
+        "the shim's socket is {}",
+        c.shim_socket("held").display()
+    );
+    c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "held"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.ctr_ok(&["task", "ls"]).contains("STOPPED") {
+        assert!(Instant::now() < deadline, "held never stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.ctr_ok(&["task", "delete", "held"]);
+    c.ctr_ok(&["c", "rm", "held"]);
+
+    // One cycle first, so containerd's lazily opened descriptors exist.
+    let out = run("--rm", &["warm", "/bin/true"]);
+    assert!(out.ok(), "{out:?}");
+    let fds_before = c.open_fds();
+
+    let mut ids = vec!["held".to_string(), "warm".to_string()];
+    for i in 0..50 {
+        let id = format!("cycle{i}");
+        let out = run("--rm", &[&id, "/bin/echo", &id]);
         assert_eq!(out.code, Some(0), "cycle {i}: {out:?}");
         assert_eq!(out.stdout.trim(), id);
+        ids.push(id);
     }
 
-    // Shims exit asynchronously after Shutdown: give them a moment.
+    // Shims exit asynchronously after Shutdown: wait for that.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !c.shim_pids().is_empty() || c.open_fds() > fds_before {
         if Instant::now() > deadline {
@@ -64,24 +79,21 @@ fn fifty_cycles_leave_nothing_behind() {
     );
     assert_eq!(c.bundles(), Vec::<String>::new(), "no bundle left");
     assert_eq!(c.mounts(), Vec::<String>::new(), "no mount left");
+    let sockets: Vec<String> = ids
+        .iter()
+        .map(|id| c.shim_socket(id))
+        .filter(|s| s.exists())
+        .map(|s| s.display().to_string())
+        .collect();
+    assert_eq!(sockets, Vec::<String>::new(), "no shim socket left");
     assert_eq!(
-        list(std::path::Path::new(SHIM_SOCKETS)).len(),
-        sockets_before,
-        "no shim socket left"
-    );
-    assert_eq!(
-        list(std::path::Path::new(CTR_FIFOS)).len(),
-        fifos_before,
-        "no FIFO folder left"
+        list(Path::new(&fifos)),
+        Vec::<String>::new(),
+        "no FIFO left"
     );
     assert_eq!(
         c.open_fds(),
         fds_before,
         "containerd's descriptors back where they started"
     );
-    let pty_dirs = list(&std::env::temp_dir())
-        .into_iter()
-        .filter(|n| n.starts_with("vsnap-pty-"))
-        .count();
-    assert_eq!(pty_dirs, 0, "no console socket folder left");
 }
