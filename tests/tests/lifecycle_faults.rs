@@ -120,8 +120,17 @@ fn remove_any(e: &Env, id: &str) {
     });
 }
 
+/// Waits until containerd's cleanup after the dead shim is done: it runs
+/// the shim binary's `delete` (whose command line names this instance).
+fn cleaned_up(e: &Env) {
+    poll(Duration::from_secs(30), "the dead shim's delete", || {
+        e.c.shim_pids().is_empty()
+    });
+}
+
 /// After a fault and the cleanup: the rootfs as it was, and nothing left.
 fn assert_intact_and_clean(e: &Env, id: &str, before: &BTreeMap<String, String>) {
+    cleaned_up(e);
     assert_eq!(&tree(Path::new(&e.rootfs)), before, "the rootfs is intact");
     assert_eq!(
         e.cgroups(id),
@@ -346,4 +355,83 @@ fn a_kill_during_criu_restore_cancels_it_and_leaves_nothing() {
     remove_any(&e, "c1");
     assert_intact_and_clean(&e, "c1", &before);
     restore_works(&e, "c2", "big", &[BIG]);
+}
+
+/// Any runc invocation of `verb` in flight for the container of `bundle`.
+fn in_flight(bundle: &Path, verb: &str) -> bool {
+    let prefix = format!(".vsnap-inflight-{verb}-");
+    vsnap_e2e::containerd::list(bundle)
+        .iter()
+        .any(|n| n.starts_with(&prefix))
+}
+
+/// A create whose shim is SIGKILLed once `moment` holds: the donor goes,
+/// no artifact is half published, the dead writer's staging folder is
+/// removed by the next writer, and the artifact can then be created and
+/// restored.
+/// `first_env` is the killed create's; `env` the later create's and
+/// restores'.
+fn shim_killed_during_capture(
+    tag: &str,
+    first_env: &[&str],
+    env: &[&str],
+    moment: impl Fn(&Env, &Path) -> bool,
+) {
+    let e = setup(tag);
+    let mut extra = vec!["--annotation", "vsnap.io/after-capture=exit"];
+    for kv in first_env {
+        extra.extend_from_slice(&["--env", kv]);
+    }
+    let out = e.run("w1", "create", "art", free_port(), &extra);
+    assert!(out.ok(), "{out:?}");
+    // After runc made its mount points (/etc/hosts, /etc/resolv.conf).
+    let before = tree(Path::new(&e.rootfs));
+    let bundle = e.bundle("w1");
+    wait_until(
+        Duration::from_secs(120),
+        "the moment to kill the shim",
+        || moment(&e, &bundle),
+    );
+    kill_the_shim(&e);
+    remove_any(&e, "w1");
+    cleaned_up(&e);
+    assert_eq!(&tree(Path::new(&e.rootfs)), &before, "the rootfs is intact");
+    assert_eq!(e.cgroups("w1"), Vec::<String>::new(), "no process of w1");
+    assert!(!lock_held(&e, "art"), "the dead writer's lock is free");
+    if e.manifest("art").exists() {
+        // Published before the kill: then whole, and it restores.
+        restore_works(&e, "w0", "art", first_env);
+    }
+    e.create_good("w2", "art", env);
+    assert_eq!(e.staging_dirs(), Vec::<String>::new(), "no staging left");
+    restore_works(&e, "w3", "art", env);
+    e.assert_nothing_left();
+}
+
+#[test]
+fn a_shim_killed_while_the_engine_starts_cold_leaves_nothing() {
+    let slow = ["VSNAP_ENGINE_INIT_MS=60000"];
+    shim_killed_during_capture("k-ready", &slow, &[], |e, _| {
+        !control_dirs(&e.artifacts).is_empty() && e.task_status("w1").as_deref() == Some("RUNNING")
+    });
+}
+
+#[test]
+fn a_shim_killed_during_the_checkpoint_publishes_nothing() {
+    shim_killed_during_capture("k-dump", &[BIG], &[], |_, bundle| {
+        in_flight(bundle, "checkpoint")
+    });
+}
+
+#[test]
+fn a_shim_killed_while_publishing_leaves_a_whole_artifact_or_none() {
+    let dumped = std::cell::Cell::new(false);
+    shim_killed_during_capture("k-publish", &[BIG], &[], |_, bundle| {
+        // After CRIU's dump, while the images are fsynced and renamed.
+        let dumping = in_flight(bundle, "checkpoint");
+        if dumping {
+            dumped.set(true);
+        }
+        dumped.get() && !dumping
+    });
 }
