@@ -220,18 +220,25 @@ impl TaskService {
         };
         let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
-        // On the runtime thread on purpose: it runs runc --version, criu
-        // --version and nvidia-smi and needs their exit statuses, which the
-        // shim's reaper (waitpid(-1) on this thread) would take from a
-        // blocking thread.
-        let snapshot = Snapshot::prepare(
-            &bundle,
-            &req.id,
-            &self.namespace,
-            &config,
-            &settings,
-            image_digest.as_deref(),
-        )?;
+        // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
+        // the runtime thread. The version probes and nvidia-smi spawned there
+        // tolerate the shim's reaper collecting their exit first.
+        let snapshot = {
+            let (bundle, id, ns) = (bundle.clone(), req.id.clone(), self.namespace.clone());
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || {
+                Snapshot::prepare(
+                    &bundle,
+                    &id,
+                    &ns,
+                    &config,
+                    &settings,
+                    image_digest.as_deref(),
+                )
+            })
+            .await
+            .map_err(|e| Error::Other(format!("create: {e}")))??
+        };
         // What a delete after this shim's death needs (cleanup.rs).
         let record = cleanup::Record {
             runc_binary: runc.binary.clone(),

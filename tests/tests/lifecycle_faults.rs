@@ -378,33 +378,35 @@ fn shim_killed_during_capture(
     moment: impl Fn(&Env, &Path) -> bool,
 ) {
     let e = setup(tag);
+    // Ids of this test only: cgroup paths (/<namespace>/<id>) are host-wide.
+    let [w0, w1, w2, w3] = ["w0", "w1", "w2", "w3"].map(|w| format!("{tag}-{w}"));
     let mut extra = vec!["--annotation", "vsnap.io/after-capture=exit"];
     for kv in first_env {
         extra.extend_from_slice(&["--env", kv]);
     }
-    let out = e.run("w1", "create", "art", free_port(), &extra);
+    let out = e.run(&w1, "create", "art", free_port(), &extra);
     assert!(out.ok(), "{out:?}");
     // After runc made its mount points (/etc/hosts, /etc/resolv.conf).
     let before = tree(Path::new(&e.rootfs));
-    let bundle = e.bundle("w1");
+    let bundle = e.bundle(&w1);
     wait_until(
         Duration::from_secs(120),
         "the moment to kill the shim",
         || moment(&e, &bundle),
     );
     kill_the_shim(&e);
-    remove_any(&e, "w1");
+    remove_any(&e, &w1);
     cleaned_up(&e);
     assert_eq!(&tree(Path::new(&e.rootfs)), &before, "the rootfs is intact");
-    assert_eq!(e.cgroups("w1"), Vec::<String>::new(), "no process of w1");
+    assert_eq!(e.cgroups(&w1), Vec::<String>::new(), "no process of {w1}");
     assert!(!lock_held(&e, "art"), "the dead writer's lock is free");
     if e.manifest("art").exists() {
         // Published before the kill: then whole, and it restores.
-        restore_works(&e, "w0", "art", first_env);
+        restore_works(&e, &w0, "art", first_env);
     }
-    e.create_good("w2", "art", env);
+    e.create_good(&w2, "art", env);
     assert_eq!(e.staging_dirs(), Vec::<String>::new(), "no staging left");
-    restore_works(&e, "w3", "art", env);
+    restore_works(&e, &w3, "art", env);
     e.assert_nothing_left();
 }
 
@@ -412,7 +414,8 @@ fn shim_killed_during_capture(
 fn a_shim_killed_while_the_engine_starts_cold_leaves_nothing() {
     let slow = ["VSNAP_ENGINE_INIT_MS=60000"];
     shim_killed_during_capture("k-ready", &slow, &[], |e, _| {
-        !control_dirs(&e.artifacts).is_empty() && e.task_status("w1").as_deref() == Some("RUNNING")
+        !control_dirs(&e.artifacts).is_empty()
+            && e.task_status("k-ready-w1").as_deref() == Some("RUNNING")
     });
 }
 

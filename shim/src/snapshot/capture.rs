@@ -119,8 +119,9 @@ impl Capture {
                 let criu = criu_errors(&staging.work().join("dump.log"));
                 Error::Other(format!("capture: {e}{criu}"))
             })?;
-        if let Some(host_shm) = &s.host_shm {
-            shm::carry(host_shm, &staging.dir.join(shm::ARTIFACT_DIR))?;
+        if let Some(host_shm) = s.host_shm.clone() {
+            let to = staging.dir.join(shm::ARTIFACT_DIR);
+            blocking(move || shm::carry(&host_shm, &to)).await?;
         }
         let checkpoint_time = t.elapsed();
 

@@ -247,13 +247,16 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
     let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => break Some(status),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(CudaError::NvidiaSmiTimeout { timeout });
             }
+            // The shim's reaper (waitpid(-1)) collected it first: it has
+            // exited, its status is lost, its output tells.
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => break None,
             Err(source) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -265,7 +268,12 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
         }
     };
     let [stdout, stderr] = readers.map(|r| r.join().unwrap_or_default());
-    if !status.success() {
+    let failed = match status {
+        Some(status) => (!status.success()).then(|| status.to_string()),
+        None => (stdout.trim().is_empty() || !stderr.trim().is_empty())
+            .then(|| "unknown (reaped by the shim)".to_string()),
+    };
+    if let Some(status) = failed {
         let text = if stderr.trim().is_empty() {
             &stdout
         } else {
@@ -277,10 +285,7 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
             .last()
             .unwrap_or("no output")
             .to_string();
-        return Err(CudaError::NvidiaSmiFailed {
-            status: status.to_string(),
-            output,
-        });
+        return Err(CudaError::NvidiaSmiFailed { status, output });
     }
     Ok(stdout)
 }
