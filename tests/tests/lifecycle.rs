@@ -280,3 +280,33 @@ fn a_file_log_uri_receives_the_output() {
         "{text:?}"
     );
 }
+
+#[test]
+fn the_shim_answers_help_and_version_like_containerds_shims() {
+    let shim = vsnap_e2e::containerd::shim_binary();
+    for flag in ["-h", "--help"] {
+        let out = std::process::Command::new(&shim)
+            .arg(flag)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{flag}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("Usage of containerd-shim-vsnap-v1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("-namespace") && text.contains("-address"),
+            "{text}"
+        );
+    }
+    let out = std::process::Command::new(&shim)
+        .arg("-v")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("Runtime: io.vsnap.v1"),
+        "{text}"
+    );
+}

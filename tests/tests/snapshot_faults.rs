@@ -205,12 +205,12 @@ fn host_ipv4() -> Option<IpAddr> {
 #[test]
 fn an_outside_tcp_connection_at_capture_publishes_nothing() {
     let e = setup("f-tcp");
-    let Some(ip) = host_ipv4() else {
-        // A peer outside the tree needs a non-loopback address: loopback
-        // peers count as inside (the container shares the host network).
-        eprintln!("skipped: this machine has no global IPv4 address");
-        return;
-    };
+    // A peer outside the tree needs a non-loopback address: loopback peers
+    // count as inside (the container shares the host network). A missing
+    // prerequisite is a failure, never a silent skip.
+    let ip = host_ipv4().expect(
+        "this test needs a global IPv4 address on the host (`ip -4 addr show scope global`)",
+    );
     // The kernel completes the handshake into the backlog: no accept needed.
     let peer = TcpListener::bind((ip, 0)).unwrap();
     let addr = peer.local_addr().unwrap().to_string();
