@@ -11,6 +11,10 @@ pub enum ArtifactError {
     /// Malformed or tampered content.
     #[error("{0}")]
     Invalid(String),
+    /// A file differs from its recorded content digest (or size, or is
+    /// missing, or was added): named with the chunk.
+    #[error("damaged: {0}")]
+    Damaged(String),
     /// The artifact was made for another host or workload.
     #[error("fingerprint mismatch: {0}")]
     Mismatch(String),

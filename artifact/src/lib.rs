@@ -4,8 +4,9 @@
 //! An artifact is `<root>/<name>/` (0700, root-owned, no symlink on the path):
 //! `images/` (CRIU), `control/` (the control-dir files at capture time),
 //! `work/` (CRIU logs) and `manifest.json` (0600, written last, MAC'd with a
-//! host-local key). It is built in a staging folder and published atomically.
+//! host-local key, holding a content digest of every file a restore reads). It is built in a staging folder and published atomically.
 
+pub mod content;
 mod error;
 pub mod fingerprint;
 pub mod key;
@@ -13,6 +14,7 @@ pub mod layout;
 pub mod lock;
 pub mod manifest;
 
+pub use content::{Contents, FileDigest};
 pub use error::{ArtifactError, Result};
 pub use fingerprint::{HostIdentity, Tools, Workload};
 pub use key::HostKey;

@@ -12,7 +12,7 @@ use crate::key::HostKey;
 use crate::layout::check_layout;
 
 pub const MANIFEST: &str = "manifest.json";
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -27,6 +27,9 @@ pub struct Manifest {
     pub source_container: String,
     /// Bytes of the CRIU images.
     pub image_bytes: u64,
+    /// sha256 per 64 MiB chunk of every file under images/, control/ and
+    /// dev-shm/ (content.rs), checked before a restore reads them.
+    pub contents: crate::content::Contents,
     pub timings_ms: Timings,
     /// The host the artifact is valid on.
     pub host: HostIdentity,
@@ -146,6 +149,7 @@ mod tests {
             },
             source_container: "s".into(),
             image_bytes: 1,
+            contents: Default::default(),
             timings_ms: Timings::default(),
             host: HostIdentity::probe(&Tools::default(), "test"),
             workload: Workload::from_spec(&serde_json::json!({}), "/run/vsnap/control"),

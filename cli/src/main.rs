@@ -64,9 +64,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check layout, ownership, MAC, images and this host's fingerprint (exit 1 if invalid)
+    /// Check layout, ownership, MAC, every file's content digests and this host's fingerprint (exit 1 if invalid)
     Verify {
         name: String,
+        /// Check the files' sizes only, not their content digests
+        #[arg(long)]
+        quick: bool,
         /// JSON for tools
         #[arg(long)]
         json: bool,
@@ -140,7 +143,7 @@ fn run(cli: Cli) -> Outcome {
     let ctx = Ctx { root, config };
     match cli.command {
         Command::Inspect { name, json } => inspect::run(&ctx, &name, json),
-        Command::Verify { name, json } => verify::run(&ctx, &name, json),
+        Command::Verify { name, quick, json } => verify::run(&ctx, &name, quick, json),
         Command::Ls { json } => ls::run(&ctx, json),
         Command::Rm { names, json } => rm::run(&ctx, &names, json),
         Command::Gc {

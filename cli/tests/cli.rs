@@ -102,6 +102,7 @@ impl Fixture {
             },
             source_container: format!("src-{name}"),
             image_bytes: bytes_under(&staging.images()),
+            contents: vsnap_artifact::content::digest(&staging.dir, 1).unwrap(),
             timings_ms: Timings {
                 cold_start_to_capture_ready: 1500,
                 inventory: 3,
@@ -282,7 +283,7 @@ fn verify_passes_for_a_fresh_artifact() {
         .collect();
     assert_eq!(
         checks,
-        ["layout", "files", "manifest", "mac", "images", "host"]
+        ["layout", "files", "manifest", "mac", "contents", "host"]
     );
 }
 
@@ -344,14 +345,31 @@ fn verify_fails_changed_images_and_another_host() {
     let Some(f) = Fixture::new() else { return };
     f.make("img", Duration::ZERO, 1000);
     let page = f.root.join("img/images/pages-1.img");
-    fs::write(&page, vec![0u8; 10]).unwrap();
+    // One byte flipped: the digests catch it, naming the file and chunk;
+    // --quick (sizes only) does not.
+    let mut bytes = fs::read(&page).unwrap();
+    bytes[500] ^= 1;
+    fs::write(&page, &bytes).unwrap();
     let out = f.vsnap(&["verify", "img"]);
     let (stdout, _) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.contains("holds 19 bytes, the manifest says 1009"),
+        stdout.contains("images/pages-1.img chunk 0 (bytes 0-999) does not match its digest"),
         "{stdout}"
     );
+    let out = f.vsnap(&["verify", "--quick", "img"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).0);
+    // Truncated: the size tells, with --quick too.
+    fs::write(&page, vec![0u8; 10]).unwrap();
+    for args in [&["verify", "img"][..], &["verify", "--quick", "img"]] {
+        let out = f.vsnap(args);
+        let (stdout, _) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stdout}");
+        assert!(
+            stdout.contains("images/pages-1.img holds 10 bytes, the manifest says 1000"),
+            "{stdout}"
+        );
+    }
 
     // Sealed with this host's key but recording another kernel.
     f.make("moved", Duration::ZERO, 1000);

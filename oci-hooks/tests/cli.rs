@@ -159,6 +159,7 @@ impl Host {
             },
             source_container: "donor".into(),
             image_bytes: 5,
+            contents: vsnap_artifact::content::digest(&staging.dir, 1).unwrap(),
             timings_ms: Default::default(),
             host: HostIdentity::probe(&self.tools, SHIM_VERSION),
             workload: Workload::from_spec(spec, CONTROL_MOUNT),

@@ -159,16 +159,18 @@ async fn activate(
         s.plan.host.clone(),
         s.plan.port,
     );
-    let (profile, deadline) = (s.profile.clone(), deadline.clone());
+    let (profile, deadline, oracle) = (s.profile.clone(), deadline.clone(), s.oracle.clone());
     let woken = Instant::now();
     let validated = tokio::task::spawn_blocking(move || {
         match (profile.ready_path(&dir), profile.release_path(&dir)) {
             (Some(ready), Some(release)) => {
                 let started = Instant::now();
-                barrier::release_and_check("restore", &ready, &release, host, port, pid, &deadline)
-                    .map(|()| started.elapsed())
+                barrier::release_and_check(
+                    "restore", &ready, &release, host, port, pid, &deadline, oracle,
+                )
+                .map(|()| started.elapsed())
             }
-            _ => activate_copy(&dir, &id, host, port, pid, &deadline),
+            _ => activate_copy(&dir, &id, host, port, pid, &deadline, oracle),
         }
     })
     .await

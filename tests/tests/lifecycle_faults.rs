@@ -438,3 +438,25 @@ fn a_shim_killed_while_publishing_leaves_a_whole_artifact_or_none() {
         dumped.get() && !dumping
     });
 }
+
+#[test]
+fn a_restore_past_its_deadline_is_killed_and_leaves_nothing() {
+    let e = setup("k-deadline");
+    // 2 GiB: CRIU alone takes longer than the 1 s deadline here.
+    let huge = "VSNAP_ENGINE_RESIDENT_MB=2048";
+    e.create_good("dl0", "huge", &[huge]);
+    let before = tree(Path::new(&e.rootfs));
+    let bounded = [
+        "--env",
+        huge,
+        "--annotation",
+        "vsnap.io/activation-timeout=1",
+    ];
+    let out = e.run("dl1", "restore", "huge", free_port(), &bounded);
+    assert!(!out.ok(), "{out:?}");
+    for part in ["the activation timeout of 1s", "deadline exceeded"] {
+        assert!(out.stderr.contains(part), "{part}: {}", out.stderr);
+    }
+    remove_any(&e, "dl1");
+    assert_intact_and_clean(&e, "dl1", &before);
+}

@@ -66,6 +66,27 @@ fn exit_code(deleted: &str) -> Option<u8> {
     digits.parse().ok()
 }
 
+/// `original` with one byte flipped, one appended, or cut in half; None
+/// for "delete".
+fn damaged(what: &str, original: &[u8]) -> Option<Vec<u8>> {
+    let mut bytes = original.to_vec();
+    match what {
+        "flip" => bytes[original.len() / 2] ^= 0x40,
+        "append" => bytes.push(b'\n'),
+        "truncate" => bytes.truncate(original.len() / 2),
+        _ => return None,
+    }
+    Some(bytes)
+}
+
+/// The operator CLI on this test's artifact root.
+fn vsnap(e: &Env, args: &[&str]) -> vsnap_e2e::cmd::CmdOutput {
+    let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("--root").arg(&e.artifacts).args(args);
+    vsnap_e2e::cmd::run(cmd, None, std::time::Duration::from_secs(60))
+}
+
 fn assert_has(text: &str, parts: &[&str]) {
     for p in parts {
         assert!(text.contains(p), "{p:?} missing from: {text}");
@@ -286,39 +307,56 @@ fn damaged_artifacts_are_refused_and_leave_nothing() {
     // Undone, the artifact restores: the refusals above were about the damage.
     good_restore(&e, "flt-undone", "good");
 
-    // CRIU's memory pages truncated. CRIU 4.2's restorer then spins for ever
-    // instead of failing: the activation timeout bounds the whole restore,
-    // and the shim kills runc, CRIU and the half-restored tree.
+    // The corruption matrix: every damage to a pages image, a small image
+    // and the captured oracle file is refused at preflight, before runc or
+    // CRIU runs (well before the activation deadline), naming the file;
+    // `vsnap verify` names it too.
     let images = dir.join("images");
-    let pages = vsnap_e2e::containerd::list(&images)
+    let by_size = |pages: bool| {
+        vsnap_e2e::containerd::list(&images)
+            .into_iter()
+            .filter(|n| n.ends_with(".img") && n.starts_with("pages-") == pages)
+            .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
+            .expect("an image")
+    };
+    let oracle_file = vsnap_e2e::containerd::list(&dir.join("control"))
         .into_iter()
-        .filter(|n| n.starts_with("pages-") && n.ends_with(".img"))
-        .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
-        .expect("a pages image");
-    std::fs::File::options()
-        .write(true)
-        .open(images.join(&pages))
-        .unwrap()
-        .set_len(0)
-        .unwrap();
-    let bounded = ["--annotation", "vsnap.io/activation-timeout=5"];
-    let err = failed_restore(&e, "flt-trunc", "good", &bounded);
-    assert_has(
-        &err,
-        &[
-            "restore: runc restore not done when the activation timeout of 5s",
-            "killed runc",
-            // DEADLINE_EXCEEDED, as containerd names it.
-            "deadline exceeded",
-        ],
-    );
-    assert_eq!(e.cgroups("flt-trunc"), Vec::<String>::new(), "cgroups");
-
-    // An image file removed altogether.
-    std::fs::remove_file(images.join(&pages)).unwrap();
-    let err = failed_restore(&e, "flt-gone", "good", &bounded);
-    assert_has(&err, &["restore: runc restore failed"]);
-    assert_eq!(e.cgroups("flt-gone"), Vec::<String>::new(), "cgroups");
+        .find(|n| n == "capture-ready.json" || n == "ready.json")
+        .expect("the captured oracle file");
+    let targets = [
+        format!("images/{}", by_size(true)),
+        format!("images/{}", by_size(false)),
+        format!("control/{oracle_file}"),
+    ];
+    let bounded = ["--annotation", "vsnap.io/activation-timeout=60"];
+    let mut n = 0;
+    for target in &targets {
+        let path = dir.join(target);
+        let original = std::fs::read(&path).unwrap();
+        for what in ["flip", "append", "truncate", "delete"] {
+            match damaged(what, &original) {
+                Some(bytes) => std::fs::write(&path, bytes).unwrap(),
+                None => std::fs::remove_file(&path).unwrap(),
+            }
+            n += 1;
+            let id = format!("flt-d{n}");
+            let t = std::time::Instant::now();
+            let err = failed_restore(&e, &id, "good", &bounded);
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(20),
+                "{what} {target}: refused fast, not at the deadline"
+            );
+            assert_has(&err, &["restore: preflight", "damaged", target.as_str()]);
+            assert_eq!(e.cgroups(&id), Vec::<String>::new(), "no process of {id}");
+            let verify = vsnap(&e, &["verify", "good"]);
+            assert_eq!(verify.code, Some(1), "{what} {target}: {verify:?}");
+            assert!(verify.stdout.contains(target.as_str()), "{verify:?}");
+            std::fs::write(&path, &original).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+    assert_eq!(vsnap(&e, &["verify", "good"]).code, Some(0));
+    good_restore(&e, "flt-repaired", "good");
 
     assert_eq!(
         std::fs::read(e.manifest("good")).unwrap(),

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use vsnap_protocol::{abort_release, read_json, release, ReadyFile};
+use vsnap_protocol::{abort_release, read_json, release, Oracle, ReadyFile};
 
 use super::canary;
 use super::restore::{in_netns, probe_listener};
@@ -14,6 +14,7 @@ use crate::runc::Deadline;
 /// Releases the engine waiting behind `ready`/`release_file` and returns once
 /// it listens and reproduced its canary. On failure the abort marker is left
 /// behind (for an engine still waiting) and the error names `phase`.
+#[allow(clippy::too_many_arguments)]
 pub fn release_and_check(
     phase: &str,
     ready: &Path,
@@ -22,10 +23,13 @@ pub fn release_and_check(
     port: u16,
     pid: i32,
     deadline: &Deadline,
+    trusted: Option<Oracle>,
 ) -> Result<()> {
     let fail = |m: String| deadline.fail(format!("{phase}: {m}"));
     let oracle = match read_json::<ReadyFile>(ready) {
-        Ok(Some(r)) => r.value.oracle(),
+        // A restore holds the copy to the manifest's oracle; the ready file
+        // only has to be there (the engine waits behind it).
+        Ok(Some(r)) => trusted.unwrap_or_else(|| r.value.oracle()),
         Ok(None) => {
             return Err(abort(
                 release_file,
@@ -68,6 +72,7 @@ mod tests {
             80,
             1,
             &deadline,
+            None,
         )
         .unwrap_err()
         .to_string();

@@ -62,6 +62,9 @@ pub struct Snapshot {
     pub gpus: Vec<String>,
     /// The host folder mounted at /dev/shm, when it is one.
     pub host_shm: Option<PathBuf>,
+    /// For a restore: the canary answer from the MAC'd manifest, the only
+    /// oracle a copy is held to (never a file of the control dir).
+    pub oracle: Option<vsnap_protocol::Oracle>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -147,6 +150,7 @@ impl Snapshot {
             cuda_plugin: config.cuda_plugin_dir.join("cuda_plugin.so"),
             cuda_checkpoint: config.cuda_checkpoint.clone(),
         };
+        let mut oracle = None;
         let lock = match mode {
             Mode::Restore => {
                 let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
@@ -158,6 +162,17 @@ impl Snapshot {
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
                 }
+                // Every byte a restore reads, against the MAC'd digests
+                // (this also brings a cold artifact into the page cache).
+                let t = Instant::now();
+                vsnap_artifact::content::verify(
+                    &artifact::path(&root, &name),
+                    &manifest.contents,
+                    capture::DIGEST_THREADS,
+                )
+                .map_err(preflight)?;
+                log::info!("{id}: artifact {name} verified in {:?}", t.elapsed());
+                oracle = Some(manifest.oracle);
                 lock
             }
             _ => match ArtifactLock::exclusive(&root, &name) {
@@ -193,6 +208,7 @@ impl Snapshot {
             preflight: started.elapsed(),
             gpus,
             host_shm: spec::host_dev_shm(&spec),
+            oracle,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {

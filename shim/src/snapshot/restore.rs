@@ -131,6 +131,7 @@ pub fn activate_copy(
     port: u16,
     pid: i32,
     deadline: &Deadline,
+    trusted: Option<vsnap_protocol::Oracle>,
 ) -> Result<Duration> {
     let dir = ControlDir::open(control_dir, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("restore: control dir: {e}")))?;
@@ -144,6 +145,11 @@ pub fn activate_copy(
             ))
         })?
         .value;
+    // The copy is held to the manifest's oracle, not to the file's.
+    let capture = CaptureReady {
+        oracle: trusted.unwrap_or(capture.oracle),
+        ..capture
+    };
     activate_and_probe(
         "restore",
         control_dir,
