@@ -54,6 +54,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
     if a.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
         return Ok(None);
     }
+    check_known_keys(a)?;
     let mode = match a.get(PLAN).map(String::as_str) {
         None | Some("off") => return Ok(None),
         Some("create") => Mode::Create,
@@ -117,6 +118,58 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
     }))
 }
 
+/// Every `vsnap.io/` key vsnap reads.
+pub const KNOWN: [&str; 7] = [
+    PLAN,
+    ARTIFACT,
+    LISTEN,
+    AFTER_CAPTURE,
+    CAPTURE_TIMEOUT,
+    ACTIVATION_TIMEOUT,
+    ENGINE_PROTOCOL,
+];
+
+/// A `vsnap.io/` key vsnap does not know is a mistake (`vsnap.io/plann`
+/// would otherwise run the container plain without a word): refused,
+/// naming the nearest known key.
+fn check_known_keys(a: &HashMap<String, String>) -> Result<()> {
+    let mut unknown: Vec<&String> = a
+        .keys()
+        .filter(|k| k.starts_with("vsnap.io/") && !KNOWN.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    let Some(key) = unknown.first() else {
+        return Ok(());
+    };
+    let nearest = KNOWN
+        .iter()
+        .map(|k| (edit_distance(key, k), k))
+        .min()
+        .filter(|(d, _)| *d <= 3)
+        .map(|(_, k)| format!(" (did you mean {k}?)"))
+        .unwrap_or_default();
+    Err(Error::InvalidArgument(format!(
+        "create: annotation {key}: unknown vsnap.io/ key{nearest}; known: {}",
+        KNOWN.join(", ")
+    )))
+}
+
+/// Levenshtein distance of two short strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 /// An artifact is a plain name under the artifact root: no paths, no dots first.
 pub fn check_artifact_name(name: &str) -> std::result::Result<(), String> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
@@ -131,7 +184,9 @@ pub fn check_artifact_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// `HOST:PORT`, `[V6]:PORT` or `:PORT` (all interfaces, host null).
+/// `HOST:PORT`, `[V6]:PORT` or `:PORT` (all interfaces, host null). The
+/// host must resolve now: a mistake found after a capture would publish an
+/// artifact no copy can be probed on.
 fn parse_listen(v: &str) -> std::result::Result<(Option<String>, u16), String> {
     let (host, port) = v
         .rsplit_once(':')
@@ -141,11 +196,36 @@ fn parse_listen(v: &str) -> std::result::Result<(Option<String>, u16), String> {
         .ok()
         .filter(|p| *p > 0)
         .ok_or_else(|| format!("{v:?}: port must be 1-65535"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = match (host.strip_prefix('['), host.strip_suffix(']')) {
+        (Some(_), Some(_)) => {
+            let inner = &host[1..host.len() - 1];
+            inner
+                .parse::<std::net::Ipv6Addr>()
+                .map_err(|_| format!("{v:?}: [{inner}] is not an IPv6 address"))?;
+            inner
+        }
+        (None, None) if host.contains(':') => {
+            return Err(format!(
+                "{v:?}: an IPv6 address goes in brackets: [ADDR]:PORT"
+            ))
+        }
+        (None, None) => host,
+        _ => return Err(format!("{v:?}: unbalanced brackets")),
+    };
+    if host.is_empty() {
+        return Ok((None, port));
+    }
     if host.contains(char::is_whitespace) {
         return Err(format!("{v:?}: host has whitespace"));
     }
-    Ok(((!host.is_empty()).then(|| host.to_string()), port))
+    use std::net::ToSocketAddrs;
+    let resolved = (host, port)
+        .to_socket_addrs()
+        .map(|mut a| a.next().is_some());
+    if !matches!(resolved, Ok(true)) {
+        return Err(format!("{v:?}: host {host:?} does not resolve"));
+    }
+    Ok((Some(host.to_string()), port))
 }
 
 #[cfg(test)]
@@ -157,6 +237,54 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn unknown_vsnap_keys_are_refused_naming_the_nearest() {
+        let e = from_annotations(&ann(&[("vsnap.io/plann", "create")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "annotation vsnap.io/plann: unknown vsnap.io/ key (did you mean vsnap.io/plan?)"
+            ),
+            "{e}"
+        );
+        let e = from_annotations(&ann(&[(PLAN, "create"), ("vsnap.io/zzzzzzzzzz", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown vsnap.io/ key; known: vsnap.io/plan"),
+            "{e}"
+        );
+        // Other prefixes are not vsnap's business.
+        assert_eq!(
+            from_annotations(&ann(&[("example.com/plann", "x")])).unwrap(),
+            None
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn listen_addresses_are_checked_whole() {
+        assert_eq!(parse_listen(":80"), Ok((None, 80)));
+        assert_eq!(parse_listen("[::1]:8000"), Ok((Some("::1".into()), 8000)));
+        assert_eq!(
+            parse_listen("127.0.0.1:8000"),
+            Ok((Some("127.0.0.1".into()), 8000))
+        );
+        assert_eq!(parse_listen("localhost:8000").map(|(_, p)| p), Ok(8000));
+        for (bad, why) in [
+            ("[::1:8000", "unbalanced brackets"),
+            ("::1]:8000", "unbalanced brackets"),
+            ("::1:8000", "in brackets"),
+            ("[nope]:80", "not an IPv6 address"),
+            ("no-such-host.invalid:80", "does not resolve"),
+            ("127.0.0.1:0", "port must be"),
+        ] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]
