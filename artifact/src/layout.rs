@@ -263,23 +263,134 @@ pub fn bytes_under(dir: &Path) -> u64 {
     total
 }
 
-/// Copies the regular files of `from` into `to` (0600, fsynced): control dirs.
+/// Most bytes one control file may hold (the protocol's files are at most
+/// 64 KiB; anything larger is not the engine's).
+pub const CONTROL_FILE_LIMIT: u64 = 1 << 20;
+
+/// Copies the regular files directly in `from` (a control dir, which the
+/// container can write) into `to`, each at most [`CONTROL_FILE_LIMIT`]
+/// bytes, skipping `*.tmp`: see [`copy_regular_nofollow`].
 pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
     for e in fs::read_dir(from).map_err(|e| ArtifactError::io(from, "read", e))? {
         let e = e.map_err(|e| ArtifactError::io(from, "read", e))?;
-        let md = fs::symlink_metadata(e.path())
-            .map_err(|err| ArtifactError::io(&e.path(), "stat", err))?;
-        if !md.file_type().is_file() || e.file_name().to_string_lossy().ends_with(".tmp") {
+        if e.file_name().to_string_lossy().ends_with(".tmp") {
             continue;
         }
-        let bytes = fs::read(e.path()).map_err(|err| ArtifactError::io(&e.path(), "read", err))?;
-        write_synced(&to.join(e.file_name()), &bytes)?;
+        copy_regular_nofollow(&e.path(), &to.join(e.file_name()), CONTROL_FILE_LIMIT)?;
     }
     sync_dir(to)
 }
 
+/// Copies `src` to a new file `dest` (0600, fsynced) when `src` is a
+/// regular file; returns the bytes copied, or None when it is not (a
+/// symlink, a fifo, a folder: skipped). Safe against a writer of `src`'s
+/// folder: `src` is opened without following a symlink (no check-then-open
+/// race), checked on the open descriptor, and read no further than the size
+/// it had then; a file over `limit` bytes is an error. `dest` is created
+/// exclusively without following a symlink, so nothing outside is written.
+pub fn copy_regular_nofollow(src: &Path, dest: &Path, limit: u64) -> Result<Option<u64>> {
+    let file = match File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(src)
+    {
+        Ok(f) => f,
+        // A symlink (ELOOP) is never followed: skipped, like anything else
+        // that is not a regular file.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) => return Err(ArtifactError::io(src, "open", e)),
+    };
+    let md = file
+        .metadata()
+        .map_err(|e| ArtifactError::io(src, "stat", e))?;
+    if !md.is_file() {
+        return Ok(None);
+    }
+    if md.len() > limit {
+        return Err(ArtifactError::Unsafe(format!(
+            "{} holds {} bytes, more than the {limit} allowed",
+            src.display(),
+            md.len()
+        )));
+    }
+    let mut out = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dest)
+        .map_err(|e| ArtifactError::io(dest, "create", e))?;
+    let copied = std::io::copy(&mut std::io::Read::take(&file, md.len()), &mut out)
+        .map_err(|e| ArtifactError::io(src, "copy", e))?;
+    out.sync_all()
+        .map_err(|e| ArtifactError::io(dest, "write", e))?;
+    Ok(Some(copied))
+}
+
 #[cfg(test)]
 mod tests {
+    /// A writer swapping a control file for a symlink to a host secret,
+    /// over and over, while it is copied: the copy never holds the secret
+    /// and never writes through a link.
+    #[test]
+    fn a_symlink_swapped_in_during_copies_is_never_followed() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let (from, secret) = (dir.path().join("control"), dir.path().join("secret"));
+        std::fs::create_dir(&from).unwrap();
+        std::fs::write(&secret, b"SECRET").unwrap();
+        std::fs::write(from.join("ready.json"), b"data").unwrap();
+        let stop = AtomicBool::new(false);
+        /// Stops the swapper even when an assertion fails (else the scope
+        /// would wait for it for ever).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let (file, link) = (from.join("f.new"), from.join("l.new"));
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::write(&file, b"data").unwrap();
+                    std::fs::rename(&file, from.join("ready.json")).unwrap();
+                    let _ = std::fs::remove_file(&link);
+                    std::os::unix::fs::symlink(&secret, &link).unwrap();
+                    std::fs::rename(&link, from.join("ready.json")).unwrap();
+                }
+            });
+            let _stop = Stop(&stop);
+            let mut saw = [0usize; 2];
+            for i in 0..300 {
+                let to = dir.path().join(format!("to{i}"));
+                std::fs::create_dir(&to).unwrap();
+                let copied = super::copy_regular_nofollow(
+                    &from.join("ready.json"),
+                    &to.join("ready.json"),
+                    64,
+                );
+                match copied {
+                    Ok(Some(_)) => {
+                        assert_eq!(std::fs::read(to.join("ready.json")).unwrap(), b"data");
+                        saw[0] += 1;
+                    }
+                    Ok(None) => saw[1] += 1,
+                    Err(e) => panic!("{e}"),
+                }
+                // A symlink at the destination is never written through.
+                std::os::unix::fs::symlink(&secret, to.join("x")).unwrap();
+                assert!(super::copy_regular_nofollow(&secret, &to.join("x"), 64).is_err());
+            }
+            assert!(saw[0] + saw[1] == 300, "{saw:?}");
+        });
+        assert_eq!(std::fs::read(&secret).unwrap(), b"SECRET");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![0u8; 100]).unwrap();
+        let e = super::copy_regular_nofollow(&big, &dir.path().join("b2"), 64).unwrap_err();
+        assert!(e.to_string().contains("more than the 64 allowed"), "{e}");
+    }
+
     #[test]
     fn a_new_staging_removes_dead_writers_staging_of_its_name_only() {
         let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,8 @@
 use std::fs;
 use std::path::Path;
 
+use vsnap_artifact::layout;
+
 use crate::error::{Error, Result};
 
 /// The artifact's folder for them.
@@ -40,25 +42,19 @@ pub fn put_back(from: &Path, host_shm: &Path) -> Result<()> {
     copy_regular_files(from, host_shm, "restore: /dev/shm")
 }
 
+/// Most bytes of shared memory carried per file (as CRIU's ghost limit).
+const FILE_LIMIT: u64 = 64 << 30;
+
+/// The container can write both folders: nothing is followed or overwritten
+/// (artifact::layout::copy_regular_nofollow); the copies are 0600, root's.
 fn copy_regular_files(from: &Path, to: &Path, phase: &str) -> Result<()> {
     for e in
         fs::read_dir(from).map_err(|e| Error::io(format!("{phase}: read {}", from.display()), e))?
     {
         let e = e.map_err(|e| Error::io(phase.to_string(), e))?;
-        let md = fs::symlink_metadata(e.path()).map_err(|err| Error::io(phase.to_string(), err))?;
-        if !md.file_type().is_file() {
-            continue;
-        }
         let dest = to.join(e.file_name());
-        fs::copy(e.path(), &dest).map_err(|err| {
-            Error::io(
-                format!("{phase}: copy {} to {}", e.path().display(), dest.display()),
-                err,
-            )
-        })?;
-        // Artifact files are root's alone (the ownership hook checks).
-        fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|err| Error::io(format!("{phase}: chmod {}", dest.display()), err))?;
+        layout::copy_regular_nofollow(&e.path(), &dest, FILE_LIMIT)
+            .map_err(|err| Error::FailedPrecondition(format!("{phase}: {err}")))?;
     }
     Ok(())
 }
