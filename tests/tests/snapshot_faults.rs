@@ -414,3 +414,33 @@ fn a_criu_dump_failure_publishes_nothing_and_names_the_checkpoint() {
     );
     e.assert_nothing_left();
 }
+
+#[test]
+fn a_foreign_listener_on_the_port_fails_the_restore() {
+    let e = setup("f-foreign");
+    create_good(&e, "flt-f0", "foreign", &[]);
+    // Another process of the host (the container shares its network)
+    // already listens where the copy should.
+    let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let out = e.run("flt-f1", "restore", "foreign", port, &[]);
+    assert!(!out.ok(), "a foreign listener never counts: {out:?}");
+    // Whichever comes first: the reference engine binds during its
+    // activation and reports the address in use, or vsnap's probe finds the
+    // listening socket held outside the container (listener.rs).
+    let named = out.stderr.contains(&format!(
+        "restore: listener: 127.0.0.1:{port} is held by a process outside the container (pid {}",
+        std::process::id()
+    )) || out.stderr.contains(&format!(
+        "restore: activation: {}",
+        e.artifacts
+            .join(".control/default-flt-f1/error.json")
+            .display()
+    )) && out.stderr.contains("Address already in use");
+    assert!(named, "{}", out.stderr);
+    e.remove("flt-f1");
+    drop(squatter);
+    // With the port free, the same artifact restores and answers.
+    good_restore(&e, "flt-f2", "foreign");
+    e.assert_nothing_left();
+}

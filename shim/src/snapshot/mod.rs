@@ -8,6 +8,7 @@ pub mod canary;
 pub mod capture;
 pub mod cuda;
 pub mod inventory;
+pub mod listener;
 pub mod plan;
 pub mod profile;
 pub mod restore;

@@ -71,7 +71,8 @@ pub fn activate_and_probe(
 }
 
 /// Connects to the engine's listener from inside its network namespace
-/// until it accepts or `deadline` passes; returns the address that answered.
+/// until it accepts or `deadline` passes; returns the address that answered,
+/// once its listening socket proved to be held by the engine's container.
 pub fn probe_listener(
     pid: i32,
     host: Option<&str>,
@@ -90,7 +91,8 @@ pub fn probe_listener(
         loop {
             for a in &addrs {
                 if TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok() {
-                    return Ok(*a);
+                    // Something listens: it must be the engine's container.
+                    return super::listener::check_owned(pid, *a).map(|()| *a);
                 }
             }
             if !is_alive(pid) {
