@@ -40,6 +40,10 @@ pub struct RuntimeConfig {
     /// containers (2 for root), checked by the io-uring OCI hook. Off by
     /// default: setting the sysctl takes io_uring away from the whole host.
     pub enforce_io_uring_sysctl: bool,
+    /// Check every chunk of a restore's artifact against its content digest
+    /// before anything runs (sizes are always checked). Off: for benchmarks,
+    /// or a store trusted not to rot.
+    pub verify_contents: bool,
     /// Default deadline for a cold start to reach capture-ready.
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
@@ -94,6 +98,7 @@ impl Default for RuntimeConfig {
             cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
             read_labels: true,
             enforce_io_uring_sysctl: false,
+            verify_contents: true,
             capture_timeout_s: 900,
             activation_timeout_s: 120,
         }
