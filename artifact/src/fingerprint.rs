@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::key::hex;
+use crate::key::{hex, HostKey};
 
 /// The binaries whose identity an artifact depends on.
 #[derive(Debug, Clone)]
@@ -111,9 +111,13 @@ const OWN_ENV: &[&str] = &["VSNAP_SNAPSHOT_CONFIG"];
 impl Workload {
     /// From an OCI spec (as JSON). `ignore_mount` is vsnap's own control-dir
     /// mount, whose source differs per container.
-    pub fn from_spec(spec: &Value, ignore_mount: &str) -> Self {
+    /// Secret values (environment, secret flags) enter only as HMACs with
+    /// this host's `key`: equal values compare equal, and a value cannot be
+    /// confirmed from a manifest or an error message without the key.
+    pub fn from_spec(spec: &Value, ignore_mount: &str, key: &HostKey) -> Self {
         let process = &spec["process"];
         let argv = redact_argv(
+            key,
             process["args"]
                 .as_array()
                 .map(|a| {
@@ -127,7 +131,7 @@ impl Workload {
         for e in process["env"].as_array().into_iter().flatten() {
             if let Some((name, value)) = e.as_str().and_then(|s| s.split_once('=')) {
                 if !OWN_ENV.contains(&name) {
-                    env.insert(name.to_string(), env_fingerprint(name, value));
+                    env.insert(name.to_string(), env_fingerprint(key, name, value));
                 }
             }
         }
@@ -206,39 +210,60 @@ impl Workload {
     }
 }
 
-/// sha256(name NUL value), hex: equal values give equal fingerprints, and the
-/// value itself is never stored.
-pub fn env_fingerprint(name: &str, value: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(name.as_bytes());
-    h.update([0u8]);
-    h.update(value.as_bytes());
-    hex(&h.finalize())
+/// HMAC(host key, name NUL value), hex: equal values give equal
+/// fingerprints on this host, the value is never stored, and a guess cannot
+/// be checked against a manifest without the host key.
+pub fn env_fingerprint(key: &HostKey, name: &str, value: &str) -> String {
+    let mut bytes = Vec::with_capacity(name.len() + value.len() + 1);
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(value.as_bytes());
+    key.mac(&bytes)
 }
 
-const SECRET_FLAGS: &[&str] = &["--api-key", "--hf-token"];
+/// Words that make a flag secret when they are a whole part of its name
+/// (`--api-key`, `--hf-token`, `--db-password`, `--client_secret`), but not
+/// `--max-num-batched-tokens` or `--ssl-keyfile`.
+const SECRET_WORDS: &[&str] = &[
+    "key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+    "credentials",
+];
+/// Flags argparse lets users abbreviate (`--api-k`): their prefixes count.
+const ABBREVIATED: &[&str] = &["--api-key", "--hf-token"];
 
-/// Replaces the values of `--api-key` / `--hf-token` (and unambiguous
-/// abbreviations such as `--api-k`, as argparse accepts) with `***`.
-pub fn redact_argv(argv: Vec<String>) -> Vec<String> {
-    let is_secret = |flag: &str| {
-        SECRET_FLAGS
+fn is_secret_flag(flag: &str) -> bool {
+    let name = flag.trim_start_matches('-').to_ascii_lowercase();
+    name.split(['-', '_'])
+        .any(|part| SECRET_WORDS.contains(&part))
+        || ABBREVIATED
             .iter()
-            .any(|s| flag.len() >= s.len() - 3 && s.starts_with(flag) && flag.len() > 5)
-    };
+            .any(|s| flag.len() > 5 && flag.len() >= s.len() - 3 && s.starts_with(flag))
+}
+
+/// Replaces the value of every secret flag (`--x VALUE` or `--x=VALUE`)
+/// with `***:` and the first 16 hex digits of its HMAC with the host key:
+/// a changed secret still changes the identity, and none is stored.
+pub fn redact_argv(key: &HostKey, argv: Vec<String>) -> Vec<String> {
+    let hide = |v: &str| format!("***:{}", &key.mac(v.as_bytes())[..16]);
     let mut out = Vec::with_capacity(argv.len());
     let mut redact_next = false;
     for arg in argv {
         if redact_next {
-            out.push("***".to_string());
+            out.push(hide(&arg));
             redact_next = false;
             continue;
         }
         match arg.split_once('=') {
-            Some((flag, _)) if flag.starts_with("--") && is_secret(flag) => {
-                out.push(format!("{flag}=***"))
+            Some((flag, value)) if flag.starts_with("--") && is_secret_flag(flag) => {
+                out.push(format!("{flag}={}", hide(value)))
             }
-            None if arg.starts_with("--") && is_secret(&arg) => {
+            None if arg.starts_with("--") && is_secret_flag(&arg) => {
                 redact_next = true;
                 out.push(arg);
             }
@@ -345,8 +370,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn test_key() -> (tempfile::TempDir, HostKey) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        (dir, key)
+    }
+
     #[test]
-    fn secrets_in_argv_are_redacted() {
+    fn secrets_in_argv_are_redacted_by_name_and_keyed() {
+        let (_d, key) = test_key();
         let argv = [
             "serve",
             "--api-key",
@@ -354,69 +386,99 @@ mod tests {
             "--hf-token=hf_x",
             "--api-k",
             "abbr",
+            "--db_password",
+            "pw",
+            "--client-secret=cs",
+            "--max-num-batched-tokens",
+            "8192",
+            "--ssl-keyfile",
+            "/k.pem",
             "--port",
             "8000",
         ]
         .map(String::from)
         .to_vec();
-        let r = redact_argv(argv);
+        let r = redact_argv(&key, argv.clone());
+        let hidden = |v: &str| format!("***:{}", &key.mac(v.as_bytes())[..16]);
         assert_eq!(
             r,
             [
-                "serve",
-                "--api-key",
-                "***",
-                "--hf-token=***",
-                "--api-k",
-                "***",
-                "--port",
-                "8000"
+                "serve".to_string(),
+                "--api-key".into(),
+                hidden("s3cret"),
+                format!("--hf-token={}", hidden("hf_x")),
+                "--api-k".into(),
+                hidden("abbr"),
+                "--db_password".into(),
+                hidden("pw"),
+                format!("--client-secret={}", hidden("cs")),
+                "--max-num-batched-tokens".into(),
+                "8192".into(),
+                "--ssl-keyfile".into(),
+                "/k.pem".into(),
+                "--port".into(),
+                "8000".into(),
             ]
         );
-        assert!(!r
-            .iter()
-            .any(|a| a.contains("s3cret") || a.contains("hf_x") || a.contains("abbr")));
+        for secret in ["s3cret", "hf_x", "abbr", "pw", "cs"] {
+            assert!(!r.iter().any(|a| a.ends_with(secret)), "{secret}: {r:?}");
+        }
+        // Another host's key gives other tags: nothing to compare offline.
+        let (_d2, other) = test_key();
+        assert_ne!(redact_argv(&other, argv), r);
     }
 
     #[test]
     fn env_is_fingerprinted_never_stored() {
         let spec = json!({"process": {"args": ["x"], "env": ["HF_TOKEN=hf_secret", "VSNAP_SNAPSHOT_CONFIG={}"]}, "root": {"path": "rootfs"}});
-        let w = Workload::from_spec(&spec, "/run/vsnap/control");
+        let (_d, key) = test_key();
+        let w = Workload::from_spec(&spec, "/run/vsnap/control", &key);
         let text = serde_json::to_string(&w).unwrap();
         assert!(!text.contains("hf_secret"), "{text}");
         assert_eq!(w.env.len(), 1, "vsnap's own variable is not identity");
-        assert_eq!(w.env["HF_TOKEN"], env_fingerprint("HF_TOKEN", "hf_secret"));
+        assert_eq!(
+            w.env["HF_TOKEN"],
+            env_fingerprint(&key, "HF_TOKEN", "hf_secret")
+        );
+        let mut unkeyed = Sha256::new();
+        unkeyed.update(b"HF_TOKEN\0hf_secret");
+        assert_ne!(
+            w.env["HF_TOKEN"],
+            hex(&unkeyed.finalize()),
+            "keyed, not a bare sha256"
+        );
     }
 
     #[test]
     fn every_security_field_change_is_named() {
+        let (_d, key) = test_key();
         let base = json!({
             "process": {"args": ["x"], "user": {"uid": 1000, "gid": 1000}, "capabilities": {"bounding": []}, "noNewPrivileges": true},
             "root": {"path": "rootfs"},
             "mounts": [{"destination": "/run/vsnap/control", "source": "/a"}],
             "linux": {"namespaces": [{"type": "pid"}]},
         });
-        let captured = Workload::from_spec(&base, "/run/vsnap/control");
+        let captured = Workload::from_spec(&base, "/run/vsnap/control", &key);
         let mut same = base.clone();
         same["mounts"][0]["source"] = json!("/b");
         assert!(
             captured
-                .diff(&Workload::from_spec(&same, "/run/vsnap/control"))
+                .diff(&Workload::from_spec(&same, "/run/vsnap/control", &key))
                 .is_empty(),
             "the control mount is not identity"
         );
         // A bind's source may differ; its destination, type and options may not.
         let mut with_shm = base.clone();
         with_shm["mounts"] = json!([{"destination": "/dev/shm", "type": "bind", "source": "/pod-a", "options": ["rbind", "rw"]}]);
-        let shm = Workload::from_spec(&with_shm, "/run/vsnap/control");
+        let shm = Workload::from_spec(&with_shm, "/run/vsnap/control", &key);
         let mut other_pod = with_shm.clone();
         other_pod["mounts"][0]["source"] = json!("/pod-b");
         assert!(shm
-            .diff(&Workload::from_spec(&other_pod, "/run/vsnap/control"))
+            .diff(&Workload::from_spec(&other_pod, "/run/vsnap/control", &key))
             .is_empty());
         let mut read_only = with_shm.clone();
         read_only["mounts"][0]["options"] = json!(["rbind", "ro"]);
-        let diff = shm.diff(&Workload::from_spec(&read_only, "/run/vsnap/control"));
+        let diff = shm.diff(&Workload::from_spec(&read_only, "/run/vsnap/control", &key));
         assert!(
             diff.len() == 1 && diff[0].starts_with("workload.security.mounts"),
             "{diff:?}"
@@ -451,7 +513,7 @@ mod tests {
                 slot = &mut slot[*p];
             }
             slot[path[path.len() - 1]] = value;
-            let diff = captured.diff(&Workload::from_spec(&live, "/run/vsnap/control"));
+            let diff = captured.diff(&Workload::from_spec(&live, "/run/vsnap/control", &key));
             assert_eq!(diff.len(), 1, "{field}: {diff:?}");
             assert!(diff[0].starts_with(field), "{field}: {diff:?}");
         }

@@ -152,7 +152,7 @@ mod tests {
             contents: Default::default(),
             timings_ms: Timings::default(),
             host: HostIdentity::probe(&Tools::default(), "test"),
-            workload: Workload::from_spec(&serde_json::json!({}), "/run/vsnap/control"),
+            workload: Workload::from_spec(&serde_json::json!({}), "/run/vsnap/control", &key),
             mac: String::new(),
         };
         assert!(!m.mac_verifies(&key), "an unsealed manifest");

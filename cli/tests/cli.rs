@@ -109,7 +109,7 @@ impl Fixture {
                 checkpoint: 250,
             },
             host: host().clone(),
-            workload: Workload::from_spec(&spec, "/run/vsnap/control"),
+            workload: Workload::from_spec(&spec, "/run/vsnap/control", &key),
             mac: String::new(),
         };
         m.seal(&key);
@@ -192,7 +192,7 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
         "[11,22,33]",
         "-0.25",
         "kernel_release:",
-        "\"--api-key\",\"***\"",
+        "\"--api-key\",\"***:",
         "HF_TOKEN",
         "PATH",
         "example.com/engine:1",

@@ -173,11 +173,13 @@ pub fn compare(
     spec: &Value,
 ) -> Result<(), Failure> {
     let mut diff = manifest.host.diff(host);
+    // Secret values are fingerprinted with the host key, as at capture.
+    let key = vsnap_artifact::HostKey::load(root).map_err(|e| Failure::Check(e.to_string()))?;
     // The image digest comes from containerd's API, which a hook cannot ask:
     // the shim compares it before the hooks run.
     let live = Workload {
         image_digest: manifest.workload.image_digest.clone(),
-        ..Workload::from_spec(spec, CONTROL_MOUNT)
+        ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
     };
     diff.extend(manifest.workload.diff(&live));
     if diff.is_empty() {

@@ -162,7 +162,7 @@ impl Host {
             contents: vsnap_artifact::content::digest(&staging.dir, 1).unwrap(),
             timings_ms: Default::default(),
             host: HostIdentity::probe(&self.tools, SHIM_VERSION),
-            workload: Workload::from_spec(spec, CONTROL_MOUNT),
+            workload: Workload::from_spec(spec, CONTROL_MOUNT, &key),
             mac: String::new(),
         };
         m.seal(&key);
@@ -380,8 +380,8 @@ fn secrets_never_reach_the_manifest_or_the_error() {
     assert!(!manifest.contains("s3cret"), "{manifest}");
     assert!(!manifest.contains("xyz"), "{manifest}");
     assert!(
-        manifest.contains("\"***\""),
-        "the value is redacted: {manifest}"
+        manifest.contains("\"***:"),
+        "the value is redacted (a keyed tag): {manifest}"
     );
     // The restored container differs in its argv (secret unchanged, port
     // changed) and in its token: both are named, neither value is shown.
@@ -397,6 +397,13 @@ fn secrets_never_reach_the_manifest_or_the_error() {
     for secret in ["s3cret", "xyz", "xyzzy-live"] {
         assert!(!line.contains(secret), "{secret} shown: {line}");
     }
+    // A changed secret changes the identity, still without showing it.
+    live["process"]["args"] = json!(["/engine", "--api-key", "n3w", "--port", "8000"]);
+    live["process"]["env"] = json!(["PATH=/bin", "HF_TOKEN=xyz", "MODEL_REV=1"]);
+    h.write_spec(&live);
+    let line = h.without_paths(h.fingerprint().line("fingerprint"));
+    assert!(line.contains("workload.argv: captured "), "{line}");
+    assert!(!line.contains("n3w") && !line.contains("s3cret"), "{line}");
     // The same with the secret in --api-key=VALUE form.
     live["process"]["args"] = json!(["/engine", "--api-key=s3cret", "--port", "8000"]);
     h.write_spec(&live);

@@ -114,9 +114,11 @@ impl Snapshot {
         let preflight = |e| artifact_error("restore: preflight", e);
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
         let spec = spec::read(bundle)?;
+        let key = artifact::HostKey::load_or_create(&root)
+            .map_err(|e| artifact_error("create: host key", e))?;
         let workload = Workload {
             image_digest: image_digest.unwrap_or_default().to_string(),
-            ..Workload::from_spec(&spec, CONTROL_MOUNT)
+            ..Workload::from_spec(&spec, CONTROL_MOUNT, &key)
         };
         let argv = spec::args(&spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
