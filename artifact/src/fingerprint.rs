@@ -90,8 +90,9 @@ impl HostIdentity {
 }
 
 /// The captured workload: argv with secrets redacted, environment as
-/// name-bound fingerprints (never values), the root filesystem, and one
-/// digest per security-relevant part of the OCI spec.
+/// name-bound keyed fingerprints (never values), the root filesystem, and
+/// each security-relevant part of the OCI spec (its value, readable in a
+/// mismatch; a digest for seccomp and large fields).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
@@ -103,6 +104,18 @@ pub struct Workload {
     #[serde(default)]
     pub image_digest: String,
     pub security: BTreeMap<String, String>,
+}
+
+/// How a security-relevant spec field is recorded: its compact JSON, so a
+/// mismatch shows what changed (none of these fields is secret), or a
+/// sha256 for the seccomp profile and anything over 2 KiB.
+fn security_value(field: &str, value: &Value) -> String {
+    let text = serde_json::to_string(value).unwrap_or_default();
+    if field == "seccomp" || text.len() > 2048 {
+        format!("sha256:{}", sha256_hex(text.as_bytes()))
+    } else {
+        text
+    }
 }
 
 /// Environment variables vsnap itself sets: not part of the identity.
@@ -181,10 +194,7 @@ impl Workload {
             ),
             ("root_readonly", spec["root"]["readonly"].clone()),
         ] {
-            security.insert(
-                field.to_string(),
-                sha256_hex(&serde_json::to_vec(&value).unwrap_or_default()),
-            );
+            security.insert(field.to_string(), security_value(field, &value));
         }
         Workload {
             argv,
@@ -517,6 +527,15 @@ mod tests {
             assert_eq!(diff.len(), 1, "{field}: {diff:?}");
             assert!(diff[0].starts_with(field), "{field}: {diff:?}");
         }
+        // What changed is readable (the seccomp profile is a digest).
+        let mut live = base.clone();
+        live["process"]["user"]["uid"] = json!(0);
+        let diff = captured.diff(&Workload::from_spec(&live, "/run/vsnap/control", &key));
+        assert!(
+            diff[0].contains("1000") && diff[0].contains("\"uid\\\":0"),
+            "{diff:?}"
+        );
+        assert!(captured.security["seccomp"].starts_with("sha256:"));
     }
 
     #[test]
