@@ -162,6 +162,28 @@ fn bad_annotations_and_missing_artifacts_are_refused_by_name() {
         "{out:?}"
     );
     let _ = e.c.ctr(&["c", "rm", "b3"]);
+    // A typo in a key is refused, naming the key it was probably meant as.
+    let typo = ["--annotation", "vsnap.io/activation-timout=5"];
+    let out = e.run("b4", "create", "x", free_port(), &typo);
+    assert!(
+        !out.ok()
+            && out.stderr.contains(
+                "annotation vsnap.io/activation-timout: unknown vsnap.io/ key (did you mean vsnap.io/activation-timeout?)"
+            ),
+        "{out:?}"
+    );
+    let _ = e.c.ctr(&["c", "rm", "b4"]);
+    // A listen address that can never be probed is refused before a capture.
+    let listen = ["--annotation", "vsnap.io/listen=[::1:8000"];
+    let out = e.run("b5", "create", "x", free_port(), &listen);
+    assert!(
+        !out.ok()
+            && out.stderr.contains("vsnap.io/listen")
+            && out.stderr.contains("unbalanced brackets"),
+        "{out:?}"
+    );
+    let _ = e.c.ctr(&["c", "rm", "b5"]);
+    assert!(!e.artifact("x").exists(), "nothing captured");
     assert_eq!(e.c.shim_pids(), Vec::<i32>::new());
     assert_eq!(control_dirs(&e.artifacts), Vec::<String>::new());
 }

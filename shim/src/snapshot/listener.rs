@@ -25,7 +25,9 @@ pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
             "no socket listens on {addr} in the container's network namespace"
         ));
     }
-    let members = container_pids(pid)?;
+    // The engine may have died already (failing to bind the same port):
+    // then nothing of the container holds it, and the holder is named.
+    let members = container_pids(pid).unwrap_or_default();
     if members.iter().any(|p| holds_any(*p, &inodes)) {
         return Ok(());
     }
@@ -85,7 +87,8 @@ fn parse_local(s: &str) -> Option<(IpAddr, u16)> {
 
 /// The processes of `pid`'s container: its cgroup's members.
 fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
-    let cgroups = crate::metrics::cgroups_of(pid as u32, "listener").map_err(|e| e.to_string())?;
+    let cgroups =
+        crate::metrics::cgroups_of(pid as u32, "the engine's cgroup").map_err(|e| e.to_string())?;
     let dir = match &cgroups {
         crate::metrics::Cgroups::V1(dirs) => dirs
             .get("pids")
