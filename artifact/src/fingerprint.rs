@@ -103,6 +103,9 @@ pub struct Workload {
     /// The image manifest's digest, from containerd, for image-based containers.
     #[serde(default)]
     pub image_digest: String,
+    /// The containerd namespace the workload ran in: an artifact serves its
+    /// own namespace only (a tenant boundary).
+    pub namespace: String,
     pub security: BTreeMap<String, String>,
 }
 
@@ -205,6 +208,7 @@ impl Workload {
                 .to_string(),
             image,
             image_digest: String::new(),
+            namespace: String::new(),
             security,
         }
     }

@@ -44,6 +44,9 @@ pub struct RuntimeConfig {
     /// before anything runs (sizes are always checked). Off: for benchmarks,
     /// or a store trusted not to rot.
     pub verify_contents: bool,
+    /// Let a create replace an artifact captured in another containerd
+    /// namespace (another tenant). Off by default.
+    pub allow_artifact_replace: bool,
     /// Default deadline for a cold start to reach capture-ready.
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
@@ -99,6 +102,7 @@ impl Default for RuntimeConfig {
             read_labels: true,
             enforce_io_uring_sysctl: false,
             verify_contents: true,
+            allow_artifact_replace: false,
             capture_timeout_s: 900,
             activation_timeout_s: 120,
         }

@@ -179,6 +179,8 @@ pub fn compare(
     // the shim compares it before the hooks run.
     let live = Workload {
         image_digest: manifest.workload.image_digest.clone(),
+        // Nor can it tell the namespace: the shim compares that too.
+        namespace: manifest.workload.namespace.clone(),
         ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
     };
     diff.extend(manifest.workload.diff(&live));

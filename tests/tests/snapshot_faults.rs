@@ -444,3 +444,36 @@ fn a_foreign_listener_on_the_port_fails_the_restore() {
     good_restore(&e, "flt-f2", "foreign");
     e.assert_nothing_left();
 }
+
+#[test]
+fn another_namespace_neither_restores_nor_replaces_an_artifact() {
+    let e = setup("f-tenant");
+    let manifest = create_good(&e, "flt-t0", "shared", &[]);
+    let in_tenant = |id: &str, plan: &str| {
+        let mut cmd = e.run_command(id, plan, "shared", free_port(), &[], &[]);
+        cmd.env("CONTAINERD_NAMESPACE", "tenant2");
+        let out = vsnap_e2e::cmd::run(cmd, None, std::time::Duration::from_secs(120));
+        let mut rm = e.c.ctr_command(&["c", "rm", id]);
+        rm.env("CONTAINERD_NAMESPACE", "tenant2");
+        let _ = vsnap_e2e::cmd::run(rm, None, std::time::Duration::from_secs(30));
+        out
+    };
+    let out = in_tenant("flt-t1", "restore");
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &[
+            "restore: preflight: fingerprint mismatch",
+            "workload.namespace: captured \"default\", live \"tenant2\"",
+        ],
+    );
+    let out = in_tenant("flt-t2", "create");
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["create: artifact shared was captured in namespace \"default\", not \"tenant2\""],
+    );
+    assert_eq!(std::fs::read(e.manifest("shared")).unwrap(), manifest);
+    good_restore(&e, "flt-t3", "shared");
+    e.assert_nothing_left();
+}

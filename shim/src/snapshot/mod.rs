@@ -118,6 +118,7 @@ impl Snapshot {
             .map_err(|e| artifact_error("create: host key", e))?;
         let workload = Workload {
             image_digest: image_digest.unwrap_or_default().to_string(),
+            namespace: namespace.to_string(),
             ..Workload::from_spec(&spec, CONTROL_MOUNT, &key)
         };
         let argv = spec::args(&spec);
@@ -185,7 +186,10 @@ impl Snapshot {
                 lock
             }
             _ => match ArtifactLock::exclusive(&root, &name) {
-                Ok(lock) => lock,
+                Ok(lock) => {
+                    check_replace(&root, &name, namespace, config.allow_artifact_replace)?;
+                    lock
+                }
                 Err(ArtifactError::Locked(name)) => {
                     // Never two writers: this one starts cold and captures nothing.
                     log::warn!("{id}: artifact {name} is being written by another container: starting cold without a capture");
@@ -283,6 +287,24 @@ impl Snapshot {
     pub fn cleanup(&self) {
         remove_control_dir(&self.control_dir);
     }
+}
+
+/// A create may replace an artifact of its own namespace only (namespaces
+/// are tenants), unless `allow_artifact_replace` says otherwise. Called
+/// with the name's exclusive lock held.
+fn check_replace(root: &Path, name: &str, namespace: &str, allowed: bool) -> Result<()> {
+    let Ok(existing) = Manifest::load_unverified(root, name) else {
+        return Ok(());
+    };
+    let owner = &existing.workload.namespace;
+    if allowed || owner == namespace {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "create: artifact {name} was captured in namespace {owner:?}, not {namespace:?}: \
+         a create replaces only its own namespace's artifacts (name another artifact, \
+         or set allow_artifact_replace = true in the runtime config)"
+    )))
 }
 
 /// For a container with NVIDIA devices: the CUDA preflight (plugin,
