@@ -23,7 +23,7 @@ use vsnap_artifact::{
 use vsnap_protocol::{new_uuid4_hex, wait_ready, Oracle};
 
 /// Threads hashing an artifact's files (capture and restore): this is
-/// what a 2-core machine has; sha256 with SHA-NI runs near 2 GB/s a core.
+/// what a 2-core machine has (BLAKE3 runs near 3.3 GB/s on one of them).
 pub const DIGEST_THREADS: usize = 2;
 
 pub struct Capture {
