@@ -578,15 +578,22 @@ impl RestoreJob {
             )
             .await;
         if restored.is_err() {
-            undo_runc_state(
-                &self.runc,
-                &self.id,
-                &self.work,
-                self.cgroups_path.as_deref(),
-            )
-            .await;
+            self.undo().await;
         }
         restored
+    }
+
+    /// Removes what a restore left (its tree, stopped or not, mounts, runc
+    /// state, cgroups): after a failure, or when the restore succeeded but
+    /// must not be used.
+    pub async fn undo(&self) {
+        undo_runc_state(
+            &self.runc,
+            &self.id,
+            &self.work,
+            self.cgroups_path.as_deref(),
+        )
+        .await;
     }
 }
 

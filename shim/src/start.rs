@@ -8,6 +8,7 @@
 //! engine validated its canary and listens; a failed one is killed and
 //! reported as exited non-zero, with its error record in the bundle.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use containerd_shim::util::convert_to_timestamp;
@@ -19,12 +20,14 @@ use crate::container::{Container, RestoreJob};
 use crate::error::{Error, Result};
 use crate::exits::Mark;
 use crate::runc::Deadline;
-use crate::snapshot::barrier;
 use crate::snapshot::capture::Capture;
+use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
+use crate::snapshot::{artifact_error, barrier, listener};
 use crate::snapshot::{record_error, RestoreTimings, Snapshot};
 use crate::task::{ContainerRef, Shared};
+use vsnap_artifact::{content, Contents};
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
@@ -43,10 +46,15 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
             "the checkpoint restore limit of 3600s",
         ),
     };
+    let verify = c
+        .snapshot
+        .as_ref()
+        .filter(|s| s.mode == Mode::Restore)
+        .and_then(|s| Some((s.artifact_dir(), s.contents.clone()?)));
     let job = c.begin_restore(deadline)?;
     drop(c);
     // Owned by the shim: a dropped Start call does not stop it.
-    tokio::spawn(restore(shared, handle, job, mark))
+    tokio::spawn(restore(shared, handle, job, mark, verify))
         .await
         .map_err(|e| Error::Other(format!("restore: {e}")))?
 }
@@ -97,16 +105,51 @@ async fn restore(
     handle: ContainerRef,
     mut job: RestoreJob,
     mark: Mark,
+    verify: Option<(PathBuf, Contents)>,
 ) -> Result<i32> {
     let deadline = job.deadline.clone();
     let t = Instant::now();
+    // Every byte of the artifact is hashed while CRIU restores; CRIU leaves
+    // the restored tree stopped (leave-stopped), so nothing of it runs or is
+    // seen before the digests matched. A mismatch cancels the restore.
+    let verifying = verify.map(|(dir, contents)| {
+        let cancel = deadline.cancel.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let verified = content::verify(&dir, &contents, DIGEST_THREADS);
+            if verified.is_err() {
+                cancel.cancel();
+            }
+            verified.map(|()| started.elapsed())
+        })
+    });
     let ran = job.run().await;
+    let verified = match verifying {
+        None => Ok(Duration::ZERO),
+        Some(h) => h
+            .await
+            .map_err(|e| Error::Other(format!("restore: verify: {e}")))?
+            .map_err(|e| artifact_error("restore: verify", e)),
+    };
+    let (ran, verify_time) = match (ran, verified) {
+        (ran, Ok(took)) => (ran, took),
+        (Ok(()), Err(e)) => {
+            // Restored but damaged: the stopped tree goes with runc's state.
+            job.undo().await;
+            (Err(e), Duration::ZERO)
+        }
+        // The damage is named, whatever CRIU made of it.
+        (Err(_), Err(e)) => (Err(e), Duration::ZERO),
+    };
     let restored_in = t.elapsed();
     let (id, pid, snapshot, bundle) = {
         let mut c = handle.lock().await;
         match c.finish_restore(job, ran).await {
             Ok(pid) => {
                 shared.watch(&c.id, "", pid, mark);
+                if c.snapshot.as_ref().is_some_and(|s| s.mode == Mode::Restore) {
+                    resume(pid);
+                }
                 (c.id.clone(), pid, c.snapshot.clone(), c.bundle.clone())
             }
             Err(e) => return Err(fail(&shared, &mut c, e).await),
@@ -115,6 +158,10 @@ async fn restore(
     if let Some(s) = snapshot.filter(|s| s.mode == Mode::Restore) {
         match activate(&s, &id, pid, &deadline, restored_in).await {
             Ok(timings) => {
+                let timings = RestoreTimings {
+                    verify: verify_time,
+                    ..timings
+                };
                 info!("{id}: restored copy validated and listening: {timings:?}");
                 timings.record(&bundle);
             }
@@ -143,6 +190,17 @@ async fn restore(
     shared.watch_oom(&c.id, pid);
     publish_start(&shared, &c).await;
     Ok(pid)
+}
+
+/// Lets the restored tree run: CRIU left every process of it stopped.
+fn resume(pid: i32) {
+    let members = listener::container_pids(pid).unwrap_or_else(|_| vec![pid]);
+    for p in members {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
 }
 
 /// Wakes the restored copy and waits until it validated and listens.
@@ -177,6 +235,7 @@ async fn activate(
     .map_err(|e| Error::Other(format!("restore: activation: {e}")))??;
     Ok(RestoreTimings {
         preflight: s.preflight,
+        verify: Duration::ZERO,
         criu_restore: restored_in,
         activation: validated,
         listener: woken.elapsed().saturating_sub(validated),

@@ -308,9 +308,9 @@ fn damaged_artifacts_are_refused_and_leave_nothing() {
     good_restore(&e, "flt-undone", "good");
 
     // The corruption matrix: every damage to a pages image, a small image
-    // and the captured oracle file is refused at preflight, before runc or
-    // CRIU runs (well before the activation deadline), naming the file;
-    // `vsnap verify` names it too.
+    // and the captured oracle file is refused before anything of the copy
+    // runs (well before the activation deadline), naming the file; `vsnap
+    // verify` names it too.
     let images = dir.join("images");
     let by_size = |pages: bool| {
         vsnap_e2e::containerd::list(&images)
@@ -346,7 +346,14 @@ fn damaged_artifacts_are_refused_and_leave_nothing() {
                 t.elapsed() < std::time::Duration::from_secs(20),
                 "{what} {target}: refused fast, not at the deadline"
             );
-            assert_has(&err, &["restore: preflight", "damaged", target.as_str()]);
+            // A changed size, a missing or added file: at create; a changed
+            // byte: at Start, while CRIU restores with the tree held stopped.
+            let phase = if what == "flip" {
+                "restore: verify: damaged"
+            } else {
+                "restore: preflight: damaged"
+            };
+            assert_has(&err, &[phase, target.as_str()]);
             assert_eq!(e.cgroups(&id), Vec::<String>::new(), "no process of {id}");
             let verify = vsnap(&e, &["verify", "good"]);
             assert_eq!(verify.code, Some(1), "{what} {target}: {verify:?}");

@@ -86,7 +86,7 @@ fn parse_local(s: &str) -> Option<(IpAddr, u16)> {
 }
 
 /// The processes of `pid`'s container: its cgroup's members.
-fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
+pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
     let cgroups =
         crate::metrics::cgroups_of(pid as u32, "the engine's cgroup").map_err(|e| e.to_string())?;
     let dir = match &cgroups {

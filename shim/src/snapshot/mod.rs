@@ -66,6 +66,9 @@ pub struct Snapshot {
     /// For a restore: the canary answer from the MAC'd manifest, the only
     /// oracle a copy is held to (never a file of the control dir).
     pub oracle: Option<vsnap_protocol::Oracle>,
+    /// For a restore with `verify_contents`: the digests every file of the
+    /// artifact is checked against while CRIU restores.
+    pub contents: Option<vsnap_artifact::Contents>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -73,6 +76,8 @@ pub struct Snapshot {
 #[derive(Debug)]
 pub struct RestoreTimings {
     pub preflight: Duration,
+    /// Hashing every file, alongside CRIU's restore.
+    pub verify: Duration,
     pub criu_restore: Duration,
     pub activation: Duration,
     pub listener: Duration,
@@ -83,6 +88,7 @@ impl RestoreTimings {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let record = serde_json::json!({
             "preflight_ms": ms(self.preflight),
+            "verify_ms": ms(self.verify),
             "criu_restore_ms": ms(self.criu_restore),
             "activation_ms": ms(self.activation),
             "listener_ms": ms(self.listener),
@@ -155,6 +161,7 @@ impl Snapshot {
             cuda_checkpoint: config.cuda_checkpoint.clone(),
         };
         let mut oracle = None;
+        let mut contents = None;
         let lock = match mode {
             Mode::Restore => {
                 let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
@@ -166,22 +173,16 @@ impl Snapshot {
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
                 }
-                // Every byte a restore reads, against the MAC'd digests
-                // (this also brings a cold artifact into the page cache).
-                let t = Instant::now();
+                // The file set and sizes now (a truncated or missing file
+                // fails the create at once); every byte's digest at Start,
+                // alongside CRIU's restore, which leaves the tree stopped
+                // until the digests matched (start.rs).
                 let dir = artifact::path(&root, &name);
-                if config.verify_contents {
-                    vsnap_artifact::content::verify(
-                        &dir,
-                        &manifest.contents,
-                        capture::DIGEST_THREADS,
-                    )
+                vsnap_artifact::content::verify_sizes(&dir, &manifest.contents)
                     .map_err(preflight)?;
-                } else {
-                    vsnap_artifact::content::verify_sizes(&dir, &manifest.contents)
-                        .map_err(preflight)?;
+                if config.verify_contents {
+                    contents = Some(manifest.contents.clone());
                 }
-                log::info!("{id}: artifact {name} verified in {:?}", t.elapsed());
                 oracle = Some(manifest.oracle);
                 lock
             }
@@ -222,6 +223,7 @@ impl Snapshot {
             gpus,
             host_shm: spec::host_dev_shm(&spec),
             oracle,
+            contents,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
@@ -235,7 +237,7 @@ impl Snapshot {
             if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
                 spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
             }
-            spec::add_criu_config(bundle)?;
+            spec::add_criu_config(bundle, s.mode == Mode::Restore)?;
             if s.mode == Mode::Restore {
                 if let Some(shm) = &s.host_shm {
                     shm::put_back(&s.artifact_dir().join(shm::ARTIFACT_DIR), shm)?;

@@ -95,15 +95,18 @@ const GHOST_LIMIT_BYTES: u64 = 64 << 30;
 
 /// Gives runc a CRIU config for this container (unless the spec names one):
 /// a ghost-file limit large enough for an engine's shared memory.
-pub fn add_criu_config(bundle: &Path) -> Result<()> {
+pub fn add_criu_config(bundle: &Path, leave_stopped: bool) -> Result<()> {
     let mut spec = read(bundle)?;
     if spec["annotations"][CRIU_CONFIG_ANNOTATION].is_string() {
         return Ok(());
     }
     let path = bundle.join("vsnap-criu.conf");
-    let body = format!(
+    let mut body = format!(
         "# CRIU options vsnap gives runc for this container\nghost-limit {GHOST_LIMIT_BYTES}\n"
     );
+    if leave_stopped {
+        body.push_str("leave-stopped\n");
+    }
     std::fs::write(&path, body)
         .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;
     if !spec["annotations"].is_object() {
