@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::console::ConsoleSocket;
 use crate::error::{Error, Result};
+use crate::mounts;
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
 use crate::snapshot::Snapshot;
@@ -247,9 +248,7 @@ impl Container {
 
     /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
     fn cgroups_path(&self) -> Option<PathBuf> {
-        let spec = oci_spec::runtime::Spec::load(self.bundle.join("config.json")).ok()?;
-        let path = spec.linux().as_ref()?.cgroups_path().clone()?;
-        path.is_absolute().then_some(path)
+        crate::cleanup::cgroups_path(&self.bundle)
     }
 
     /// Registers an exec process (not started yet).
@@ -395,22 +394,15 @@ impl Container {
                 self.id
             )));
         }
-        // Never remove runc's state through a mount (a criu-root bind of the
-        // rootfs): unmount first, and keep the state if that fails.
-        let state = self.runc.root.join(&self.id);
-        unmount_under(&state);
-        if has_mounts_under(&state) {
-            return Err(Error::FailedPrecondition(format!(
-                "delete: mounts remain under {}",
-                state.display()
-            )));
-        }
         // A never-started (or restore-pending) container may still have its
-        // runc init waiting: force removes it too.
-        if let Err(e) = self.runc.delete(&self.id, true).await {
-            if self.restore_from.is_none() || self.init.pid != 0 {
+        // runc init waiting: force removes it too. Mounts left under runc's
+        // state keep it, and the container (Runc::delete).
+        match self.runc.delete(&self.id, true).await {
+            Err(e @ Error::FailedPrecondition(_)) => return Err(e),
+            Err(e) if self.restore_from.is_none() || self.init.pid != 0 => {
                 warn!("delete {}: {e}", self.id);
             }
+            _ => {}
         }
         for exec_id in self.execs.keys() {
             let _ = std::fs::remove_file(self.exec_spec_path(exec_id));
@@ -485,59 +477,6 @@ pub async fn remove_cgroups(path: &Path) {
     }
 }
 
-/// The mount points at or below `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mount_path(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    points
-}
-
-pub fn has_mounts_under(dir: &Path) -> bool {
-    !mounts_under(dir).is_empty()
-}
-
-/// Unmounts whatever is mounted at or below `dir`, deepest first.
-pub fn unmount_under(dir: &Path) {
-    let points = mounts_under(dir);
-    for p in points {
-        if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
-            warn!("unmount {}: {e}", p.display());
-        }
-    }
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo` (octal).
-fn unescape_mount_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    let mut rest = p;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(c) => {
-                out.push(c as char);
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
 pub struct RestoreJob {
@@ -602,17 +541,11 @@ impl RestoreJob {
 /// `runc delete` through a live bind mount would unlink the rootfs), then
 /// runc's state, then (cgroupfs) the container's cgroups.
 pub async fn undo_runc_state(runc: &Runc, id: &str, work: &Path, cgroups: Option<&Path>) {
-    let state = runc.root.join(id);
-    unmount_under(&state);
-    unmount_under(work);
-    if has_mounts_under(&state) {
-        warn!(
-            "{id}: mounts remain under {}: runc's state is kept so nothing under them is removed",
-            state.display()
-        );
+    mounts::unmount_under(work);
+    if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
+        warn!("{id}: {e}");
         return;
     }
-    let _ = runc.delete(id, true).await;
     // Killed before it recorded its state, runc cannot find the container's
     // cgroups to remove them: remove them here.
     if !runc.systemd_cgroup {
@@ -744,11 +677,5 @@ mod tests {
             serde_json::from_slice(&exec_spec_with_terminal(spec, false).unwrap()).unwrap();
         assert_eq!(v["terminal"], false);
         assert!(exec_spec_with_terminal(b"[1]", true).is_err());
-    }
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mount_path("/a\\040b/c\\134d"), "/a b/c\\d");
-        assert_eq!(unescape_mount_path("/x\\y\\0"), "/x\\y\\0");
     }
 }

@@ -13,6 +13,7 @@ mod exits;
 mod labels;
 // Not called until task.rs wires stats and TaskOOM to them.
 mod metrics;
+mod mounts;
 mod oom;
 mod options;
 mod process;

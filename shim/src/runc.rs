@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cleanup::InFlight;
 use crate::error::{Error, Result};
 use crate::exits::Exits;
+use crate::mounts;
 
 static INVOCATION: AtomicU64 = AtomicU64::new(0);
 
@@ -337,7 +338,19 @@ impl Runc {
         self.run(inv).await.map(drop)
     }
 
+    /// `runc delete`, never through a mount: runc removes its state folder
+    /// recursively, and a restore bind-mounts the rootfs under it
+    /// (`criu-root`). What is mounted there comes off first; if anything
+    /// stays, runc's state is kept and the error says why.
     pub async fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let state = self.root.join(id);
+        mounts::unmount_under(&state);
+        if mounts::has_mounts_under(&state) {
+            return Err(Error::FailedPrecondition(format!(
+                "delete: mounts remain under {}: runc's state is kept so nothing under them is removed",
+                state.display()
+            )));
+        }
         let inv = Invocation::new("delete", "delete")
             .arg_if(force, "--force")
             .arg(id);
