@@ -9,10 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
-[ "$(id -u)" -eq 0 ] || { echo "bench: must run as root" >&2; exit 1; }
-./scripts/setup.sh >&2
 . scripts/lib.sh
-vsnap_path
-cargo build --release -p vsnap-shim -p vsnap-ref-engine >&2
-export VSNAP_SHIM_BIN="$PWD/target/release/containerd-shim-vsnap-v1"
-cargo run --release -q -p vsnap-e2e --example bench_lifecycle
+vsnap_bench_example bench_lifecycle

@@ -26,3 +26,15 @@ TOML
         printf '[debug]\n  level = "%s"\n' "$level"
     fi
 }
+
+# Runs a benchmark written as an example of the e2e crate (tests/examples/NAME.rs)
+# against release builds of the shim, the reference engine and the CLI. Run as root.
+vsnap_bench_example() {
+    local name=$1
+    [ "$(id -u)" -eq 0 ] || { echo "bench: must run as root" >&2; exit 1; }
+    ./scripts/setup.sh >&2
+    vsnap_path
+    cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-cli >&2
+    export VSNAP_SHIM_BIN="$PWD/target/release/containerd-shim-vsnap-v1"
+    cargo run --release -q -p vsnap-e2e --example "$name"
+}

@@ -11,35 +11,18 @@
 //! Run by `scripts/bench-lifecycle.sh` (release builds). Environment:
 //! BENCH_RESTORES (default 5), BENCH_RESIDENT_MB (default 1024).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vsnap_e2e::cmd::run;
+use vsnap_e2e::containerd::is_mounted;
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{setup, Env};
+use vsnap_e2e::snapshot_env::{poll_every, setup, Env};
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn mounted(path: &Path) -> bool {
-    let p = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| m == p)
-}
-
-fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -99,7 +82,12 @@ fn main() {
         let t = Instant::now();
         let ctr = std::thread::spawn(move || run(cmd, None, Duration::from_secs(300)));
         let criu_root = e.c.runc_root().join(&id).join("criu-root");
-        wait_until(Duration::from_secs(60), "criu-root", || mounted(&criu_root));
+        poll_every(
+            Duration::from_millis(2),
+            Duration::from_secs(60),
+            "criu-root",
+            || is_mounted(&criu_root),
+        );
         while !ctr.is_finished() {
             probe(&e, &mut busy_state, &mut busy_stats);
         }
@@ -115,7 +103,12 @@ fn main() {
         let cmd = e.run_command(&id, "restore", "big", free_port(), &extra, &[]);
         let ctr = std::thread::spawn(move || run(cmd, None, Duration::from_secs(300)));
         let criu_root = e.c.runc_root().join(&id).join("criu-root");
-        wait_until(Duration::from_secs(60), "criu-root", || mounted(&criu_root));
+        poll_every(
+            Duration::from_millis(2),
+            Duration::from_secs(60),
+            "criu-root",
+            || is_mounted(&criu_root),
+        );
         let t = Instant::now();
         e.c.ctr_ok(&["task", "kill", "-s", "SIGKILL", &id]);
         let (mut ended, mut stopped) = (None, None);

@@ -141,6 +141,21 @@ impl Containerd {
         out.stdout
     }
 
+    /// `ctr run -d` of `/bin/sleep 1000` in `rootfs` as `id`, under vsnap.
+    pub fn start_sleeper(&self, rootfs: &str, id: &str) {
+        self.ctr_ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            "io.vsnap.v1",
+            "--rootfs",
+            rootfs,
+            id,
+            "/bin/sleep",
+            "1000",
+        ]);
+    }
+
     pub fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
@@ -214,12 +229,9 @@ impl Containerd {
     /// Mount points under this instance's folder.
     pub fn mounts(&self) -> Vec<String> {
         let prefix = self.dir.display().to_string();
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
+        mount_points()
+            .into_iter()
             .filter(|m| m.starts_with(&prefix))
-            .map(str::to_string)
             .collect()
     }
 
@@ -253,6 +265,22 @@ impl Containerd {
                 .status();
         }
     }
+}
+
+/// Every mount point of this mount namespace, as mountinfo writes it.
+pub fn mount_points() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether something is mounted at `path`.
+pub fn is_mounted(path: &Path) -> bool {
+    let p = path.display().to_string();
+    mount_points().contains(&p)
 }
 
 pub fn list(dir: &Path) -> Vec<String> {

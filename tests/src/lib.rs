@@ -8,6 +8,7 @@
 pub mod cmd;
 pub mod containerd;
 pub mod engine;
+pub mod events;
 pub mod image;
 pub mod snapshot_env;
 

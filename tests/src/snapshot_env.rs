@@ -46,11 +46,22 @@ pub fn setup(tag: &str) -> Env {
 }
 
 /// Polls `done` every 50 ms until it holds; panics with `what` at `timeout`.
-pub fn poll(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+pub fn poll(timeout: Duration, what: &str, done: impl FnMut() -> bool) {
+    poll_every(Duration::from_millis(50), timeout, what, done)
+}
+
+/// Polls `done` every `interval` (short, to catch a brief moment) until it
+/// holds; panics with `what` at `timeout`.
+pub fn poll_every(
+    interval: Duration,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) {
     let deadline = Instant::now() + timeout;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(interval);
     }
 }
 

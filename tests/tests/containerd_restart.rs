@@ -3,11 +3,9 @@
 //! and its exit status collected. The shim's events reach the restarted
 //! containerd too, an exit that happened while containerd was down included.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::events::Subscription;
 use vsnap_e2e::image::busybox_rootfs;
 use vsnap_e2e::Containerd;
 
@@ -15,17 +13,7 @@ use vsnap_e2e::Containerd;
 fn containerd_reconnects_to_a_running_shim_after_a_crash() {
     let mut c = Containerd::start("restart");
     let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    c.ctr_ok(&[
-        "run",
-        "-d",
-        "--runtime",
-        "io.vsnap.v1",
-        "--rootfs",
-        &rootfs,
-        "survivor",
-        "/bin/sleep",
-        "1000",
-    ]);
+    c.start_sleeper(&rootfs, "survivor");
     let shims = c.shim_pids();
     assert_eq!(shims.len(), 1, "one shim serves the container");
 
@@ -73,98 +61,6 @@ fn containerd_reconnects_to_a_running_shim_after_a_crash() {
     }
 }
 
-/// `ctr events`, read line by line on a thread.
-struct Subscription {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Subscription {
-    fn start(c: &Containerd) -> Self {
-        let mut child = c
-            .ctr_command(&["events"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Subscription { child, lines }
-    }
-
-    /// The next event line with `topic` for which `want` holds, within
-    /// `timeout`; or, checked whenever no line is waiting, what `elsewhere`
-    /// finds.
-    fn wait_for(
-        &self,
-        topic: &str,
-        want: impl Fn(&str) -> bool,
-        timeout: Duration,
-        elsewhere: impl Fn() -> Option<String>,
-    ) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            match self.lines.recv_timeout(Duration::from_millis(100)) {
-                Ok(line) if line.contains(&format!(" {topic} ")) && want(&line) => {
-                    return Some(line)
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if let Some(found) = elsewhere() {
-                        return Some(found);
-                    }
-                    if e == mpsc::RecvTimeoutError::Disconnected {
-                        // `ctr events` is gone; only `elsewhere` can answer.
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            }
-        }
-        None
-    }
-
-    /// Subscribes, and returns once the subscription has seen an event (the
-    /// exit of a short exec in `id`): events from then on reach it.
-    fn live(c: &Containerd, id: &str) -> Self {
-        let events = Subscription::start(c);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for n in 0.. {
-            let probe = format!("probe{n}");
-            let out = c.ctr(&["task", "exec", "--exec-id", &probe, id, "/bin/true"]);
-            assert_eq!(out.code, Some(0), "{out:?}");
-            let seen = events.wait_for(
-                "/tasks/exit",
-                |l| l.contains(&format!("\"id\":\"{probe}\"")),
-                Duration::from_secs(2),
-                || None,
-            );
-            if seen.is_some() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exec exit reached `ctr events` within 30 s; containerd log:\n{}",
-                c.log_tail()
-            );
-        }
-        events
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Pids `ctr task ps` lists for a container.
 fn task_pids(c: &Containerd, id: &str) -> Vec<i32> {
     c.ctr_ok(&["task", "ps", id])
@@ -191,18 +87,7 @@ fn exists(pid: i32) -> bool {
 }
 
 fn run_sleeper(c: &Containerd, id: &str) {
-    let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    c.ctr_ok(&[
-        "run",
-        "-d",
-        "--runtime",
-        "io.vsnap.v1",
-        "--rootfs",
-        &rootfs,
-        id,
-        "/bin/sleep",
-        "1000",
-    ]);
+    c.start_sleeper(&busybox_rootfs(&c.dir).display().to_string(), id);
 }
 
 /// Kills the task through containerd and checks that its exit and delete

@@ -1,11 +1,9 @@
 //! The shim publishes task events in the order containerd's runc shim does:
 //! create, start, (exec added, exec started, exec exit), exit, delete.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::events::Subscription;
 use vsnap_e2e::image::busybox_rootfs;
 use vsnap_e2e::Containerd;
 
@@ -13,21 +11,8 @@ use vsnap_e2e::Containerd;
 fn task_events_arrive_in_lifecycle_order() {
     let c = Containerd::start("events");
     let rootfs = busybox_rootfs(&c.dir).display().to_string();
-    let mut events = c
-        .ctr_command(&["events"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = events.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let events = Subscription::start(&c);
+    let rx = &events.lines;
     // The subscription is live once it shows an event made after it began
     // (a namespace's creation: no task topic, so not counted below).
     let live = (0..100).any(|n| {
@@ -86,8 +71,7 @@ fn task_events_arrive_in_lifecycle_order() {
             }
         }
     }
-    let _ = events.kill();
-    let _ = events.wait();
+    drop(events);
     let topics: Vec<&str> = seen.iter().map(|(t, _)| *t).collect();
     assert_eq!(topics, want, "events: {seen:#?}");
     // The exec's exit carries its status, the init's 137.

@@ -64,17 +64,7 @@ fn exit_status_is_the_process_exit_code() {
 }
 
 fn start_sleeper(c: &Containerd, rootfs: &str, id: &str) {
-    c.ctr_ok(&[
-        "run",
-        "-d",
-        "--runtime",
-        RT,
-        "--rootfs",
-        rootfs,
-        id,
-        "/bin/sleep",
-        "1000",
-    ]);
+    c.start_sleeper(rootfs, id);
 }
 
 fn wait_running(c: &Containerd, id: &str) {

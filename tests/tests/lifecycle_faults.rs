@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use vsnap_e2e::cmd::{run, CmdOutput};
+use vsnap_e2e::containerd::is_mounted;
 use vsnap_e2e::engine::{answer, complete, free_port};
-use vsnap_e2e::snapshot_env::{control_dirs, poll, setup, Env};
+use vsnap_e2e::snapshot_env::{control_dirs, poll, poll_every, setup, Env};
 
 /// 1 GiB resident in the engine: CRIU's restore takes about a second here.
 const BIG: &str = "VSNAP_ENGINE_RESIDENT_MB=1024";
@@ -58,22 +59,9 @@ fn tree(dir: &Path) -> BTreeMap<String, String> {
     out
 }
 
-/// Waits (polling every 5 ms) until `done` holds.
-fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn mounted(path: &Path) -> bool {
-    let p = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| m == p)
+/// Waits (polling every 5 ms: some moments are brief) until `done` holds.
+fn wait_until(timeout: Duration, what: &str, done: impl FnMut() -> bool) {
+    poll_every(Duration::from_millis(5), timeout, what, done)
 }
 
 /// runc's bind mount of the rootfs while it restores `id`.
@@ -162,7 +150,7 @@ fn a_shim_killed_during_criu_restore_loses_no_file_and_leaves_nothing() {
     let ctr = restore_in_background(&e, "kc1", "big", free_port(), &["--env", BIG]);
     // runc's criu-root bind mount of the rootfs is up: CRIU is restoring.
     wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
-        mounted(&criu_root(&e, "kc1"))
+        is_mounted(&criu_root(&e, "kc1"))
     });
     kill_the_shim(&e);
     let out = ctr.join().unwrap();
@@ -182,7 +170,7 @@ fn a_shim_killed_during_the_activation_leaves_no_copy_running() {
     // runc wrote the copy's pid: CRIU is done, the activation waits.
     let pid_file = e.bundle("ka1").join("init.pid");
     wait_until(Duration::from_secs(60), "the copy's pid file", || {
-        pid_file.exists() && !mounted(&criu_root(&e, "ka1"))
+        pid_file.exists() && !is_mounted(&criu_root(&e, "ka1"))
     });
     kill_the_shim(&e);
     let out = ctr.join().unwrap();
@@ -246,7 +234,7 @@ fn containerd_killed_during_criu_restore_shows_the_copy_once_validated() {
     let port = free_port();
     let ctr = restore_in_background(&e, "ko1", "big", port, &["--env", BIG]);
     wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
-        mounted(&criu_root(&e, "ko1"))
+        is_mounted(&criu_root(&e, "ko1"))
     });
     e.c.restart();
     let _ = ctr.join().unwrap();
@@ -294,7 +282,7 @@ fn a_restoring_shim_answers_at_once_and_a_kill_ends_the_restore() {
     extra.extend_from_slice(&group);
     let ctr = restore_in_background(&e, "b2", "big", free_port(), &extra);
     wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
-        mounted(&criu_root(&e, "b2"))
+        is_mounted(&criu_root(&e, "b2"))
     });
     assert_eq!(e.c.shim_pids().len(), 1, "one shim for both");
     // During CRIU's restore, then during the activation.
@@ -346,7 +334,7 @@ fn a_kill_during_criu_restore_cancels_it_and_leaves_nothing() {
     let before = tree(Path::new(&e.rootfs));
     let ctr = restore_in_background(&e, "c1", "big", free_port(), &["--env", BIG]);
     wait_until(Duration::from_secs(60), "runc's criu-root mount", || {
-        mounted(&criu_root(&e, "c1"))
+        is_mounted(&criu_root(&e, "c1"))
     });
     e.c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "c1"]);
     let out = ctr.join().unwrap();

@@ -2,11 +2,9 @@
 //! container are not zero (cgroup v1 and v2), and an OOM kill in the
 //! container's memory cgroup reaches containerd as a /tasks/oom event.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::events::Subscription;
 use vsnap_e2e::image::busybox_rootfs;
 use vsnap_e2e::Containerd;
 
@@ -55,28 +53,8 @@ fn a_busy_container_reports_cpu_and_memory() {
     c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "busy"]);
 }
 
-/// `ctr events`, its lines on a channel.
-fn subscribe(c: &Containerd) -> (std::process::Child, mpsc::Receiver<String>) {
-    let mut events = c
-        .ctr_command(&["events"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = events.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (events, rx)
-}
-
 /// Waits for a line holding every one of `parts`.
-fn expect_line(rx: &mpsc::Receiver<String>, parts: &[&str], timeout: Duration) -> bool {
+fn expect_line(rx: &std::sync::mpsc::Receiver<String>, parts: &[&str], timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match rx.recv_timeout(left) {
@@ -109,24 +87,17 @@ fn an_oom_kill_is_published_as_a_task_oom_event() {
         "-c",
         script,
     ]);
-    let (mut events, rx) = subscribe(&c);
-    // The subscription is live once it saw an exec's exit.
-    let mut live = false;
-    for n in 0..30 {
-        let exec_id = format!("probe{n}");
-        c.ctr_ok(&["task", "exec", "--exec-id", &exec_id, "oom1", "/bin/true"]);
-        if expect_line(&rx, &["/tasks/exit", &exec_id], Duration::from_secs(1)) {
-            live = true;
-            break;
-        }
-    }
-    assert!(live, "ctr events never showed an exec's exit");
+    // Live once it saw an exec's exit: the OOM comes after that.
+    let events = Subscription::live(&c, "oom1");
     std::fs::write(root.join("go"), b"").unwrap();
     assert!(
-        expect_line(&rx, &["/tasks/oom", "oom1"], Duration::from_secs(30)),
+        expect_line(
+            &events.lines,
+            &["/tasks/oom", "oom1"],
+            Duration::from_secs(30)
+        ),
         "no /tasks/oom event for oom1"
     );
-    let _ = events.kill();
-    let _ = events.wait();
+    drop(events);
     let _ = c.ctr(&["task", "kill", "-s", "SIGKILL", "oom1"]);
 }
