@@ -11,9 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use containerd_shim::util::convert_to_timestamp;
-use containerd_shim_protos::events::task::{TaskExit, TaskStart};
-use containerd_shim_protos::protobuf::MessageField;
+use containerd_shim_protos::events::task::TaskStart;
 use log::{error, info};
 
 use crate::container::{Container, RestoreJob};
@@ -253,17 +251,7 @@ async fn fail(shared: &Shared, c: &mut Container, e: Error) -> Error {
     }
     record_error(&c.bundle, &c.id, &e);
     if let Some(exit) = c.start_failed().await {
-        shared
-            .events
-            .send(TaskExit {
-                container_id: c.id.clone(),
-                id: c.id.clone(),
-                pid: 0,
-                exit_status: exit.code as u32,
-                exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
-                ..Default::default()
-            })
-            .await;
+        shared.publish_exit(&c.id, "", 0, exit).await;
     }
     e
 }

@@ -32,7 +32,7 @@ use crate::console;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::events::Events;
-use crate::exits::{Exits, Mark};
+use crate::exits::{Exit, Exits, Mark};
 use crate::labels;
 use crate::options;
 use crate::process::wait_exit;
@@ -105,22 +105,22 @@ impl Shared {
                 p.display_id(),
                 exit.code
             );
-            shared
-                .events
-                .send(TaskExit {
-                    container_id: id.clone(),
-                    id: if exec_id.is_empty() {
-                        id.clone()
-                    } else {
-                        exec_id
-                    },
-                    pid: pid as u32,
-                    exit_status: exit.code as u32,
-                    exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
-                    ..Default::default()
-                })
-                .await;
+            shared.publish_exit(&id, &exec_id, pid, exit).await;
         });
+    }
+
+    /// TaskExit of process `exec_id` (empty: the init) of container `id`.
+    pub async fn publish_exit(&self, id: &str, exec_id: &str, pid: i32, exit: Exit) {
+        self.events
+            .send(TaskExit {
+                container_id: id.to_string(),
+                id: if exec_id.is_empty() { id } else { exec_id }.to_string(),
+                pid: pid as u32,
+                exit_status: exit.code as u32,
+                exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+                ..Default::default()
+            })
+            .await;
     }
 }
 
