@@ -31,8 +31,13 @@ pub struct RuntimeConfig {
     pub criu_binary: PathBuf,
     /// CRIU's plugin folder holding cuda_plugin.so.
     pub cuda_plugin_dir: PathBuf,
-    /// NVIDIA's cuda-checkpoint, which the CUDA plugin runs.
+    /// NVIDIA's cuda-checkpoint, which the CUDA plugin runs (its folder is
+    /// put first on the PATH runc and CRIU get).
     pub cuda_checkpoint: PathBuf,
+    /// The CRIU config runc reads when a spec names none. vsnap gives each
+    /// snapshot container its own config (through `org.criu.config`) and
+    /// copies this file's options into it, so they are not lost.
+    pub criu_config: PathBuf,
     /// Read `vsnap.io/` settings from the container's and its image's labels
     /// (through containerd's API) when the annotations choose no plan.
     pub read_labels: bool,
@@ -51,6 +56,13 @@ pub struct RuntimeConfig {
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
     pub activation_timeout_s: u64,
+    /// The same for a container with GPUs: CRIU's restore, the copy of GPU
+    /// memory back to the device and the engine's wake-up.
+    pub gpu_activation_timeout_s: u64,
+    /// Deadline of `runc checkpoint` (CRIU's dump, the CUDA checkpoint
+    /// inside it). Past it runc and CRIU are killed, the tree is thawed and
+    /// the capture fails: a hung dump never leaves an engine frozen.
+    pub checkpoint_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -99,12 +111,15 @@ impl Default for RuntimeConfig {
             criu_binary: PathBuf::from("criu"),
             cuda_plugin_dir: PathBuf::from("/usr/lib/criu"),
             cuda_checkpoint: PathBuf::from("cuda-checkpoint"),
+            criu_config: PathBuf::from("/etc/criu/runc.conf"),
             read_labels: true,
             enforce_io_uring_sysctl: false,
             verify_contents: true,
             allow_artifact_replace: false,
             capture_timeout_s: 900,
             activation_timeout_s: 120,
+            gpu_activation_timeout_s: 600,
+            checkpoint_timeout_s: 600,
         }
     }
 }
@@ -165,6 +180,8 @@ impl RuntimeConfig {
         for (key, value) in [
             ("capture_timeout_s", self.capture_timeout_s),
             ("activation_timeout_s", self.activation_timeout_s),
+            ("gpu_activation_timeout_s", self.gpu_activation_timeout_s),
+            ("checkpoint_timeout_s", self.checkpoint_timeout_s),
         ] {
             if value == 0 {
                 return Err(invalid(format!("{key}: must be at least 1 second")));

@@ -179,6 +179,7 @@ pub async fn default_runc(binary: PathBuf, root: PathBuf, systemd_cgroup: bool) 
         systemd_cgroup,
         log_dir: std::env::temp_dir(),
         exits: Exits::start().await,
+        criu: Default::default(),
     }
 }
 

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::mounts;
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
+use crate::snapshot::criu;
 use crate::snapshot::Snapshot;
 use crate::stdio;
 
@@ -202,9 +203,13 @@ impl Container {
             runc: self.runc.clone(),
             image,
             work,
-            flags: CheckpointFlags {
-                shell_job: self.init.stdio.terminal,
-                ..Default::default()
+            // A snapshot restore takes the options its capture used.
+            flags: match &self.snapshot {
+                Some(_) => criu::snapshot_flags(self.init.stdio.terminal),
+                None => CheckpointFlags {
+                    shell_job: self.init.stdio.terminal,
+                    ..Default::default()
+                },
             },
             cgroups_path: self.cgroups_path(),
             prepared: Some(prepared),
@@ -423,7 +428,9 @@ impl Container {
         flags: &CheckpointFlags,
     ) -> Result<()> {
         self.init.ensure_running("checkpoint")?;
-        self.runc.checkpoint(&self.id, image, work, flags).await
+        self.runc
+            .checkpoint(&self.id, image, work, flags, None)
+            .await
     }
 }
 

@@ -10,6 +10,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,6 +40,69 @@ pub struct Runc {
     /// Where runc's per-invocation JSON logs go (the bundle).
     pub log_dir: PathBuf,
     pub exits: Exits,
+    /// The configured CRIU tools, given to `runc checkpoint` and `restore`.
+    pub criu: CriuTools,
+}
+
+/// The tools runc and CRIU run during a checkpoint or restore, as the
+/// runtime config names them. runc 1.1 takes CRIU as `--criu`; runc 1.2 and
+/// later run `criu` from PATH (1.2-1.3 ignore `--criu`, later ones refuse
+/// it); CRIU's CUDA plugin runs `cuda-checkpoint` from CRIU's PATH, which it
+/// inherits from runc. So: `--criu` where runc takes it, and the folders of
+/// an absolute CRIU and cuda-checkpoint first on the PATH of both.
+#[derive(Clone, Debug, Default)]
+pub struct CriuTools {
+    pub criu: PathBuf,
+    pub path_first: Vec<PathBuf>,
+    /// Whether this runc takes `--criu` (probed once, on first use).
+    takes_flag: Arc<tokio::sync::OnceCell<bool>>,
+}
+
+impl CriuTools {
+    pub fn new(criu: &Path, cuda_checkpoint: &Path) -> Self {
+        let mut path_first: Vec<PathBuf> = Vec::new();
+        for tool in [cuda_checkpoint, criu] {
+            if let Some(dir) = tool.is_absolute().then(|| tool.parent()).flatten() {
+                if !path_first.iter().any(|d| d == dir) {
+                    path_first.push(dir.to_path_buf());
+                }
+            }
+        }
+        Self {
+            criu: criu.to_path_buf(),
+            path_first,
+            takes_flag: Arc::default(),
+        }
+    }
+
+    /// `PATH` for runc and CRIU: the tools' folders, then `inherited`.
+    pub fn path_env(&self, inherited: Option<OsString>) -> Option<OsString> {
+        if self.path_first.is_empty() {
+            return inherited;
+        }
+        let inherited = inherited.unwrap_or_else(|| {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+        });
+        let dirs = self
+            .path_first
+            .iter()
+            .map(|d| d.as_os_str().to_owned())
+            .chain(std::env::split_paths(&inherited).map(PathBuf::into_os_string));
+        std::env::join_paths(dirs).ok()
+    }
+}
+
+/// Whether a runc whose `--version` starts with `first_line` takes `--criu`
+/// (runc 1.0 and 1.1 do).
+pub fn runc_takes_criu_flag(first_line: &str) -> bool {
+    let version = first_line
+        .trim()
+        .strip_prefix("runc version ")
+        .unwrap_or_default();
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
+    matches!((major, minor), (Some(1), Some(0 | 1)))
 }
 
 /// Flags of `runc checkpoint` that a caller chooses.
@@ -152,8 +216,29 @@ impl<'a> Invocation<'a> {
 }
 
 impl Runc {
+    /// Whether this runc takes `--criu` (asked once per shim).
+    async fn takes_criu_flag(&self) -> bool {
+        *self
+            .criu
+            .takes_flag
+            .get_or_init(|| async {
+                match Box::pin(self.run(Invocation::new("version", "--version"))).await {
+                    Ok(out) => runc_takes_criu_flag(
+                        String::from_utf8_lossy(&out).lines().next().unwrap_or(""),
+                    ),
+                    Err(e) => {
+                        log::warn!("runc --version: {e}: --criu not passed");
+                        false
+                    }
+                }
+            })
+            .await
+    }
+
     /// Runs one runc command to completion and returns its stdout.
     async fn run(&self, mut inv: Invocation<'_>) -> Result<Vec<u8>> {
+        let uses_criu = matches!(inv.verb, "checkpoint" | "restore");
+        let criu_flag = uses_criu && self.takes_criu_flag().await;
         let n = INVOCATION.fetch_add(1, Ordering::Relaxed);
         let log = self.log_dir.join(format!(
             ".runc-{}-{}-{}.log",
@@ -170,6 +255,14 @@ impl Runc {
             .arg("json");
         if self.systemd_cgroup {
             cmd.arg("--systemd-cgroup");
+        }
+        if criu_flag {
+            cmd.arg("--criu").arg(&self.criu.criu);
+        }
+        if uses_criu {
+            if let Some(path) = self.criu.path_env(std::env::var_os("PATH")) {
+                cmd.env("PATH", path);
+            }
         }
         cmd.args(&inv.args);
         let captured = inv.stdio.is_none();
@@ -403,15 +496,18 @@ impl Runc {
         image: &Path,
         work: &Path,
         flags: &CheckpointFlags,
+        deadline: Option<&Deadline>,
     ) -> Result<()> {
-        let inv = Invocation::new("checkpoint", "checkpoint")
+        let mut inv = Invocation::new("checkpoint", "checkpoint")
             .arg("--image-path")
             .arg(image)
             .arg("--work-path")
             .arg(work)
             .arg_if(flags.leave_running, "--leave-running")
-            .criu_flags(flags);
-        self.run(inv.arg(id)).await.map(drop)
+            .criu_flags(flags)
+            .arg(id);
+        inv.deadline = deadline;
+        self.run(inv).await.map(drop)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -549,6 +645,43 @@ mod tests {
         assert_eq!(
             last_error_line(&log).as_deref(),
             Some("container with id exists")
+        );
+    }
+
+    #[test]
+    fn only_runc_1_0_and_1_1_take_the_criu_flag() {
+        assert!(runc_takes_criu_flag("runc version 1.1.5+ds1"));
+        assert!(runc_takes_criu_flag("runc version 1.0.0-rc93"));
+        assert!(!runc_takes_criu_flag("runc version 1.2.0"));
+        assert!(!runc_takes_criu_flag("runc version 1.3.3"));
+        assert!(!runc_takes_criu_flag("runc version 2.0.0"));
+        assert!(!runc_takes_criu_flag("something else"));
+    }
+
+    #[test]
+    fn the_tools_folders_come_first_on_path() {
+        let t = CriuTools::new(
+            Path::new("/opt/criu/sbin/criu"),
+            Path::new("/opt/nvidia/bin/cuda-checkpoint"),
+        );
+        assert_eq!(
+            t.path_env(Some("/usr/bin:/bin".into())).unwrap(),
+            "/opt/nvidia/bin:/opt/criu/sbin:/usr/bin:/bin"
+        );
+        let bare = CriuTools::new(Path::new("criu"), Path::new("cuda-checkpoint"));
+        assert_eq!(bare.path_env(Some("/usr/bin".into())).unwrap(), "/usr/bin");
+        let same = CriuTools::new(
+            Path::new("/opt/x/criu"),
+            Path::new("/opt/x/cuda-checkpoint"),
+        );
+        assert_eq!(
+            same.path_env(None)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .split(':')
+                .next(),
+            Some("/opt/x")
         );
     }
 

@@ -22,10 +22,10 @@ use crate::snapshot::capture::Capture;
 use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
-use crate::snapshot::{artifact_error, barrier, listener};
+use crate::snapshot::{artifact_error, barrier, criu, cuda, listener};
 use crate::snapshot::{record_error, RestoreTimings, Snapshot};
 use crate::task::{ContainerRef, Shared};
-use vsnap_artifact::{content, Contents};
+use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
@@ -48,7 +48,13 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
         .snapshot
         .as_ref()
         .filter(|s| s.mode == Mode::Restore)
-        .and_then(|s| Some((s.artifact_dir(), s.contents.clone()?)));
+        .and_then(|s| {
+            Some(Verify {
+                dir: s.artifact_dir(),
+                contents: s.contents.clone()?,
+                beside_criu: s.holds_stopped(),
+            })
+        });
     let job = c.begin_restore(deadline)?;
     drop(c);
     // Owned by the shim: a dropped Start call does not stop it.
@@ -97,37 +103,52 @@ async fn publish_start(shared: &Shared, c: &Container) {
         .await;
 }
 
+/// What a restore verifies: every file of `dir` against `contents`, beside
+/// CRIU (which leaves the tree stopped until then) or, when the tree cannot
+/// be held stopped (GPUs), before CRIU starts.
+struct Verify {
+    dir: PathBuf,
+    contents: Contents,
+    beside_criu: bool,
+}
+
 /// The restore, from `runc restore` to a validated, listening copy.
 async fn restore(
     shared: Shared,
     handle: ContainerRef,
     mut job: RestoreJob,
     mark: Mark,
-    verify: Option<(PathBuf, Contents)>,
+    verify: Option<Verify>,
 ) -> Result<i32> {
     let deadline = job.deadline.clone();
     let t = Instant::now();
     // Every byte of the artifact is hashed while CRIU restores; CRIU leaves
     // the restored tree stopped (leave-stopped), so nothing of it runs or is
     // seen before the digests matched. A mismatch cancels the restore.
-    let verifying = verify.map(|(dir, contents)| {
+    let beside_criu = verify.as_ref().is_none_or(|v| v.beside_criu);
+    let verifying = verify.map(|v| {
         let cancel = deadline.cancel.clone();
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let verified = content::verify(&dir, &contents, DIGEST_THREADS);
+            let verified = content::verify(&v.dir, &v.contents, DIGEST_THREADS);
             if verified.is_err() {
                 cancel.cancel();
             }
             verified.map(|()| started.elapsed())
         })
     });
-    let ran = job.run().await;
-    let verified = match verifying {
-        None => Ok(Duration::ZERO),
-        Some(h) => h
-            .await
-            .map_err(|e| Error::Other(format!("restore: verify: {e}")))?
-            .map_err(|e| artifact_error("restore: verify", e)),
+    let (ran, verified) = if beside_criu {
+        let ran = job.run().await;
+        (ran, joined(verifying).await?)
+    } else {
+        // First every byte, then CRIU: a damaged artifact never reaches it.
+        match joined(verifying).await? {
+            Ok(took) => (job.run().await, Ok(took)),
+            Err(e) => (
+                Err(Error::FailedPrecondition("restore: not run".into())),
+                Err(e),
+            ),
+        }
     };
     let (ran, verify_time) = match (ran, verified) {
         (ran, Ok(took)) => (ran, took),
@@ -154,6 +175,12 @@ async fn restore(
         }
     };
     if let Some(s) = snapshot.filter(|s| s.mode == Mode::Restore) {
+        if !s.gpus.is_empty() {
+            if let Err(e) = gpu_resumed(&bundle, pid, &s).await {
+                let mut c = handle.lock().await;
+                return Err(fail(&shared, &mut c, e).await);
+            }
+        }
         match activate(&s, &id, pid, &deadline, restored_in).await {
             Ok(timings) => {
                 let timings = RestoreTimings {
@@ -188,6 +215,46 @@ async fn restore(
     shared.watch_oom(&c.id, pid);
     publish_start(&shared, &c).await;
     Ok(pid)
+}
+
+/// After the restore of a GPU container: CRIU reports success even when its
+/// CUDA plugin failed to resume a GPU (the copy would hang until the
+/// deadline), so its restore log is read, and every process cuda-checkpoint
+/// knows must be running again. Fails at once, naming the GPU step.
+async fn gpu_resumed(bundle: &std::path::Path, pid: i32, s: &Snapshot) -> Result<()> {
+    let log = bundle.join("criu-work").join("restore.log");
+    let tool = s.tools.cuda_checkpoint.clone();
+    tokio::task::spawn_blocking(move || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        criu::check_cuda_resume(&text)
+            .map_err(|e| Error::FailedPrecondition(format!("restore: GPU resume: {e} ({})", log.display())))?;
+        let members = listener::container_pids(pid).unwrap_or_else(|_| vec![pid]);
+        for p in members {
+            if let Ok(state) = cuda::cuda_state(&tool, p) {
+                if !state.starts_with("running") {
+                    return Err(Error::FailedPrecondition(format!(
+                        "restore: GPU resume: pid {p} is {state} after the restore (cuda-checkpoint --get-state)"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::Other(format!("restore: GPU resume: {e}")))?
+}
+
+/// The verification's result: how long it took, or the damage it found.
+async fn joined(
+    verifying: Option<tokio::task::JoinHandle<std::result::Result<Duration, ArtifactError>>>,
+) -> Result<Result<Duration>> {
+    match verifying {
+        None => Ok(Ok(Duration::ZERO)),
+        Some(h) => Ok(h
+            .await
+            .map_err(|e| Error::Other(format!("restore: verify: {e}")))?
+            .map_err(|e| artifact_error("restore: verify", e))),
+    }
 }
 
 /// Lets the restored tree run: CRIU left every process of it stopped.

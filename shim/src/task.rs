@@ -36,7 +36,7 @@ use crate::exits::{Exit, Exits, Mark};
 use crate::labels;
 use crate::options;
 use crate::process::wait_exit;
-use crate::runc::{CheckpointFlags, Runc};
+use crate::runc::{CheckpointFlags, CriuTools, Runc};
 use crate::snapshot::Snapshot;
 
 /// One container, locked on its own.
@@ -217,6 +217,7 @@ impl TaskService {
             systemd_cgroup: config.systemd_cgroup,
             log_dir: bundle.clone(),
             exits: self.shared.exits.clone(),
+            criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
         };
         let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;

@@ -14,9 +14,9 @@ use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
-use super::{artifact_error, barrier, cuda, shm};
+use super::{artifact_error, barrier, criu, cuda, shm};
 use crate::error::{Error, Result};
-use crate::runc::{CheckpointFlags, Runc};
+use crate::runc::{CheckpointFlags, Deadline, Runc};
 use vsnap_artifact::{
     ensure_root, layout, HostIdentity, HostKey, Manifest, Staging, Timings, SCHEMA_VERSION,
 };
@@ -95,9 +95,20 @@ impl Capture {
         let pids = self.runc.ps(&self.id).await?;
         inventory::check_no_io_uring(&pids)?;
         inventory::check_no_outside_tcp(&pids)?;
-        if !s.gpus.is_empty() {
+        let gpu = !s.gpus.is_empty();
+        if gpu {
             cuda::check_single_gpu(&cuda::cuda_holders(&pids))
                 .map_err(|e| Error::FailedPrecondition(format!("capture: inventory: {e}")))?;
+        }
+        {
+            let (pids, tool) = (pids.clone(), s.tools.cuda_checkpoint.clone());
+            blocking(move || {
+                let is_cuda = |pid: i32| cuda::cuda_restore_tid(&tool, pid).map(drop);
+                let cuda_process: Option<&dyn Fn(i32) -> std::result::Result<(), String>> =
+                    gpu.then_some(&is_cuda);
+                inventory::check_dumpable_devices(&pids, cuda_process)
+            })
+            .await?;
         }
         let inventory_time = t.elapsed();
 
@@ -109,20 +120,45 @@ impl Capture {
         let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,
-            tcp_established: true,
-            ext_unix_sk: true,
-            file_locks: true,
-            shell_job: self.terminal,
-            manage_cgroups_mode: None,
+            ..criu::snapshot_flags(self.terminal)
         };
-        self.runc
-            .checkpoint(&self.id, &staging.images(), &staging.work(), &flags)
-            .await
-            .map_err(|e| {
-                // runc's own message is generic; CRIU's log says what it could not dump.
-                let criu = criu_errors(&staging.work().join("dump.log"));
-                Error::Other(format!("capture: {e}{criu}"))
-            })?;
+        let deadline = Deadline::new(
+            Instant::now() + s.checkpoint_timeout,
+            format!(
+                "the checkpoint timeout of {}s (checkpoint_timeout_s)",
+                s.checkpoint_timeout.as_secs()
+            ),
+        );
+        let dumped = self
+            .runc
+            .checkpoint(
+                &self.id,
+                &staging.images(),
+                &staging.work(),
+                &flags,
+                Some(&deadline),
+            )
+            .await;
+        if let Err(e) = dumped {
+            if matches!(e, Error::DeadlineExceeded(_)) {
+                // runc and CRIU are gone; the tree may be frozen, its GPU
+                // locked: let it go on before it is stopped.
+                self.thaw(&pids).await;
+            }
+            // runc's own message is generic; CRIU's log says what it could not dump.
+            let criu = criu_errors(&staging.work().join("dump.log"));
+            return Err(match e {
+                Error::DeadlineExceeded(m) => {
+                    Error::DeadlineExceeded(format!("capture: {m}{criu}"))
+                }
+                e => Error::Other(format!("capture: {e}{criu}")),
+            });
+        }
+        if gpu {
+            let log = std::fs::read_to_string(staging.work().join("dump.log")).unwrap_or_default();
+            criu::check_cuda_plugin_ran(&log)
+                .map_err(|e| Error::FailedPrecondition(format!("capture: checkpoint: {e}")))?;
+        }
         if let Some(host_shm) = s.host_shm.clone() {
             let to = staging.dir.join(shm::ARTIFACT_DIR);
             blocking(move || shm::carry(&host_shm, &to)).await?;
@@ -214,6 +250,32 @@ impl Capture {
             }
         }
         Ok(published)
+    }
+}
+
+impl Capture {
+    /// After a dump killed past its deadline: the tree thawed (CRIU froze
+    /// its cgroup), every process continued, and for GPUs every process
+    /// cuda-checkpoint reports locked or checkpointed resumed. Best effort.
+    async fn thaw(&self, pids: &[i32]) {
+        if let Err(e) = self.runc.resume(&self.id).await {
+            info!("{}: thaw after the killed dump: {e}", self.id);
+        }
+        for p in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+        if !self.snapshot.gpus.is_empty() {
+            let (tool, pids) = (self.snapshot.tools.cuda_checkpoint.clone(), pids.to_vec());
+            if let Ok(done) =
+                tokio::task::spawn_blocking(move || cuda::resume_gpu_best_effort(&tool, &pids))
+                    .await
+            {
+                info!("{}: GPU after the killed dump: {done:?}", self.id);
+            }
+        }
     }
 }
 

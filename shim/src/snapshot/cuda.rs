@@ -213,17 +213,67 @@ fn check_cuda_checkpoint(path: &Path) -> Result<(), CudaError> {
 
 /// Runs nvidia-smi's GPU query; its stdout on success.
 fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
+    let ran = run_tool(path, &NVIDIA_SMI_ARGS, timeout).map_err(|e| match e {
+        ToolError::Spawn(source) | ToolError::Wait(source) => CudaError::NvidiaSmiNotRunnable {
+            path: path.to_path_buf(),
+            source,
+        },
+        ToolError::Timeout => CudaError::NvidiaSmiTimeout { timeout },
+    })?;
+    match ran.failure() {
+        Some((status, output)) => Err(CudaError::NvidiaSmiFailed { status, output }),
+        None => Ok(ran.stdout),
+    }
+}
+
+/// What a tool printed, and its status unless the shim's reaper took it.
+struct Ran {
+    status: Option<std::process::ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+enum ToolError {
+    Spawn(std::io::Error),
+    Wait(std::io::Error),
+    Timeout,
+}
+
+impl Ran {
+    /// `(status, last line of its output)` when it failed. With the status
+    /// lost (reaped by the shim), output on stderr or none at all counts as
+    /// a failure.
+    fn failure(&self) -> Option<(String, String)> {
+        let status = match self.status {
+            Some(status) => (!status.success()).then(|| status.to_string()),
+            None => (self.stdout.trim().is_empty() || !self.stderr.trim().is_empty())
+                .then(|| "unknown (reaped by the shim)".to_string()),
+        }?;
+        let text = if self.stderr.trim().is_empty() {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        let output = text
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("no output")
+            .to_string();
+        Some((status, output))
+    }
+}
+
+/// Runs `path args` with its output captured, killed past `timeout`.
+fn run_tool(path: &Path, args: &[&str], timeout: Duration) -> Result<Ran, ToolError> {
     let mut child = spawn_retrying(
         Command::new(path)
-            .args(NVIDIA_SMI_ARGS)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     )
-    .map_err(|source| CudaError::NvidiaSmiNotRunnable {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    .map_err(ToolError::Spawn)?;
     // Readers on threads, so a chatty child never blocks on a full pipe.
     let readers = [
         child
@@ -252,7 +302,7 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(CudaError::NvidiaSmiTimeout { timeout });
+                return Err(ToolError::Timeout);
             }
             // The shim's reaper (waitpid(-1)) collected it first: it has
             // exited, its status is lost, its output tells.
@@ -260,34 +310,85 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
             Err(source) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(CudaError::NvidiaSmiNotRunnable {
-                    path: path.to_path_buf(),
-                    source,
-                });
+                return Err(ToolError::Wait(source));
             }
         }
     };
     let [stdout, stderr] = readers.map(|r| r.join().unwrap_or_default());
-    let failed = match status {
-        Some(status) => (!status.success()).then(|| status.to_string()),
-        None => (stdout.trim().is_empty() || !stderr.trim().is_empty())
-            .then(|| "unknown (reaped by the shim)".to_string()),
-    };
-    if let Some(status) = failed {
-        let text = if stderr.trim().is_empty() {
-            &stdout
-        } else {
-            &stderr
-        };
-        let output = text
-            .trim()
-            .lines()
-            .last()
-            .unwrap_or("no output")
-            .to_string();
-        return Err(CudaError::NvidiaSmiFailed { status, output });
+    Ok(Ran {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// How long one cuda-checkpoint query may take.
+pub const CUDA_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Asks cuda-checkpoint whether `pid` is a CUDA process: its restore
+/// thread's id when it is, else cuda-checkpoint's own message (what the CUDA
+/// plugin asks first of every process it would checkpoint).
+pub fn cuda_restore_tid(cuda_checkpoint: &Path, pid: i32) -> Result<i32, String> {
+    let pid_text = pid.to_string();
+    let args = ["--get-restore-tid", "--pid", pid_text.as_str()];
+    let ran = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT).map_err(|e| match e {
+        ToolError::Spawn(e) | ToolError::Wait(e) => {
+            format!("{}: {e}", cuda_checkpoint.display())
+        }
+        ToolError::Timeout => format!(
+            "{} did not answer within {}s",
+            cuda_checkpoint.display(),
+            CUDA_CHECKPOINT_TIMEOUT.as_secs()
+        ),
+    })?;
+    if let Some((status, output)) = ran.failure() {
+        return Err(format!("{output} ({status})"));
     }
-    Ok(stdout)
+    ran.stdout
+        .trim()
+        .parse()
+        .map_err(|_| format!("unexpected answer {:?}", ran.stdout.trim()))
+}
+
+/// The state cuda-checkpoint reports for `pid` (running, locked,
+/// checkpointed), or why it could not tell.
+pub fn cuda_state(cuda_checkpoint: &Path, pid: i32) -> Result<String, String> {
+    let pid_text = pid.to_string();
+    let args = ["--get-state", "--pid", pid_text.as_str()];
+    let ran = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT)
+        .map_err(|_| format!("{} --get-state failed to run", cuda_checkpoint.display()))?;
+    match ran.failure() {
+        Some((status, output)) => Err(format!("{output} ({status})")),
+        None => Ok(ran.stdout.trim().to_string()),
+    }
+}
+
+/// Best effort after a dump that failed or was killed: every process of
+/// `pids` that cuda-checkpoint reports locked or checkpointed is restored
+/// and unlocked, so the engine's GPU work goes on. Returns what it did.
+pub fn resume_gpu_best_effort(cuda_checkpoint: &Path, pids: &[i32]) -> Vec<String> {
+    let mut done = Vec::new();
+    for &pid in pids {
+        let Ok(state) = cuda_state(cuda_checkpoint, pid) else {
+            continue;
+        };
+        let actions: &[&str] = match state.as_str() {
+            s if s.starts_with("checkpointed") => &["restore", "unlock"],
+            s if s.starts_with("locked") => &["unlock"],
+            _ => &[],
+        };
+        for action in actions {
+            let pid_text = pid.to_string();
+            let args = ["--action", action, "--pid", pid_text.as_str()];
+            let ok = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT)
+                .is_ok_and(|r| r.failure().is_none());
+            done.push(format!(
+                "pid {pid}: {action} {}",
+                if ok { "done" } else { "failed" }
+            ));
+        }
+    }
+    done
 }
 
 /// Spawns, retrying briefly on ETXTBSY (an executable just written by this
@@ -387,21 +488,109 @@ pub fn spec_nvidia_devices(spec: &Value) -> Vec<String> {
     out
 }
 
-/// The path of an NVIDIA container runtime hook in the spec, if any: such a
-/// hook adds GPU devices at create time, invisible to [`spec_nvidia_devices`].
+/// An OCI hook in the spec that gives the container GPUs, if any, as
+/// `stage hook path args...`: the NVIDIA container runtime hook, or the
+/// prestart hook `ctr run --gpus` adds (the containerd binary running
+/// `containerd oci-hook -- nvidia-container-cli ... configure`). Such a hook
+/// adds devices and mounts at create time, invisible to
+/// [`spec_nvidia_devices`], unknown to CRIU, and runc runs it again at
+/// restore.
 pub fn spec_nvidia_hook(spec: &Value) -> Option<String> {
     let hooks = spec.get("hooks")?.as_object()?;
-    hooks
-        .values()
-        .filter_map(Value::as_array)
-        .flatten()
-        .filter_map(|h| h.get("path").and_then(Value::as_str))
-        .find(|p| {
-            Path::new(p)
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("nvidia-container"))
-        })
-        .map(str::to_string)
+    let is_nvidia = |p: &str| {
+        Path::new(p)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("nvidia-container"))
+    };
+    for (stage, list) in hooks {
+        for hook in list.as_array().into_iter().flatten() {
+            let path = hook.get("path").and_then(Value::as_str).unwrap_or("");
+            let args: Vec<&str> = hook
+                .get("args")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if is_nvidia(path) || args.iter().any(|a| is_nvidia(a)) {
+                let shown: Vec<&str> = args.iter().skip(1).take(3).copied().collect();
+                return Some(
+                    format!("{stage} hook {path} {}", shown.join(" "))
+                        .trim()
+                        .to_string(),
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Refuses a snapshot container whose GPUs come from an OCI hook
+/// ([`spec_nvidia_hook`]), pointing at CDI, which puts the devices and
+/// mounts in the spec itself where CRIU and runc see them.
+pub fn check_no_gpu_hook(spec: &Value) -> Result<(), String> {
+    match spec_nvidia_hook(spec) {
+        None => Ok(()),
+        Some(hook) => Err(format!(
+            "the container gets its GPUs from an OCI hook ({hook}; `ctr run --gpus` and the legacy NVIDIA runtime add one): \
+             the devices and mounts it makes are unknown to CRIU and runc would run it again at restore; \
+             give the container its GPUs through CDI instead (`nvidia-ctk cdi generate`, then a CDI device \
+             such as nvidia.com/gpu=0; docs/gpu-hosts.md)"
+        )),
+    }
+}
+
+/// The GPUs the container was given, of those nvidia-smi lists: its spec's
+/// `/dev/nvidiaN` devices are matched to GPU UUIDs through the driver's
+/// `<proc_root>/driver/nvidia/gpus/*/information` ("Device Minor",
+/// "GPU UUID"). A spec without a GPU device node keeps the whole list.
+pub fn container_gpus(
+    host: &GpuIdentity,
+    devices: &[String],
+    proc_root: &Path,
+) -> Result<Vec<Gpu>, String> {
+    let minors: Vec<u32> = devices.iter().filter_map(|d| gpu_device_index(d)).collect();
+    if minors.is_empty() {
+        return Ok(host.gpus.clone());
+    }
+    let mut by_minor: Vec<(u32, String)> = Vec::new();
+    let dir = proc_root.join("driver/nvidia/gpus");
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path().join("information")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.trim_start().strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        if let (Some(minor), Some(uuid)) = (field("Device Minor"), field("GPU UUID")) {
+            if let Ok(minor) = minor.parse() {
+                by_minor.push((minor, uuid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for minor in minors {
+        let uuid = by_minor
+            .iter()
+            .find(|(m, _)| *m == minor)
+            .map(|(_, u)| u)
+            .ok_or_else(|| {
+                format!(
+                    "/dev/nvidia{minor}: no GPU with device minor {minor} under {}",
+                    dir.display()
+                )
+            })?;
+        let gpu = host.gpus.iter().find(|g| &g.uuid == uuid).ok_or_else(|| {
+            format!("/dev/nvidia{minor} is GPU {uuid}, which nvidia-smi does not list")
+        })?;
+        if !out.contains(gpu) {
+            out.push(gpu.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// The processes of `pids` that hold `/dev/nvidia*` files open (read from
@@ -720,9 +909,87 @@ mod tests {
         ]}});
         assert_eq!(
             spec_nvidia_hook(&spec).as_deref(),
-            Some("/usr/bin/nvidia-container-runtime-hook")
+            Some("prestart hook /usr/bin/nvidia-container-runtime-hook prestart")
         );
         assert_eq!(spec_nvidia_hook(&json!({})), None);
+    }
+
+    #[test]
+    fn gpus_given_by_ctr_run_gpus_are_refused_pointing_at_cdi() {
+        let spec: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/spec-ctr-gpus.json")).unwrap();
+        let hook = spec_nvidia_hook(&spec).unwrap();
+        assert_eq!(
+            hook,
+            "prestart hook /usr/local/bin/containerd oci-hook -- /usr/bin/nvidia-container-cli"
+        );
+        let e = check_no_gpu_hook(&spec).unwrap_err();
+        assert!(e.contains("through CDI"), "{e}");
+        assert!(e.contains("ctr run --gpus"), "{e}");
+        // A CDI spec: devices and mounts in the spec itself, no hook that
+        // injects GPUs (nvidia-ctk's createContainer hooks only update the
+        // ld cache and make symlinks).
+        let cdi: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/spec-cdi-gpu.json")).unwrap();
+        check_no_gpu_hook(&cdi).unwrap();
+        assert_eq!(
+            spec_nvidia_devices(&cdi),
+            [
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia1",
+                "/dev/nvidiactl"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_containers_gpus_are_its_device_nodes() {
+        let proc = tempfile::tempdir().unwrap();
+        for (bus, minor, uuid) in [
+            (
+                "0000:18:00.0",
+                0,
+                "GPU-aaaaaaaa-0000-1111-2222-333344445555",
+            ),
+            (
+                "0000:2a:00.0",
+                1,
+                "GPU-bbbbbbbb-0000-1111-2222-333344445555",
+            ),
+        ] {
+            let dir = proc.path().join("driver/nvidia/gpus").join(bus);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(
+                dir.join("information"),
+                format!("Model: \t\t NVIDIA H200\nIRQ:   \t\t 240\nGPU UUID: \t {uuid}\nDevice Minor: \t {minor}\nBus Location: \t {bus}\n"),
+            )
+            .unwrap();
+        }
+        let host = parse_gpus(
+            "NVIDIA H200, GPU-aaaaaaaa-0000-1111-2222-333344445555, 570.124.06\n\
+             NVIDIA H200, GPU-bbbbbbbb-0000-1111-2222-333344445555, 570.124.06",
+        )
+        .unwrap();
+        let devices = vec![
+            "/dev/nvidia-uvm".to_string(),
+            "/dev/nvidia1".into(),
+            "/dev/nvidiactl".into(),
+        ];
+        let mine = container_gpus(&host, &devices, proc.path()).unwrap();
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].uuid, "GPU-bbbbbbbb-0000-1111-2222-333344445555");
+        assert_eq!(
+            container_gpus(&host, &["/dev/nvidiactl".into()], proc.path())
+                .unwrap()
+                .len(),
+            2
+        );
+        let e = container_gpus(&host, &["/dev/nvidia7".into()], proc.path()).unwrap_err();
+        assert!(
+            e.starts_with("/dev/nvidia7: no GPU with device minor 7"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -807,6 +1074,30 @@ mod tests {
         assert_eq!(gpu_device_index("/dev/nvidia10"), Some(10));
         assert_eq!(gpu_device_index("/dev/nvidiactl"), None);
         assert_eq!(gpu_device_index("/dev/nvidia"), None);
+    }
+
+    #[test]
+    fn cuda_checkpoint_answers_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("cuda-checkpoint");
+        write_script(
+            &tool,
+            "case \"$1 $3\" in\n\
+             '--get-restore-tid 41') echo 57 ;;\n\
+             '--get-state 41') echo running ;;\n\
+             *) echo \"Error: pid $3 is not a CUDA process\" >&2; exit 1 ;;\n\
+             esac",
+        );
+        assert_eq!(cuda_restore_tid(&tool, 41), Ok(57));
+        let e = cuda_restore_tid(&tool, 42).unwrap_err();
+        assert_eq!(e, "Error: pid 42 is not a CUDA process (exit status: 1)");
+        assert_eq!(cuda_state(&tool, 41).as_deref(), Ok("running"));
+        assert!(
+            resume_gpu_best_effort(&tool, &[41, 42]).is_empty(),
+            "nothing locked"
+        );
+        let e = cuda_restore_tid(&dir.path().join("missing"), 1).unwrap_err();
+        assert!(e.contains("missing"), "{e}");
     }
 
     #[test]

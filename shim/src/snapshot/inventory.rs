@@ -27,37 +27,147 @@ pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// Fails naming the process and peer of an established TCP connection whose
-/// peer is not on loopback (a peer outside the captured tree).
+/// Fails naming the process and peer of an established TCP connection
+/// whose other end is not a socket of the tree. A connection between two
+/// processes of the tree (vLLM's rendezvous store connects the engine to
+/// itself, on the host's address) is restored whole and is fine, whatever
+/// its addresses; one to anything else cannot be restored.
 pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
+    let ours: Vec<u64> = pids.iter().flat_map(|p| socket_inodes(*p)).collect();
+    if ours.is_empty() {
+        return Ok(());
+    }
     for pid in pids {
-        let inodes = socket_inodes(*pid);
-        if inodes.is_empty() {
-            continue;
-        }
-        for table in ["tcp", "tcp6"] {
-            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+        let entries = tcp_entries(*pid);
+        for e in entries.iter().filter(|e| ours.contains(&e.inode)) {
+            let inside = entries.iter().any(|peer| {
+                peer.local == e.remote && peer.remote == e.local && ours.contains(&peer.inode)
+            });
+            if inside {
                 continue;
+            }
+            return Err(Error::FailedPrecondition(format!(
+                "capture: inventory: pid {pid} has an established TCP connection to {} outside the captured tree; close it before capture",
+                hex_addr(&e.remote)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One ESTABLISHED row of `/proc/PID/net/tcp{,6}` (addresses in the
+/// kernel's hex form).
+struct TcpEntry {
+    local: String,
+    remote: String,
+    inode: u64,
+}
+
+/// The ESTABLISHED connections of the network namespace `pid` is in.
+fn tcp_entries(pid: i32) -> Vec<TcpEntry> {
+    let mut out = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "01" {
+                continue; // not ESTABLISHED
+            }
+            if let Ok(inode) = f[9].parse::<u64>() {
+                out.push(TcpEntry {
+                    local: f[1].to_string(),
+                    remote: f[2].to_string(),
+                    inode,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Character devices CRIU 4.2 dumps (criu/files.c `dump_chrdev`, tty.c
+/// `get_tty_driver`): the mem devices (major 1), tun and autofs (10:200,
+/// 10:235), /dev/tty, /dev/console and /dev/ptmx (5:0-2), virtual consoles
+/// (4:1-63), serial ports (188, 204), pty masters (128-135) and slaves (136).
+pub fn crius_char_device(major: u64, minor: u64) -> bool {
+    match major {
+        1 | 188 | 204 | 128..=136 => true,
+        10 => minor == 200 || minor == 235,
+        5 => minor <= 2,
+        4 => (1..=63).contains(&minor),
+        _ => false,
+    }
+}
+
+/// Fails naming the process, the device and the fd of a character device
+/// CRIU cannot dump. NVIDIA device files are dumpable only in a CUDA process
+/// (the CUDA plugin checkpoints its GPU state and releases them), which
+/// `cuda_process` tells (`None`: a container without GPUs, where they are
+/// never dumpable); a process that merely opened them (NVML does) is refused.
+pub fn check_dumpable_devices(
+    pids: &[i32],
+    cuda_process: Option<&dyn Fn(i32) -> std::result::Result<(), String>>,
+) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    for pid in pids {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue; // exited meanwhile
+        };
+        let mut fds: Vec<(String, std::path::PathBuf, u64)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let target = std::fs::read_link(e.path()).ok()?;
+                let meta = std::fs::metadata(e.path()).ok()?;
+                meta.file_type().is_char_device().then(|| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        target,
+                        std::os::unix::fs::MetadataExt::rdev(&meta),
+                    )
+                })
+            })
+            .collect();
+        fds.sort_by_key(|(fd, _, _)| fd.parse::<u64>().unwrap_or(u64::MAX));
+        for (fd, target, rdev) in fds {
+            let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
+            if crius_char_device(major, minor) {
+                continue;
+            }
+            let device = target.display();
+            let nvidia = target.to_string_lossy().starts_with("/dev/nvidia");
+            let refuse = |why: String| {
+                Err(Error::FailedPrecondition(format!(
+                    "capture: inventory: pid {pid} ({}) holds {device} ({major}:{minor}, fd {fd}), {why}",
+                    comm(*pid)
+                )))
             };
-            for line in text.lines().skip(1) {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                if f.len() < 10 || f[3] != "01" {
-                    continue; // not ESTABLISHED
+            match (nvidia, cuda_process) {
+                (true, Some(is_cuda)) => {
+                    if let Err(e) = is_cuda(*pid) {
+                        return refuse(format!(
+                            "but is not a CUDA process (cuda-checkpoint --get-restore-tid: {e}): \
+                             CRIU's CUDA plugin checkpoints CUDA processes only, and CRIU cannot dump an \
+                             NVIDIA device file another process opened (NVML does); close it before capture"
+                        ));
+                    }
                 }
-                let Ok(inode) = f[9].parse::<u64>() else {
-                    continue;
-                };
-                if !inodes.contains(&inode) || is_loopback(f[2]) {
-                    continue;
+                _ => {
+                    return refuse(
+                        "a character device CRIU cannot dump; close it before capture".to_string(),
+                    )
                 }
-                return Err(Error::FailedPrecondition(format!(
-                    "capture: inventory: pid {pid} has an established TCP connection to {} outside the captured tree; close it before capture",
-                    hex_addr(f[2])
-                )));
             }
         }
     }
     Ok(())
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn socket_inodes(pid: i32) -> Vec<u64> {
@@ -75,16 +185,6 @@ fn socket_inodes(pid: i32) -> Vec<u64> {
         }
     }
     out
-}
-
-/// `0100007F:1F90` (IPv4, little-endian words) or the 32-hex IPv6 form.
-fn is_loopback(addr: &str) -> bool {
-    let ip = addr.split(':').next().unwrap_or_default();
-    match ip.len() {
-        8 => ip.ends_with("7F"),
-        32 => ip == "00000000000000000000000001000000" || ip.ends_with("0100007F"),
-        _ => false,
-    }
 }
 
 fn hex_addr(addr: &str) -> String {
@@ -105,10 +205,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_peers_are_inside() {
-        assert!(is_loopback("0100007F:1F90"));
-        assert!(!is_loopback("0200000A:0050"));
+    fn addresses_are_shown_as_written() {
         assert_eq!(hex_addr("0200000A:0050"), "10.0.0.2:80");
+    }
+
+    #[test]
+    fn a_connection_between_two_sockets_of_the_tree_is_inside() {
+        use std::io::Read;
+        // Both ends held by this process: inside, whatever the address.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        check_no_outside_tcp(&[std::process::id() as i32]).unwrap();
+        // One end in another process: outside, even on loopback.
+        drop(b);
+        let l2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l2.local_addr().unwrap().port();
+        let mut peer = std::process::Command::new("python3")
+            .args(["-c", &format!("import socket,sys,time; s=socket.create_connection(('127.0.0.1',{port})); sys.stdout.write('c\\n'); sys.stdout.flush(); time.sleep(60)")])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (_held, _) = l2.accept().unwrap();
+        let mut ready = [0u8; 2];
+        peer.stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut ready)
+            .unwrap();
+        let e = check_no_outside_tcp(&[std::process::id() as i32])
+            .unwrap_err()
+            .to_string();
+        let _ = peer.kill();
+        let _ = peer.wait();
+        assert!(e.contains("outside the captured tree"), "{e}");
+        drop(a);
+    }
+
+    #[test]
+    fn crius_char_devices() {
+        assert!(crius_char_device(1, 3), "/dev/null");
+        assert!(crius_char_device(136, 0), "a pts");
+        assert!(crius_char_device(5, 2), "/dev/ptmx");
+        assert!(crius_char_device(10, 200), "tun");
+        assert!(!crius_char_device(10, 229), "fuse");
+        assert!(!crius_char_device(195, 255), "nvidiactl");
+        assert!(!crius_char_device(4, 64), "a serial port");
+    }
+
+    #[test]
+    fn this_process_holds_only_dumpable_devices() {
+        let _null = std::fs::File::open("/dev/null").unwrap();
+        check_dumpable_devices(&[std::process::id() as i32], None).unwrap();
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod barrier;
 pub mod canary;
 pub mod capture;
+pub mod criu;
 pub mod cuda;
 pub mod inventory;
 pub mod listener;
@@ -49,6 +50,8 @@ pub struct Snapshot {
     pub control_dir: PathBuf,
     pub capture_timeout: Duration,
     pub activation_timeout: Duration,
+    /// Bound on `runc checkpoint` (checkpoint_timeout_s).
+    pub checkpoint_timeout: Duration,
     /// The artifact lock: exclusive while creating, shared while restoring.
     pub lock: Option<Arc<ArtifactLock>>,
     /// What identifies the workload (taken from the spec at create).
@@ -113,7 +116,7 @@ impl Snapshot {
         image_digest: Option<&str>,
     ) -> Result<Option<Self>> {
         let started = Instant::now();
-        let Some(plan) = plan::from_annotations(settings)? else {
+        let Some(mut plan) = plan::from_annotations(settings)? else {
             return Ok(None);
         };
         let root = config.artifact_root.clone();
@@ -130,6 +133,11 @@ impl Snapshot {
         let argv = spec::args(&spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let gpus = gpus_of(&spec, config)?;
+        if !gpus.is_empty() && !settings.contains_key(plan::AFTER_CAPTURE) {
+            // A donor that goes on serving keeps its GPU memory: a restore on
+            // the same GPU would run out of it.
+            plan.after_capture = plan::AfterCapture::Exit;
+        }
         let env: Vec<String> = spec["process"]["env"]
             .as_array()
             .map(|a| {
@@ -207,9 +215,14 @@ impl Snapshot {
             capture_timeout: plan
                 .capture_timeout
                 .unwrap_or(Duration::from_secs(config.capture_timeout_s)),
-            activation_timeout: plan
-                .activation_timeout
-                .unwrap_or(Duration::from_secs(config.activation_timeout_s)),
+            activation_timeout: plan.activation_timeout.unwrap_or(Duration::from_secs(
+                if gpus.is_empty() {
+                    config.activation_timeout_s
+                } else {
+                    config.gpu_activation_timeout_s
+                },
+            )),
+            checkpoint_timeout: Duration::from_secs(config.checkpoint_timeout_s),
             plan,
             artifact: name,
             mode,
@@ -237,7 +250,12 @@ impl Snapshot {
             if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
                 spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
             }
-            spec::add_criu_config(bundle, s.mode == Mode::Restore)?;
+            spec::add_criu_config(
+                bundle,
+                &config.criu_config,
+                &config.cuda_plugin_dir,
+                s.holds_stopped(),
+            )?;
             if s.mode == Mode::Restore {
                 if let Some(shm) = &s.host_shm {
                     shm::put_back(&s.artifact_dir().join(shm::ARTIFACT_DIR), shm)?;
@@ -253,13 +271,23 @@ impl Snapshot {
         Ok(Some(s))
     }
 
+    /// Whether CRIU leaves the restored tree stopped (`leave-stopped`)
+    /// until vsnap verified every byte beside it. Not with GPUs: CRIU stops
+    /// the tasks before its late device hook, in which the CUDA plugin must
+    /// run each process's restore thread; a GPU restore verifies first.
+    pub fn holds_stopped(&self) -> bool {
+        self.mode == Mode::Restore && self.gpus.is_empty()
+    }
+
     /// The activation deadline, from now. A restore's Start runs CRIU's
     /// restore and then the activation within this one deadline.
     pub fn activation_deadline(&self) -> Deadline {
         let source = if self.plan.activation_timeout.is_some() {
             plan::ACTIVATION_TIMEOUT
-        } else {
+        } else if self.gpus.is_empty() {
             "activation_timeout_s"
+        } else {
+            "gpu_activation_timeout_s"
         };
         Deadline::new(
             Instant::now() + self.activation_timeout,
@@ -310,9 +338,12 @@ fn check_replace(root: &Path, name: &str, namespace: &str, allowed: bool) -> Res
 }
 
 /// For a container with NVIDIA devices: the CUDA preflight (plugin,
-/// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it sees.
+/// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it was
+/// given (not every GPU of the host). GPUs given by an OCI hook are refused.
 fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<String>> {
-    if cuda::spec_nvidia_devices(spec).is_empty() && cuda::spec_nvidia_hook(spec).is_none() {
+    cuda::check_no_gpu_hook(spec).map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
+    let devices = cuda::spec_nvidia_devices(spec);
+    if devices.is_empty() {
         return Ok(Vec::new());
     }
     let tools = cuda::CudaTools {
@@ -322,8 +353,9 @@ fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<Strin
     };
     let identity = cuda::preflight(&tools, cuda::MIN_DRIVER_PROCESS_TREE)
         .map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
-    Ok(identity
-        .gpus
+    let mine = cuda::container_gpus(&identity, &devices, Path::new("/proc"))
+        .map_err(|e| Error::FailedPrecondition(format!("create: preflight: {e}")))?;
+    Ok(mine
         .iter()
         .map(|g| format!("{} {} {}", g.name, g.uuid, g.driver))
         .collect())

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use super::criu;
 use super::plan::Mode;
 use super::profile::{self, Profile};
 use super::{Snapshot, CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
@@ -88,25 +89,31 @@ pub fn args(spec: &Value) -> Vec<String> {
 
 /// runc passes the CRIU config file named by this annotation to CRIU.
 pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
-/// Unlinked files held open (multiprocessing SharedMemory, semaphores) are
-/// dumped as "ghost files" up to this size; CRIU's default, 1 MiB, fails the
-/// dump of an engine holding a larger one.
-const GHOST_LIMIT_BYTES: u64 = 64 << 30;
 
-/// Gives runc a CRIU config for this container (unless the spec names one):
-/// a ghost-file limit large enough for an engine's shared memory.
-pub fn add_criu_config(bundle: &Path, leave_stopped: bool) -> Result<()> {
+/// Gives runc one CRIU config for this container: what the spec's own
+/// `org.criu.config` file (or, without one, `base_default`: runc's
+/// `/etc/criu/runc.conf`) held, then vsnap's options (criu.rs), and points
+/// the annotation at it. runc reads one file or the other, never both, so
+/// nothing the operator configured is lost and vsnap's options always hold.
+pub fn add_criu_config(
+    bundle: &Path,
+    base_default: &Path,
+    plugin_dir: &Path,
+    leave_stopped: bool,
+) -> Result<()> {
     let mut spec = read(bundle)?;
-    if spec["annotations"][CRIU_CONFIG_ANNOTATION].is_string() {
-        return Ok(());
-    }
-    let path = bundle.join("vsnap-criu.conf");
-    let mut body = format!(
-        "# CRIU options vsnap gives runc for this container\nghost-limit {GHOST_LIMIT_BYTES}\n"
+    let path = bundle.join(criu::BUNDLE_CONFIG);
+    let named = spec["annotations"][CRIU_CONFIG_ANNOTATION]
+        .as_str()
+        .map(str::to_string)
+        // A create retried on the same bundle: the spec already names ours.
+        .filter(|p| Path::new(p) != path);
+    let base = criu::base_config(named.as_deref(), base_default)?;
+    let body = criu::config_text(
+        base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+        plugin_dir,
+        leave_stopped,
     );
-    if leave_stopped {
-        body.push_str("leave-stopped\n");
-    }
     std::fs::write(&path, body)
         .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;
     if !spec["annotations"].is_object() {

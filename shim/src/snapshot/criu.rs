@@ -1,0 +1,222 @@
+//! What vsnap tells runc and CRIU for a snapshot container, in one place:
+//! the CRIU options a capture and its restores share, the per-container CRIU
+//! config file (runc hands it to CRIU through `org.criu.config`), and what
+//! CRIU's logs must show about the CUDA plugin.
+//!
+//! Facts this rests on (CRIU 4.2, runc 1.1-1.3):
+//! * runc passes CRIU exactly one config file: the one named by the spec's
+//!   `org.criu.config` annotation or, without it, `/etc/criu/runc.conf`.
+//!   Options in that file override the ones runc sets over RPC.
+//! * CRIU loads plugins from `libdir` (`-L`), else `$CRIU_LIBS_DIR`, else
+//!   `/usr/lib/criu`.
+//! * A restore must be given the options the dump used: a dump with
+//!   established TCP connections is refused at restore without
+//!   `tcp-established` ("Connected TCP socket in image"), and file locks are
+//!   dropped without `file-locks`.
+//! * The CUDA plugin runs `cuda-checkpoint` through `execvp`, from CRIU's
+//!   PATH (inherited from runc, inherited from the shim), and turns itself
+//!   off with only a warning when it cannot run it.
+//! * Errors of the plugin's late resume hook are not failures of the
+//!   restore: CRIU reports success and the copy hangs on its GPU.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::runc::CheckpointFlags;
+
+/// The per-container config vsnap writes into the bundle.
+pub const BUNDLE_CONFIG: &str = "vsnap-criu.conf";
+/// Unlinked files held open (multiprocessing SharedMemory, semaphores) are
+/// dumped as "ghost files" up to this size; CRIU's default, 1 MiB, fails the
+/// dump of an engine holding a larger one.
+pub const GHOST_LIMIT_BYTES: u64 = 64 << 30;
+
+/// The CRIU options of a snapshot capture and of every restore of it.
+/// `terminal`: the init has a terminal (CRIU's `shell-job`).
+pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
+    CheckpointFlags {
+        leave_running: false,
+        tcp_established: true,
+        ext_unix_sk: true,
+        file_locks: true,
+        shell_job: terminal,
+        manage_cgroups_mode: None,
+    }
+}
+
+/// The config a container's CRIU reads: what the operator's config held
+/// (`base`: its path and text, the spec's own `org.criu.config` file or
+/// runc's default), then vsnap's lines, which come last so that they win:
+/// the ghost-file limit, the plugin folder and, for a restore whose tree must
+/// stay stopped until vsnap let it run, `leave-stopped`.
+pub fn config_text(base: Option<(&Path, &str)>, plugin_dir: &Path, leave_stopped: bool) -> String {
+    let mut body = String::new();
+    if let Some((path, text)) = base {
+        body.push_str(&format!("# from {}\n", path.display()));
+        for line in text.lines() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    body.push_str("# vsnap's options for this container (they override the ones above)\n");
+    body.push_str(&format!("ghost-limit {GHOST_LIMIT_BYTES}\n"));
+    body.push_str(&format!("libdir {}\n", plugin_dir.display()));
+    if leave_stopped {
+        body.push_str("leave-stopped\n");
+    }
+    body
+}
+
+/// The config file runc would give CRIU without vsnap: the one the spec's
+/// annotation names (`named`, an empty name meaning none at all), else
+/// `default` (runc's `/etc/criu/runc.conf`). Returns its path and text when
+/// it exists; a named file that cannot be read is an error naming it.
+pub fn base_config(named: Option<&str>, default: &Path) -> Result<Option<(PathBuf, String)>> {
+    let path = match named {
+        Some("") => return Ok(None),
+        Some(p) => PathBuf::from(p),
+        None => default.to_path_buf(),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some((path, text))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && named.is_none() => Ok(None),
+        Err(e) => Err(Error::io(
+            format!("create: CRIU config {} (org.criu.config)", path.display()),
+            e,
+        )),
+    }
+}
+
+/// For a GPU container's capture: the dump log must show that the CUDA
+/// plugin initialized. A plugin that turned itself off (cuda-checkpoint not
+/// found, a driver without `--action`, no GPU visible) lets CRIU go on and
+/// fail later on a device, or worse; this names the plugin's own reason.
+pub fn check_cuda_plugin_ran(dump_log: &str) -> std::result::Result<(), String> {
+    if dump_log
+        .lines()
+        .any(|l| l.contains("cuda_plugin: initialized"))
+    {
+        return Ok(());
+    }
+    let reason = dump_log
+        .lines()
+        .filter(|l| l.contains("cuda_plugin: "))
+        .map(|l| l.split_once("cuda_plugin: ").map_or(l, |(_, m)| m).trim())
+        .find(|m| !m.is_empty());
+    Err(match reason {
+        Some(r) => format!("the CUDA plugin did not initialize: {r}"),
+        None => "the CUDA plugin did not load (dump.log never mentions cuda_plugin: check libdir and cuda_plugin_dir)".to_string(),
+    })
+}
+
+/// For a GPU container's restore: CRIU's restore log must not show a failed
+/// device step of the CUDA plugin (CRIU reports success regardless). Returns
+/// the plugin's own lines of the failed step.
+pub fn check_cuda_resume(restore_log: &str) -> std::result::Result<(), String> {
+    let failed: Vec<&str> = restore_log
+        .lines()
+        .filter(|l| l.contains("Error (") && l.contains("cuda_plugin: "))
+        // A process of the tree without CUDA: the plugin has nothing to resume.
+        .filter(|l| !l.contains("to retrieve restore tid"))
+        .map(|l| l.split_once("cuda_plugin: ").map_or(l, |(_, m)| m).trim())
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the CUDA plugin failed to resume the GPU: {}",
+        failed.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_and_restore_share_the_options() {
+        let f = snapshot_flags(false);
+        assert!(f.tcp_established && f.ext_unix_sk && f.file_locks);
+        assert!(!f.shell_job && !f.leave_running);
+        assert!(snapshot_flags(true).shell_job);
+    }
+
+    #[test]
+    fn the_config_keeps_the_base_and_ends_with_vsnaps_lines() {
+        let text = config_text(
+            Some((Path::new("/etc/criu/runc.conf"), "tcp-close\nlibdir /old\n")),
+            Path::new("/opt/criu/plugins"),
+            true,
+        );
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "tcp-close",
+                "libdir /old",
+                "ghost-limit 68719476736",
+                "libdir /opt/criu/plugins",
+                "leave-stopped"
+            ]
+        );
+        assert!(text.starts_with("# from /etc/criu/runc.conf\n"));
+        let plain = config_text(None, Path::new("/usr/lib/criu"), false);
+        assert!(!plain.contains("leave-stopped"));
+        assert!(plain.contains("libdir /usr/lib/criu\n"));
+    }
+
+    #[test]
+    fn the_base_config_is_the_named_one_or_runcs_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("runc.conf");
+        assert!(
+            base_config(None, &default).unwrap().is_none(),
+            "absent default"
+        );
+        std::fs::write(&default, "log-level 4\n").unwrap();
+        let (p, t) = base_config(None, &default).unwrap().unwrap();
+        assert_eq!((p, t.as_str()), (default.clone(), "log-level 4\n"));
+        assert!(
+            base_config(Some(""), &default).unwrap().is_none(),
+            "none at all"
+        );
+        let named = dir.path().join("mine.conf");
+        let err = base_config(Some(named.to_str().unwrap()), &default)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mine.conf") && err.contains("org.criu.config"),
+            "{err}"
+        );
+        std::fs::write(&named, "tcp-established\n").unwrap();
+        let (p, _) = base_config(Some(named.to_str().unwrap()), &default)
+            .unwrap()
+            .unwrap();
+        assert_eq!(p, named);
+    }
+
+    #[test]
+    fn a_plugin_that_turned_itself_off_is_named() {
+        let on = "(00.01) cuda_plugin: initialized: cuda_plugin stage 1\n(00.02) cuda_plugin: pausing devices on pid 7\n";
+        check_cuda_plugin_ran(on).unwrap();
+        let off = "(00.01) Warn  (cuda_plugin.c:585): cuda_plugin: check that cuda-checkpoint is present in $PATH\n";
+        assert_eq!(
+            check_cuda_plugin_ran(off).unwrap_err(),
+            "the CUDA plugin did not initialize: check that cuda-checkpoint is present in $PATH"
+        );
+        let none = check_cuda_plugin_ran("(00.01) Dumping finished successfully\n").unwrap_err();
+        assert!(none.contains("did not load"), "{none}");
+    }
+
+    #[test]
+    fn a_failed_gpu_resume_fails_the_restore() {
+        let good = "(00.50) cuda_plugin: resuming devices on pid 12\n(00.90) Restore finished successfully. Tasks resumed.\n";
+        check_cuda_resume(good).unwrap();
+        let bad = include_str!("../../tests/fixtures/restore-cuda-resume-failed.log");
+        let e = check_cuda_resume(bad).unwrap_err();
+        assert_eq!(
+            e,
+            "the CUDA plugin failed to resume the GPU: RESUME_DEVICES RESTORE failed with Error: out of memory while restoring device memory"
+        );
+    }
+}
