@@ -46,6 +46,9 @@ pub fn run(
         }
     };
     session.phase("recovery: restore memory", || engine.load());
+    session.phase("recovery: connections", || {
+        session.faults().check_resources()
+    });
     session.phase("recovery: canary", || {
         // No donor/copy distinction here, so a drift switch applies to every release.
         let canary = session.faults().drifted(engine.canary()?);

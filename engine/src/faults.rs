@@ -39,7 +39,17 @@ pub struct Faults {
     /// VSNAP_ENGINE_UNDUMPABLE=1: hold a perf_event fd, a file CRIU cannot dump
     /// (and vsnap's inventory does not look for), so the checkpoint itself fails.
     pub undumpable: bool,
+    /// VSNAP_ENGINE_SELF_TCP=IP: hold a TCP connection to itself on that
+    /// address of the container (`auto`: its first non-loopback IPv4), as
+    /// vLLM's rendezvous store does; the recovery checks it still carries
+    /// bytes both ways.
+    pub self_tcp: Option<String>,
+    /// VSNAP_ENGINE_HOLD_DEVICE=PATH: hold a file (a character device) open.
+    pub hold_device: Option<String>,
 }
+
+/// Both ends of the self connection, for the recovery to use.
+static SELF_TCP: std::sync::OnceLock<(TcpStream, TcpStream)> = std::sync::OnceLock::new();
 
 /// What to do on entering a phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +83,8 @@ impl Faults {
             io_uring: var("VSNAP_ENGINE_IO_URING").is_some_and(|v| v != "0"),
             outside_tcp: var("VSNAP_ENGINE_OUTSIDE_TCP"),
             undumpable: var("VSNAP_ENGINE_UNDUMPABLE").is_some_and(|v| v != "0"),
+            self_tcp: var("VSNAP_ENGINE_SELF_TCP"),
+            hold_device: var("VSNAP_ENGINE_HOLD_DEVICE"),
         })
     }
 
@@ -138,8 +150,89 @@ impl Faults {
             })?;
             log(&format!("holding perf_event fd {fd}"));
         }
+        if let Some(path) = &self.hold_device {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_HOLD_DEVICE={path}: {e}")))?;
+            log(&format!("holding {path} on fd {}", file.into_raw_fd()));
+        }
+        if let Some(ip) = &self.self_tcp {
+            let pair = connect_to_self(ip)
+                .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_SELF_TCP={ip}: {e}")))?;
+            log(&format!(
+                "holding a TCP connection to itself: {} -> {}",
+                pair.0
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                pair.0
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            ));
+            let _ = SELF_TCP.set(pair);
+        }
         Ok(())
     }
+
+    /// After a restore: the self connection (when held) carries a message
+    /// each way, proving CRIU restored both of its ends.
+    pub fn check_resources(&self) -> Result<(), Failure> {
+        let Some((a, b)) = SELF_TCP.get() else {
+            return Ok(());
+        };
+        exchange(a, b)
+            .and_then(|()| exchange(b, a))
+            .map_err(|e| Failure::engine(format!("the TCP connection to itself: {e}")))
+    }
+}
+
+/// Listens on `ip` (or, for `auto`, the first non-loopback IPv4 address of
+/// this network namespace), connects to it and accepts: both ends here.
+fn connect_to_self(ip: &str) -> std::io::Result<(TcpStream, TcpStream)> {
+    let ip: std::net::IpAddr = if ip == "auto" {
+        first_global_ipv4()?
+    } else {
+        ip.parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{e}")))?
+    };
+    let listener = std::net::TcpListener::bind((ip, 0))?;
+    let client = TcpStream::connect(listener.local_addr()?)?;
+    let (server, _) = listener.accept()?;
+    // The listener goes: only the established pair remains.
+    Ok((client, server))
+}
+
+/// The IPv4 address this network namespace sends from by its default
+/// route (a UDP socket "connected" to a documentation address: no packet
+/// leaves). Never loopback.
+fn first_global_ipv4() -> std::io::Result<std::net::IpAddr> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    probe.connect("192.0.2.1:9")?;
+    let ip = probe.local_addr()?.ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no non-loopback IPv4 address (the default route gives {ip})"),
+        ));
+    }
+    Ok(ip)
+}
+
+/// Writes a line on `from` and reads it back on `to`, within 5 s.
+fn exchange(from: &TcpStream, to: &TcpStream) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let msg = b"vsnap-self-tcp\n";
+    (&*from).write_all(msg)?;
+    to.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut got = [0u8; 15];
+    (&*to).read_exact(&mut got)?;
+    if &got != msg {
+        return Err(std::io::Error::other(format!("read back {got:?}")));
+    }
+    Ok(())
 }
 
 /// A software CPU-clock counter of this process, user space only (allowed at

@@ -75,6 +75,9 @@ pub fn run(
         Ok(())
     });
     session.phase("recovery: restore memory", || engine.load());
+    session.phase("recovery: connections", || {
+        session.faults().check_resources()
+    });
     session.phase("recovery: canary", || {
         let mut canary = engine.canary()?;
         if activation.kind == ActivationKind::Copy {

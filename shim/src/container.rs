@@ -523,6 +523,22 @@ impl RestoreJob {
                 Some(&self.deadline),
             )
             .await;
+        // runc's message is generic; CRIU's log says what it could not restore.
+        let restored = restored.map_err(|e| match e {
+            Error::Runc {
+                phase,
+                verb,
+                detail,
+            } => Error::Runc {
+                phase,
+                verb,
+                detail: format!(
+                    "{detail}{}",
+                    criu::log_errors(&self.work.join("restore.log"))
+                ),
+            },
+            e => e,
+        });
         if restored.is_err() {
             self.undo().await;
         }

@@ -229,6 +229,24 @@ impl Env {
         v["error"].as_str().expect("an error string").to_string()
     }
 
+    /// Runs a `create` of `id` whose capture must fail (ctr run succeeds,
+    /// the capture fails later); returns the error record, after checking
+    /// the task's exit `code`.
+    pub fn failed_capture(&self, id: &str, name: &str, code: u8, extra: &[&str]) -> String {
+        let out = self.run(id, "create", name, crate::engine::free_port(), extra);
+        assert!(out.ok(), "create starts, the capture fails later: {out:?}");
+        // Read before the task is deleted: the record lives in its bundle.
+        let error = self.wait_capture_failed(id);
+        eprintln!("{id}: {error}");
+        let deleted = self.remove(id);
+        assert_eq!(
+            exit_code(&deleted),
+            Some(code),
+            "the task's exit after a failed capture: {deleted}"
+        );
+        error
+    }
+
     /// Leftover staging folders under the artifact root.
     pub fn staging_dirs(&self) -> Vec<String> {
         list(&self.artifacts)
@@ -282,6 +300,13 @@ impl Env {
         );
         assert_eq!(self.staging_dirs(), Vec::<String>::new(), "staging");
     }
+}
+
+/// The exit code in `ctr task delete`'s output.
+pub fn exit_code(deleted: &str) -> Option<u8> {
+    let (_, rest) = deleted.split_once("non-zero exit code ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// The prompts' answers from an engine listening on `port`.

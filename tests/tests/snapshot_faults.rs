@@ -45,29 +45,9 @@ fn good_restore(e: &Env, id: &str, name: &str) {
 /// record after checking that the task exited with `code` (137: killed by
 /// the shim; 1: the engine's own failure exit).
 fn failed_capture(e: &Env, id: &str, name: &str, code: u8, extra: &[&str]) -> String {
-    let out = e.run(id, "create", name, free_port(), extra);
-    assert!(out.ok(), "create starts, the capture fails later: {out:?}");
-    // Read before the task is deleted: the record lives in its bundle.
-    let error = e.wait_capture_failed(id);
-    eprintln!("{id}: {error}");
-    let deleted = e.remove(id);
-    assert_eq!(
-        exit_code(&deleted),
-        Some(code),
-        "the task's exit after a failed capture: {deleted}"
-    );
-    error
+    e.failed_capture(id, name, code, extra)
 }
 
-/// The code in ctr's "exit with non-zero exit code N" at task delete.
-fn exit_code(deleted: &str) -> Option<u8> {
-    let (_, rest) = deleted.split_once("non-zero exit code ")?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
-}
-
-/// `original` with one byte flipped, one appended, or cut in half; None
-/// for "delete".
 fn damaged(what: &str, original: &[u8]) -> Option<Vec<u8>> {
     let mut bytes = original.to_vec();
     match what {

@@ -146,7 +146,7 @@ impl Capture {
                 self.thaw(&pids).await;
             }
             // runc's own message is generic; CRIU's log says what it could not dump.
-            let criu = criu_errors(&staging.work().join("dump.log"));
+            let criu = criu::log_errors(&staging.work().join("dump.log"));
             return Err(match e {
                 Error::DeadlineExceeded(m) => {
                     Error::DeadlineExceeded(format!("capture: {m}{criu}"))
@@ -276,22 +276,6 @@ impl Capture {
                 info!("{}: GPU after the killed dump: {done:?}", self.id);
             }
         }
-    }
-}
-
-/// The last error lines of a CRIU log, as `; CRIU: ...` (empty without any).
-fn criu_errors(log: &std::path::Path) -> String {
-    let Ok(text) = std::fs::read_to_string(log) else {
-        return String::new();
-    };
-    let errors: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("Error ("))
-        .map(|l| l.split_once("): ").map_or(l, |(_, msg)| msg).trim())
-        .collect();
-    match errors.len() {
-        0 => String::new(),
-        n => format!("; CRIU: {}", errors[n.saturating_sub(3)..].join("; ")),
     }
 }
 

@@ -129,6 +129,22 @@ pub fn check_cuda_resume(restore_log: &str) -> std::result::Result<(), String> {
     ))
 }
 
+/// The last error lines of a CRIU log, as `; CRIU: ...` (empty without any).
+pub fn log_errors(log: &std::path::Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error ("))
+        .map(|l| l.split_once("): ").map_or(l, |(_, msg)| msg).trim())
+        .collect();
+    match errors.len() {
+        0 => String::new(),
+        n => format!("; CRIU: {}", errors[n.saturating_sub(3)..].join("; ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
