@@ -106,16 +106,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp" "$D/rootfs/run"
+mkdir -p "$D/bin"
 ln -s "$SHIM" "$D/bin/containerd-shim-vsnap-v1"
-cp /bin/busybox "$D/rootfs/bin/"
-for a in sh cat sleep; do ln -s busybox "$D/rootfs/bin/$a"; done
-# The reference engine and the libraries it links against.
-cp "$ENGINE" "$D/rootfs/vsnap-ref-engine"
-for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
-    mkdir -p "$D/rootfs$(dirname "$lib")"
-    cp "$lib" "$D/rootfs$lib"
-done
+vsnap_engine_rootfs "$D/rootfs" "$ENGINE"
 vsnap_containerd_config "$D" >"$D/config.toml"
 ARTIFACTS="$D/artifacts"
 cat >"$D/vsnap.toml" <<TOML

@@ -29,15 +29,9 @@ trap cleanup EXIT
 ENGINE="$TOP/target/release/vsnap-ref-engine"
 INIT_MS=${DEMO_INIT_MS:-4000}
 STATE_MB=${DEMO_STATE_MB:-512}
-mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp" "$D/rootfs/run"
+mkdir -p "$D/bin"
 ln -s "$TOP/target/release/containerd-shim-vsnap-v1" "$D/bin/"
-cp /bin/busybox "$D/rootfs/bin/"
-for a in sh echo cat sleep uname; do ln -s busybox "$D/rootfs/bin/$a"; done
-# The reference engine and the libraries it links against.
-cp "$ENGINE" "$D/rootfs/vsnap-ref-engine"
-for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
-    mkdir -p "$D/rootfs$(dirname "$lib")"; cp "$lib" "$D/rootfs$lib"
-done
+vsnap_engine_rootfs "$D/rootfs" "$ENGINE"
 vsnap_containerd_config "$D" >"$D/config.toml"
 cat > "$D/vsnap.toml" <<TOML
 artifact_root = "$D/artifacts"

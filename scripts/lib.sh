@@ -27,6 +27,20 @@ TOML
     fi
 }
 
+# Makes DIR a root filesystem for the reference engine: busybox (sh, echo, cat, sleep,
+# uname), the engine binary ENGINE at /vsnap-ref-engine and the libraries it links against.
+vsnap_engine_rootfs() {
+    local dir=$1 engine=$2 a lib
+    mkdir -p "$dir/bin" "$dir/proc" "$dir/dev" "$dir/tmp" "$dir/run"
+    cp "$(command -v busybox)" "$dir/bin/busybox"
+    for a in sh echo cat sleep uname; do ln -sfn busybox "$dir/bin/$a"; done
+    cp "$engine" "$dir/vsnap-ref-engine"
+    for lib in $(ldd "$engine" | grep -o '/[^ ]*'); do
+        mkdir -p "$dir$(dirname "$lib")"
+        cp "$lib" "$dir$lib"
+    done
+}
+
 # Runs a benchmark written as an example of the e2e crate (tests/examples/NAME.rs)
 # against release builds of the shim, the reference engine and the CLI. Run as root.
 vsnap_bench_example() {
