@@ -13,7 +13,7 @@
 # It checks that the Rust toolchain (cargo) exists but does not install it.
 # The system's apt sources and sysctl settings are left as they are. Downloads and the
 # CRIU build tree live under /var/cache/vsnap/ so re-runs reuse them.
-# Each step follows the hand-verified host recipe (design notes: host-recipe.md).
+# What each step installs and why: docs/host-setup.md.
 set -euo pipefail
 
 STEP=init
