@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Qualifies a host for vsnap with real GPUs (see docs/gpu-hosts.md). Run as root.
 #
-# 1. Checks the prerequisites and says PASS / WARN / FAIL / SKIP for each: NVIDIA
+# 1. Checks the prerequisites and says PASS / FAIL / SKIP for each: NVIDIA
 #    driver (nvidia-smi, driver version, MIG, MPS), NVIDIA's cuda-checkpoint, CRIU
 #    (>= 4.2.1, `criu check`) and its cuda_plugin.so, the io_uring sysctl, runc,
 #    iptables-restore, containerd >= 2.0 and the vsnap shim.
 # 2. Runs the snapshot flow under a PRIVATE containerd (its own root, state and
 #    socket; the system's containerd is not touched): a cold start without a plan,
 #    a create (cold start, capture with runc + CRIU, publish), then two restores from
-#    the artifact, each copy's completions compared with the cold start's.
+#    the artifact AT ONCE, each copy's completions compared with the cold start's.
+#    The tools reach runc and CRIU through the runtime config (criu_binary,
+#    cuda_checkpoint, cuda_plugin_dir), as on a production node, not through PATH.
 #    - Always with the project's reference engine (a CPU model, as scripts/demo.sh).
 #    - With vLLM too when the host has a working GPU and both of these are set:
 #        VSNAP_QUALIFY_IMAGE  a vLLM OpenAI server image: a fully qualified
@@ -18,7 +20,8 @@
 #                             at /model)
 # 3. Prints a table of timings (cold start, create, checkpoint, each restore) and
 #    artifact sizes, and lists every step it SKIPPED and why.
-# Exit status 0 when everything it could run passed (warnings and skips allowed).
+# Exit status 0 when everything it could run passed (skips allowed). There are no
+# warnings: anything that would make a capture or restore fail later is a FAIL.
 #
 # Optional settings:
 #   VSNAP_QUALIFY_GPU=0                 GPU index given to the vLLM container
@@ -27,7 +30,9 @@
 #                                       in /etc/cdi or /var/run/cdi lists it)
 #   VSNAP_QUALIFY_MIN_DRIVER=570        driver major needed (570: process trees;
 #                                       555 suffices for a single CUDA process)
-#   VSNAP_QUALIFY_VLLM_ARGS="..."       extra `vllm serve` arguments
+#   VSNAP_QUALIFY_VLLM_ARGS="--gpu-memory-utilization 0.4"
+#                                       extra `vllm serve` arguments (the default
+#                                       leaves room for two copies on one GPU)
 #   VSNAP_QUALIFY_CTR_ARGS="..."        extra `ctr run` arguments for vLLM
 #   VSNAP_QUALIFY_CAPTURE_TIMEOUT=1800  seconds for a vLLM cold start to capture-ready
 #   VSNAP_QUALIFY_RESTORE_TIMEOUT=600   seconds for a vLLM restore to validate
@@ -64,7 +69,6 @@ WORKDIR=${VSNAP_QUALIFY_WORKDIR:-/var/tmp}
 PROMPTS=("The capital of France is" "Write one sentence about fast restarts:" "1, 2, 3, 4, 5,")
 
 FAILS=()
-WARNS=()
 SKIPS=()
 NPASS=0
 say() { printf 'qualify: %s\n' "$*"; }
@@ -74,7 +78,6 @@ result() { # STATUS NAME DETAIL...
     printf 'qualify: [%-4s] %-18s %s\n' "$status" "$name" "$*"
     case $status in
     PASS) NPASS=$((NPASS + 1)) ;;
-    WARN) WARNS+=("$name: $*") ;;
     FAIL) FAILS+=("$name: $*") ;;
     SKIP) SKIPS+=("$name: $*") ;;
     esac
@@ -124,7 +127,7 @@ else
         result PASS mig "MIG is not enabled"
     fi
     if pgrep -x nvidia-cuda-mps-control >/dev/null 2>&1; then
-        result WARN mps "an MPS control daemon runs: cuda-checkpoint does not support MPS clients; do not run the engine under MPS"
+        result FAIL mps "an MPS control daemon runs: cuda-checkpoint does not support MPS clients; stop it (echo quit | nvidia-cuda-mps-control) before qualifying"
     else
         result PASS mps "no MPS control daemon"
     fi
@@ -184,10 +187,10 @@ if uring=$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null); then
     if [ "$uring" = 2 ]; then
         result PASS io_uring "kernel.io_uring_disabled=2 (no process can create io_uring instances)"
     else
-        result WARN io_uring "kernel.io_uring_disabled=$uring: root containers can still create io_uring instances, which CRIU cannot dump (the capture then fails naming the pid); for vLLM set: sysctl -w kernel.io_uring_disabled=2"
+        result FAIL io_uring "kernel.io_uring_disabled=$uring: root containers can still create io_uring instances, which CRIU cannot dump (the capture then fails naming the pid); for vLLM set: sysctl -w kernel.io_uring_disabled=2"
     fi
 else
-    result WARN io_uring "this kernel has no kernel.io_uring_disabled sysctl: an engine that opens io_uring cannot be captured"
+    result FAIL io_uring "this kernel has no kernel.io_uring_disabled sysctl: an engine that opens io_uring cannot be captured (Linux >= 6.6 has it)"
 fi
 
 # --- runc, iptables, containerd, the shim ---------------------------------------------------
@@ -286,9 +289,10 @@ else
         result PASS gpu-injection "CDI spec $cdi: ctr run --device nvidia.com/gpu=$GPU_INDEX"
         VLLM=1
     elif command -v nvidia-container-cli >/dev/null 2>&1; then
-        DEVICE_ARGS=(--gpus "$GPU_INDEX")
-        result WARN gpu-injection "no CDI spec; using ctr --gpus (the legacy prestart hook of nvidia-container-cli; untested with restore). Prefer: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
-        VLLM=1
+        # vsnap refuses GPUs given by an OCI hook (ctr --gpus): CRIU does not
+        # know what it mounts and runc would run it again at restore.
+        result FAIL gpu-injection "no CDI spec, only nvidia-container-cli (ctr --gpus, a prestart hook vsnap refuses for snapshots): generate one with nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+        VLLM_WHY="no CDI spec for the GPU"
     else
         result FAIL gpu-injection "no way to give a container the GPU: no CDI spec in /etc/cdi or /var/run/cdi and no nvidia-container-cli; install the NVIDIA Container Toolkit and run: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
         VLLM_WHY="no CDI spec for the GPU"
@@ -332,12 +336,16 @@ start_containerd() {
     mkdir -p "$D/bin" "$D/logs"
     ln -s "$SHIM" "$D/bin/containerd-shim-vsnap-v1"
     vsnap_containerd_config "$D" >"$D/config.toml"
-    printf 'artifact_root = "%s"\n' "$D/artifacts" >"$D/vsnap.toml"
-    # The shim, runc and CRIU inherit containerd's PATH: CRIU's CUDA plugin finds
-    # cuda-checkpoint there.
-    local path="$D/bin:$(dirname "$CONTAINERD"):$(dirname "$CRIU")"
-    [ -n "$CUDA_CHECKPOINT" ] && path="$path:$(dirname "$CUDA_CHECKPOINT")"
-    PATH="$path:$PATH" "$CONTAINERD" --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
+    # The tools as an operator configures them: the shim gives runc and CRIU
+    # these paths (--criu, PATH for the CUDA plugin's cuda-checkpoint, libdir),
+    # so nothing here relies on containerd's own PATH holding them.
+    {
+        printf 'artifact_root = "%s"\n' "$D/artifacts"
+        printf 'criu_binary = "%s"\n' "$CRIU"
+        printf 'cuda_plugin_dir = "%s"\n' "$PLUGIN_DIR"
+        [ -n "$CUDA_CHECKPOINT" ] && printf 'cuda_checkpoint = "%s"\n' "$(readlink -f "$CUDA_CHECKPOINT")"
+    } >"$D/vsnap.toml"
+    PATH="$D/bin:$(dirname "$CONTAINERD"):$PATH" "$CONTAINERD" --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
     CPID=$!
     for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && return 0; sleep 0.1; done
     say "containerd did not come up; its log:"
@@ -385,8 +393,9 @@ run_engine() {
             --env VLLM_WORKER_MULTIPROC_METHOD=spawn --env NCCL_IB_DISABLE=1 \
             --env HF_HUB_OFFLINE=1 --env TRANSFORMERS_OFFLINE=1 --env VLLM_NO_USAGE_STATS=1 \
             "$IMAGE_REF" "$id" vllm serve /model --served-model-name qualify "${listen[@]}" \
-            ${VSNAP_QUALIFY_VLLM_ARGS:-} >>"$D/logs/ctr.log" 2>&1
+            ${VSNAP_QUALIFY_VLLM_ARGS:---gpu-memory-utilization 0.4} >>"$D/logs/ctr.log" 2>&1
     fi || return 1
+    [ -n "${NO_ATTACH:-}" ] && return 0
     # Drain the engine's output into a log (a detached task whose output nobody
     # reads stalls once the pipe buffers are full).
     ctr_ task attach "$id" >"$D/logs/$id.log" 2>&1 &
@@ -487,15 +496,34 @@ flow() {
     say "    published in $create s (checkpoint $ckpt s, artifact $size)"
 
     verdict=match
+    # Two copies restored at once from the one artifact (on one GPU for vLLM:
+    # the donor exited, so its GPU memory is free for them).
+    say "  restore copy1 and copy2 at the same time"
+    local waiting=()
     for i in 1 2; do
-        say "  restore copy$i"
-        t=$(now)
-        run_engine "$kind" "$kind-copy$i" "$((base + 1 + i))" restore || { say "  the restore failed"; diagnose "$kind-copy$i"; return 1; }
-        restores+=("$(since "$t")")
+        (
+            t=$(now)
+            NO_ATTACH=1 run_engine "$kind" "$kind-copy$i" "$((base + 1 + i))" restore && since "$t" >"$D/$kind-copy$i.took"
+        ) &
+        waiting+=($!)
+    done
+    wait "${waiting[@]}" || true
+    for i in 1 2; do
+        if [ ! -s "$D/$kind-copy$i.took" ]; then
+            say "  the restore of copy$i failed"
+            diagnose "$kind-copy$i"
+            return 1
+        fi
+        restores+=("$(cat "$D/$kind-copy$i.took")")
+        # The subshell's output drain is gone with it: drain here.
+        ctr_ task attach "$kind-copy$i" >"$D/logs/$kind-copy$i.log" 2>&1 &
+        ATTACH[$kind-copy$i]=$!
+    done
+    for i in 1 2; do
         answers "$((base + 1 + i))" "$D/$kind-copy$i.answers" || { say "  copy$i did not answer"; diagnose "$kind-copy$i"; return 1; }
         phases=$(find "$D/state" -path "*/$kind-copy$i/vsnap-restore.json" 2>/dev/null | head -n 1)
-        [ -n "$phases" ] && phases=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); print(", ".join("%s %.2f s" % (k[:-3].replace("_", " "), t[k] / 1000) for k in ("preflight_ms", "criu_restore_ms", "activation_ms", "listener_ms") if k in t))' "$phases" 2>/dev/null || true)
-        say "    validated and listening in ${restores[-1]} s${phases:+ ($phases)}"
+        [ -n "$phases" ] && phases=$(python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); print(", ".join("%s %.2f s" % (k[:-3].replace("_", " "), t[k] / 1000) for k in ("preflight_ms", "verify_ms", "criu_restore_ms", "activation_ms", "listener_ms") if k in t))' "$phases" 2>/dev/null || true)
+        say "    copy$i validated and listening in ${restores[$((i - 1))]} s${phases:+ ($phases)}"
         if cmp -s "$D/$kind-cold.answers" "$D/$kind-copy$i.answers"; then
             say "    ${#PROMPTS[@]} completions identical to the cold start"
         else
@@ -555,9 +583,8 @@ if [ "${#ROWS[@]}" -gt 0 ]; then
     say "ckpt: runc checkpoint alone (manifest); copyN: ctr run until the restored copy validated and listens"
 fi
 for s in "${SKIPS[@]}"; do say "SKIPPED $s"; done
-for w in "${WARNS[@]}"; do say "WARNING $w"; done
 for f in "${FAILS[@]}"; do say "FAILED  $f"; done
-say "$NPASS passed, ${#WARNS[@]} warnings, ${#SKIPS[@]} skipped, ${#FAILS[@]} failed"
+say "$NPASS passed, ${#SKIPS[@]} skipped, ${#FAILS[@]} failed"
 if [ "${#FAILS[@]}" -gt 0 ]; then
     say "NOT QUALIFIED"
     exit 1
