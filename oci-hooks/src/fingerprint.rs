@@ -8,7 +8,8 @@
 //! are redacted and environment values appear only as fingerprints.
 //!
 //! When the manifest records GPUs, the live ones come from `nvidia-smi`
-//! (`--nvidia-smi P`), as the shim takes them.
+//! (`--nvidia-smi P`), as the shim takes them, narrowed to the container's
+//! own (`--gpu-uuids U1,U2`, which the shim passes).
 //!
 //! With `--strip-snapshot-config-arg` (the shim passes it when it appended
 //! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
@@ -33,6 +34,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--cuda-checkpoint",
     "--shim-version",
     "--nvidia-smi",
+    "--gpu-uuids",
     "--bundle",
     "--state",
 ];
@@ -73,8 +75,22 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
             .path("--nvidia-smi")
             .unwrap_or_else(|| PathBuf::from("nvidia-smi"));
         live.gpus = gpus(&nvidia_smi, NVIDIA_SMI_TIMEOUT)?;
+        // The container's own GPUs, as the shim recorded them (not every
+        // GPU of the host).
+        if let Some(list) = flags.value("--gpu-uuids") {
+            live.gpus = own_gpus(live.gpus, list);
+        }
     }
     compare(&root, &manifest, &live, &spec)
+}
+
+/// The `name uuid driver` lines of `gpus` whose UUID is in the
+/// comma-separated `uuids`.
+pub fn own_gpus(gpus: Vec<String>, uuids: &str) -> Vec<String> {
+    let wanted: Vec<&str> = uuids.split(',').filter(|u| !u.is_empty()).collect();
+    gpus.into_iter()
+        .filter(|g| g.split(' ').any(|t| wanted.contains(&t)))
+        .collect()
 }
 
 /// How long nvidia-smi may take (a wedged driver hangs it), within the
@@ -198,6 +214,20 @@ pub fn compare(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn only_the_containers_gpus_are_compared() {
+        let host = vec![
+            "NVIDIA H200 GPU-aaaa 570.124.06".to_string(),
+            "NVIDIA H200 GPU-bbbb 570.124.06".to_string(),
+        ];
+        assert_eq!(
+            own_gpus(host.clone(), "GPU-bbbb"),
+            ["NVIDIA H200 GPU-bbbb 570.124.06"]
+        );
+        assert_eq!(own_gpus(host.clone(), "GPU-aaaa,GPU-bbbb"), host);
+        assert!(own_gpus(host, "GPU-cccc").is_empty());
+    }
 
     #[test]
     fn only_vsnaps_own_trailing_snapshot_config_is_stripped() {

@@ -257,6 +257,16 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
             if s.profile == Profile::Startup && profile::is_vllm_serve(argv) {
                 fingerprint.push("--strip-snapshot-config-arg".into());
             }
+            // `name uuid driver`: the container's own GPUs, not the host's.
+            let uuids: Vec<&str> = s
+                .gpus
+                .iter()
+                .filter_map(|g| g.split(' ').find(|t| t.starts_with("GPU-")))
+                .collect();
+            if !uuids.is_empty() {
+                fingerprint.push("--gpu-uuids".into());
+                fingerprint.push(uuids.join(","));
+            }
             checks.push(fingerprint);
         }
         _ => checks.push(vec!["ownership".into(), "--control-dir".into(), control]),
