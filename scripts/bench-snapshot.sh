@@ -16,7 +16,13 @@
 #      canary and listens; then /health is confirmed), in ABBA order; per restore the
 #      shim's phase timings (vsnap-restore.json in the bundle: preflight, CRIU restore,
 #      activation + canary, listener); restore throughput = image bytes / CRIU restore;
-#   4. BENCH_COLD_RUNS restores right after dropping the page cache, reported apart.
+#   4. BENCH_COLD_RUNS restores right after dropping the page cache, reported apart;
+#   2b. the machine's fresh-memory fill rate (the pages pread into a fresh mapping by 1
+#      and 2 threads, 4 KiB pages and MADV_HUGEPAGE: tests/examples/fill_rate.rs);
+#   5. a stock `runc restore` of the same images (no hooks, no verification) beside
+#      vsnap's CRIU phase;
+#   6. 8 restores of the one artifact started at once: time until all are ready and the
+#      memory they took.
 #   Every answer of a copy to one completion is compared with the cold engine's.
 #
 # The report (markdown) goes to stdout and, with BENCH_OUT, to that file; progress to
@@ -259,6 +265,24 @@ for _ in 1 2 3; do
     FRESH_WARM_MS+=("$(ms "$(fresh_read)")")
 done
 
+# --- 2b. the machine's fresh-memory fill rate ---------------------------------------------
+# The same pages-*.img bytes pread into one fresh anonymous mapping by 1 and 2 threads, in
+# 4 KiB pages and with MADV_HUGEPAGE (THP): the limit a restore that places pages can
+# reach here (CRIU 4.2 places them with one thread in 4 KiB pages). Warm page cache.
+say "2b. fresh-memory fill rate (1/2 threads, 4 KiB / huge pages), warm page cache"
+FILL="$TARGET/release/examples/fill_rate"
+if [ ! -x "$FILL" ]; then
+    CARGO_TARGET_DIR="$TARGET" cargo build --release -q -p vsnap-e2e --example fill_rate >&2
+fi
+declare -A FILL_MS=()
+cat "$ART"/images/pages-*.img >/dev/null
+for _ in 1 2 3; do
+    for mode in "1" "2" "--huge 1" "--huge 2"; do
+        # shellcheck disable=SC2086
+        FILL_MS[$mode]+="$("$FILL" $mode "$ART"/images/pages-*.img | awk '{ printf "%.0f", $4 }') "
+    done
+done
+
 # --- 3. paired cold start / restore ------------------------------------------------------
 COLD_US=()
 REST_CTR_US=()
@@ -339,6 +363,64 @@ for _ in $(seq "$COLD_RUNS"); do
     restore_once CREST
     say "   cold-cache restore $(ms "${CREST_US[-1]}") ms (CRIU ${CREST_CRIU[-1]} ms)"
 done
+
+# --- 5. a stock runc restore of the same artifact -------------------------------------------
+# runc + CRIU alone, as containerd's runc shim would run them: the bundle of a vsnap copy
+# (its spec, without vsnap's hooks and CRIU config), a fresh control dir with the
+# artifact's control files, the same CRIU options. Wall time of `runc restore --detach`,
+# next to vsnap's CRIU phase (runc restore + its hooks + the verification beside it).
+say "5. stock runc restore of the same images (x3), warm page cache"
+STOCK_MS=()
+STOCK_ROOT="$D/stock-runc"
+mkdir -p "$STOCK_ROOT"
+run_engine stock-src "$((PORT + 90))" restore
+cp "$BUNDLES/stock-src/config.json" "$D/stock-config.json"
+stop stock-src
+for k in 1 2 3; do
+    B="$D/stock-bundle-$k"
+    rm -rf "$B" "$D/stock-ctl-$k" "$D/stock-work-$k"
+    mkdir -p "$B" "$D/stock-work-$k"
+    mkdir -m 0700 "$D/stock-ctl-$k"
+    cp "$ART"/control/* "$D/stock-ctl-$k/"
+    python3 - "$D/stock-config.json" "$B/config.json" "$D/rootfs" "$D/stock-ctl-$k" "$k" <<'PY'
+import json, sys
+src, dst, rootfs, ctl, k = sys.argv[1:]
+spec = json.load(open(src))
+spec["root"]["path"] = rootfs
+spec.get("annotations", {}).pop("org.criu.config", None)
+spec.pop("hooks", None)
+for m in spec.get("mounts", []):
+    if m.get("destination") == "/run/vsnap/control":
+        m["source"] = ctl
+spec.setdefault("linux", {})["cgroupsPath"] = "/vsnap-bench-stock-" + k
+json.dump(spec, open(dst, "w"))
+PY
+    t0=$EPOCHREALTIME
+    runc --root "$STOCK_ROOT" restore --detach --bundle "$B" --image-path "$ART/images" \
+        --work-path "$D/stock-work-$k" --tcp-established --ext-unix-sk --file-locks "stock-$k" \
+        </dev/null >"$D/stock-$k.out" 2>&1 || { cat "$D/stock-$k.out" >&2; exit 1; }
+    STOCK_MS+=("$(ms "$(us_since "$t0")")")
+    runc --root "$STOCK_ROOT" kill "stock-$k" KILL >/dev/null 2>&1 || true
+    for _ in $(seq 100); do runc --root "$STOCK_ROOT" delete -f "stock-$k" >/dev/null 2>&1 && break; sleep 0.05; done
+    say "   stock runc restore $k: ${STOCK_MS[-1]} ms"
+done
+
+# --- 6. eight restores of one artifact at once ----------------------------------------------
+say "6. 8 concurrent restores of the artifact"
+mem_avail() { awk '/^MemAvailable:/ { printf "%d", $2 * 1024 }' /proc/meminfo; }
+AVAIL_BEFORE=$(mem_avail)
+t0=$EPOCHREALTIME
+PIDS=()
+for k in $(seq 8); do
+    ( run_engine "par-$k" "$((PORT + 100 + k))" restore ) &
+    PIDS+=($!)
+done
+for p in "${PIDS[@]}"; do wait "$p" || { echo "bench-snapshot: a concurrent restore failed" >&2; exit 1; }; done
+PAR_MS=$(ms "$(us_since "$t0")")
+PAR_USED=$((AVAIL_BEFORE - $(mem_avail)))
+for k in $(seq 8); do check_answer "$((PORT + 100 + k))" "par-$k"; done
+for k in $(seq 8); do stop "par-$k"; done
+say "   8 copies validated and listening in $PAR_MS ms, using $(mib "$PAR_USED") MiB"
 
 # --- report --------------------------------------------------------------------------------
 to_ms() { local u; for u in "$@"; do ms "$u"; echo; done; }
@@ -427,6 +509,32 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "CRIU restore / \`cat\`: warm $(ratio "$CRIU_MED" "$RAW_WARM_MED"), cold $(ratio "$(DEC=1 med "${CREST_CRIU[@]}")" "$RAW_COLD_MED")."
     echo "CRIU restore / \`dd\` into fresh memory: warm $(ratio "$CRIU_MED" "$(med "${FRESH_WARM_MS[@]}")"), cold $(ratio "$(DEC=1 med "${CREST_CRIU[@]}")" "$(med "${FRESH_COLD_MS[@]}")")."
     echo "Transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo n/a)."
+    echo
+    echo "### The fresh-memory fill rate of this machine (pages-*.img, $(mib "$PAGES_BYTES") MiB, warm page cache, 3 x each)"
+    echo
+    echo "| placing the pages with | median (ms) | min-max (ms) | GB/s (median) |"
+    echo "|---|---:|---:|---:|"
+    for mode in "1" "2" "--huge 1" "--huge 2"; do
+        # shellcheck disable=SC2086
+        set -- ${FILL_MS[$mode]}
+        label="${mode#--huge } thread(s), $([ "${mode#--huge}" = "$mode" ] && echo "4 KiB pages" || echo "MADV_HUGEPAGE")"
+        echo "| $label | $(med "$@") | $(minmax "$@") | $(gbps "$PAGES_BYTES" "$(med "$@")") |"
+    done
+    echo
+    echo "### vsnap's restore vs a stock \`runc restore\` of the same images (warm page cache)"
+    echo
+    echo "| restore | median (ms) | min-max (ms) | GB/s (median) |"
+    echo "|---|---:|---:|---:|"
+    echo "| stock \`runc restore --detach\` (no hooks, no verification), 3 x | $(med "${STOCK_MS[@]}") | $(minmax "${STOCK_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_MS[@]}")") |"
+    echo "| vsnap's CRIU phase (runc restore + hooks + verification beside it), $RUNS x | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
+    echo
+    echo "vsnap CRIU phase / stock runc restore: $(ratio "$CRIU_MED" "$(med "${STOCK_MS[@]}")")."
+    echo
+    echo "### 8 restores of one artifact at once"
+    echo
+    echo "All 8 \`ctr run -d\` (plan=restore) started together: every copy validated and listening after $PAR_MS ms"
+    echo "(one restore alone: $REST_MED ms to ready). Memory they took (MemAvailable before - after):"
+    echo "$(mib "$PAR_USED") MiB for 8 copies of a $(mib "$IMAGE_BYTES") MiB image ($(awk -v u="$PAR_USED" -v i="$IMAGE_BYTES" 'BEGIN { printf "%.2f", u / (8 * i) }') x 8 images): each copy owns its memory."
     echo
     echo "### Restore with a cold page cache ($COLD_RUNS restores, each right after sync + drop_caches)"
     echo
