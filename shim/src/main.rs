@@ -10,6 +10,7 @@ mod container;
 mod error;
 mod events;
 mod exits;
+mod info;
 mod labels;
 // Not called until task.rs wires stats and TaskOOM to them.
 mod metrics;

@@ -15,7 +15,7 @@ use containerd_shim::util::{convert_to_timestamp, write_str_to_file};
 use containerd_shim::{api, Config, Flags, StartOpts};
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::MessageField;
-use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
+use containerd_shim_protos::types::introspection::RuntimeInfo;
 
 /// The annotation CRI puts on every container of a pod: one shim per pod.
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
@@ -94,16 +94,8 @@ impl Shim for Service {
 
     fn runtime_info(
         runtime_id: &str,
-        _options: Option<&Any>,
+        options: Option<&Any>,
     ) -> containerd_shim::Result<RuntimeInfo> {
-        Ok(RuntimeInfo {
-            name: runtime_id.to_string(),
-            version: MessageField::some(RuntimeVersion {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                revision: String::new(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
+        Ok(crate::info::runtime_info(runtime_id, options))
     }
 }
