@@ -94,6 +94,7 @@ APT_PKGS=(
     libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
     libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev
     libnftables-dev
+    containernetworking-plugins
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

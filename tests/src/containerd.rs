@@ -45,13 +45,33 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// The instance number [`scratch_dir`] put in `dir`'s name.
+pub fn instance_number(dir: &Path) -> u32 {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    name.split('-')
+        .nth(3)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 impl Containerd {
+    /// An instance with the CRI plugin off.
     pub fn start(tag: &str) -> Self {
+        Self::start_with(tag, |_| {
+            "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\n".into()
+        })
+    }
+
+    /// An instance whose config is the common part (root, state, socket,
+    /// debug log) plus what `extra` writes for the instance's folder; `extra`
+    /// runs before containerd starts, so it can also put files there.
+    pub fn start_with(tag: &str, extra: impl FnOnce(&Path) -> String) -> Self {
         let dir = scratch_dir(tag);
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::os::unix::fs::symlink(shim_binary(), dir.join("bin").join(SHIM_NAME)).unwrap();
         let config = format!(
-            "version = 3\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
+            "version = 3\n{extra}root = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
+            extra = extra(&dir),
             d = dir.display()
         );
         std::fs::write(dir.join("config.toml"), config).unwrap();
@@ -204,25 +224,21 @@ impl Containerd {
 
     /// Containers runc still knows in this instance's root.
     pub fn runc_containers(&self) -> Vec<String> {
-        let out = run(
-            {
-                let mut c = Command::new("runc");
-                c.arg("--root").arg(self.runc_root()).args(["list", "-q"]);
-                c
-            },
-            None,
-            Duration::from_secs(10),
-        );
-        out.stdout.lines().map(str::to_string).collect()
+        runc_list(&self.runc_root())
     }
 
     /// Task bundles containerd still has.
     pub fn bundles(&self) -> Vec<String> {
+        self.bundles_in(NAMESPACE)
+    }
+
+    /// Task bundles containerd still has in `namespace`.
+    pub fn bundles_in(&self, namespace: &str) -> Vec<String> {
         list(
             &self
                 .dir
                 .join("state/io.containerd.runtime.v2.task")
-                .join(NAMESPACE),
+                .join(namespace),
         )
     }
 
@@ -265,6 +281,20 @@ impl Containerd {
                 .status();
         }
     }
+}
+
+/// Containers runc knows under the state root `root`.
+pub fn runc_list(root: &Path) -> Vec<String> {
+    let out = run(
+        {
+            let mut c = Command::new("runc");
+            c.arg("--root").arg(root).args(["list", "-q"]);
+            c
+        },
+        None,
+        Duration::from_secs(10),
+    );
+    out.stdout.lines().map(str::to_string).collect()
 }
 
 /// Every mount point of this mount namespace, as mountinfo writes it.

@@ -62,6 +62,20 @@ pub fn import_image(
     reference: &str,
     labels: serde_json::Value,
 ) {
+    let config = serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"], "Labels": labels});
+    import_image_to(containerd, "default", work, root, reference, config);
+}
+
+/// Imports the folder `root` as a one-layer OCI image `reference` with the
+/// image config `config` into containerd's `namespace` (CRI uses `k8s.io`).
+pub fn import_image_to(
+    containerd: &Containerd,
+    namespace: &str,
+    work: &Path,
+    root: &Path,
+    reference: &str,
+    config: serde_json::Value,
+) {
     let layout = work.join("layout");
     std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
     let layer_path = work.join("layer.tar");
@@ -80,7 +94,7 @@ pub fn import_image(
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"], "Labels": labels},
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
     });
     let (config_digest, config_size) = blob(&layout, config.to_string().as_bytes());
@@ -116,7 +130,13 @@ pub fn import_image(
         .status()
         .unwrap();
     assert!(st.success(), "tar the image layout");
-    containerd.ctr_ok(&["images", "import", tarball.to_str().unwrap()]);
-    let images = containerd.ctr_ok(&["images", "ls", "-q"]);
+    containerd.ctr_ok(&[
+        "-n",
+        namespace,
+        "images",
+        "import",
+        tarball.to_str().unwrap(),
+    ]);
+    let images = containerd.ctr_ok(&["-n", namespace, "images", "ls", "-q"]);
     assert!(images.contains(reference), "image imported: {images}");
 }

@@ -7,6 +7,7 @@
 
 pub mod cmd;
 pub mod containerd;
+pub mod cri;
 pub mod engine;
 pub mod events;
 pub mod image;

@@ -25,7 +25,12 @@ pub struct Env {
 
 /// A private containerd whose runtime config puts artifacts under its folder.
 pub fn setup(tag: &str) -> Env {
-    let c = Containerd::start(tag);
+    setup_on(Containerd::start(tag))
+}
+
+/// As [`setup`], on an instance already started (one with CRI, say): the
+/// runtime config is `<dir>/vsnap.toml`, artifacts go to `<dir>/artifacts`.
+pub fn setup_on(c: Containerd) -> Env {
     let rootfs = engine_rootfs(&c.dir).display().to_string();
     let artifacts = c.dir.join("artifacts");
     let config = c.dir.join("vsnap.toml");

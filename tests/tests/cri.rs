@@ -1,0 +1,118 @@
+//! The vsnap handler through containerd's CRI API, as kubelet drives it.
+
+use std::time::Duration;
+
+use k8s_cri::v1::*;
+use vsnap_e2e::cri::*;
+use vsnap_e2e::snapshot_env::poll;
+
+/// Plain containers on the vsnap handler in a CNI-networked pod: exec,
+/// logs, stats with real CPU and memory numbers, stop, remove; the pod
+/// stops cleanly after its container exited by itself.
+#[test]
+fn plain_containers_through_cri() {
+    let e = CriEnv::start("cri-plain");
+    let pod_config = e.pod_config("plain", false, &[]);
+    let pod = e.run_pod(&pod_config, VSNAP);
+    let ip = e.cri.pod_status(&pod).status.unwrap().network.unwrap().ip;
+    assert!(!ip.is_empty(), "a CNI address for the pod");
+
+    let mut burner = container_config(
+        "burner",
+        BUSYBOX_IMAGE,
+        &[
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; echo hello from vsnap; while :; do :; done",
+        ],
+    );
+    burner.envs = envs(&[("GREETING", "hi")]);
+    let id = e.run_container(&pod, &pod_config, burner);
+    assert_eq!(e.cri.state(&id), ContainerState::ContainerRunning);
+
+    let exec = e
+        .cri
+        .exec_sync(&id, &["/bin/sh", "-c", "echo $GREETING; exit 3"]);
+    assert_eq!((exec.stdout, exec.exit_code), (b"hi\n".to_vec(), 3));
+
+    // CRI's log file, in its format: "<time> stdout F hello from vsnap".
+    let log = e.cri.container_status(&id).log_path;
+    poll(Duration::from_secs(10), "the log line", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" stdout F hello from vsnap"))
+    });
+
+    // Stats with real numbers on this host's cgroups: a busy loop's CPU time grows.
+    let first = e.cri.stats(&id);
+    let cpu = |s: &ContainerStats| {
+        s.cpu
+            .as_ref()
+            .and_then(|c| c.usage_core_nano_seconds)
+            .map_or(0, |v| v.value)
+    };
+    poll(Duration::from_secs(20), "CPU usage to grow", || {
+        cpu(&e.cri.stats(&id)) > cpu(&first) && cpu(&first) > 0
+    });
+    let mem = e.cri.stats(&id).memory.unwrap();
+    assert!(
+        mem.working_set_bytes.map_or(0, |v| v.value) > 0,
+        "working set"
+    );
+    assert!(mem.rss_bytes.map_or(0, |v| v.value) > 0, "rss");
+    let pod_stats = e
+        .cri
+        .call(
+            e.cri
+                .rs()
+                .list_pod_sandbox_stats(ListPodSandboxStatsRequest { filter: None }),
+        )
+        .unwrap();
+    assert_eq!(pod_stats.stats.len(), 1, "one pod");
+
+    e.cri.stop(&id, 1).unwrap();
+    let st = e.cri.wait_exited(&id, Duration::from_secs(10));
+    assert_eq!(
+        st.exit_code, 137,
+        "SIGTERM is trapped, so SIGKILL after the 1 s grace: {st:?}"
+    );
+    e.cri.remove(&id).unwrap();
+
+    // A container that exits by itself; the pod then stops without error.
+    let quick = e.run_container(
+        &pod,
+        &pod_config,
+        container_config("quick", BUSYBOX_IMAGE, &["/bin/true"]),
+    );
+    let st = e.cri.wait_exited(&quick, Duration::from_secs(10));
+    assert_eq!((st.exit_code, st.reason.as_str()), (0, "Completed"));
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
+}
+
+/// A container over its memory limit is OOM-killed with reason OOMKilled,
+/// on vsnap as on runc.
+#[test]
+fn oom_killed_through_cri_like_runc() {
+    let e = CriEnv::start("cri-oom");
+    for handler in [RUNC, VSNAP] {
+        let pod_config = e.pod_config(&format!("oom-{handler}"), true, &[]);
+        let pod = e.run_pod(&pod_config, handler);
+        let mut hog = container_config(
+            "hog",
+            BUSYBOX_IMAGE,
+            &["/bin/sh", "-c", "x=aaaaaaaa; while :; do x=$x$x; done"],
+        );
+        hog.linux = Some(LinuxContainerConfig {
+            resources: Some(LinuxContainerResources {
+                memory_limit_in_bytes: 32 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let id = e.run_container(&pod, &pod_config, hog);
+        let st = e.cri.wait_exited(&id, Duration::from_secs(60));
+        assert_eq!(st.reason, "OOMKilled", "{handler}: {st:?}");
+        assert_eq!(st.exit_code, 137, "{handler}");
+        e.remove_pod(&pod);
+    }
+    e.assert_nothing_left();
+}
