@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use k8s_cri::v1::*;
 use vsnap_e2e::cri::*;
-use vsnap_e2e::snapshot_env::poll;
+use vsnap_e2e::engine::{free_port, HostEngine};
+use vsnap_e2e::snapshot_env::{answers, poll};
 
 /// Plain containers on the vsnap handler in a CNI-networked pod: exec,
 /// logs, stats with real CPU and memory numbers, stop, remove; the pod
@@ -114,5 +115,126 @@ fn oom_killed_through_cri_like_runc() {
         assert_eq!(st.exit_code, 137, "{handler}");
         e.remove_pod(&pod);
     }
+    e.assert_nothing_left();
+}
+
+/// The reference engine's container: `env` as `K=V` (a restore must run
+/// with the env of its capture).
+fn engine(name: &str, env: &[(&str, &str)]) -> ContainerConfig {
+    let mut c = container_config(name, ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    c.envs = envs(env);
+    c
+}
+
+/// A host-network pod carrying a snapshot plan in its `vsnap.io/` annotations.
+fn plan_pod(
+    e: &CriEnv,
+    name: &str,
+    plan: &str,
+    artifact: &str,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> (String, PodSandboxConfig) {
+    let listen = format!("127.0.0.1:{port}");
+    let mut ann = vec![
+        ("vsnap.io/plan", plan),
+        ("vsnap.io/artifact", artifact),
+        ("vsnap.io/listen", listen.as_str()),
+    ];
+    ann.extend_from_slice(extra);
+    let config = e.pod_config(name, true, &ann);
+    (e.run_pod(&config, VSNAP), config)
+}
+
+/// Creates artifact `name` in a pod whose donor exits after the capture,
+/// then removes the pod.
+fn create_through_cri(e: &CriEnv, name: &str, env: &[(&str, &str)]) {
+    let (pod, config) = plan_pod(
+        e,
+        &format!("create-{name}"),
+        "create",
+        name,
+        free_port(),
+        &[("vsnap.io/after-capture", "exit")],
+    );
+    let donor = e.run_container(&pod, &config, engine("donor", env));
+    e.wait_manifest(name);
+    let st = e.cri.wait_exited(&donor, Duration::from_secs(60));
+    assert_eq!(
+        st.exit_code, 0,
+        "the donor exits cleanly after capture: {st:?}"
+    );
+    e.remove_pod(&pod);
+}
+
+/// A pod that creates, then a second pod that restores: the restored
+/// engine answers exactly as a cold start does, is RUNNING the moment
+/// StartContainer returns, and runs exec; RemovePodSandbox leaves nothing.
+#[test]
+fn a_pod_creates_and_another_pod_restores_through_cri() {
+    let e = CriEnv::start("cri-snap");
+    let cold = HostEngine::start();
+    let reference = answers(cold.port);
+    create_through_cri(&e, "ref", &[]);
+
+    let port = free_port();
+    let (pod, config) = plan_pod(&e, "restore", "restore", "ref", port, &[]);
+    let copy = e.run_container(&pod, &config, engine("copy", &[]));
+    assert_eq!(e.cri.state(&copy), ContainerState::ContainerRunning);
+    assert_eq!(
+        answers(port),
+        reference,
+        "the restored pod answers like a cold start"
+    );
+    let exec = e.cri.exec_sync(&copy, &["/bin/echo", "inside"]);
+    assert_eq!(exec.stdout, b"inside\n");
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
+}
+
+/// A missing artifact, then a damaged one: StartContainer fails with a
+/// message naming the phase and the artifact (what kubelet shows in the
+/// pod's events), the container never runs, and nothing is left.
+#[test]
+fn a_missing_or_damaged_artifact_fails_start_container_by_name() {
+    let e = CriEnv::start("cri-bad");
+    let start_error = |name: &str| {
+        let (pod, config) = plan_pod(
+            &e,
+            &format!("bad-{name}"),
+            "restore",
+            name,
+            free_port(),
+            &[],
+        );
+        let id = e
+            .cri
+            .create(&pod, &config, engine("copy", &[]))
+            .unwrap_or_else(|err| panic!("CreateContainer: {err}"));
+        let err = e.cri.start(&id).expect_err("StartContainer must fail");
+        assert_ne!(e.cri.state(&id), ContainerState::ContainerRunning);
+        e.remove_pod(&pod);
+        err.message().to_string()
+    };
+    let err = start_error("never-made");
+    assert!(
+        err.contains("never-made") && err.contains("does not exist"),
+        "{err}"
+    );
+
+    create_through_cri(&e, "good", &[]);
+    let images = e.artifact("good").join("images");
+    let pages = vsnap_e2e::containerd::list(&images)
+        .into_iter()
+        .filter(|n| n.starts_with("pages-") && n.ends_with(".img"))
+        .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
+        .expect("a pages image");
+    let path = images.join(&pages);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let err = start_error("good");
+    assert!(err.contains("restore") && err.contains(&pages), "{err}");
     e.assert_nothing_left();
 }
