@@ -44,6 +44,17 @@ impl Metrics {
     }
 }
 
+/// Statistics of a container with no process yet (a restore in flight):
+/// zero usage, in the type for the host's cgroup version, so that a
+/// caller such as CRI's ContainerStats gets an answer, not an error.
+pub fn empty() -> Metrics {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        Metrics::V2(v2::Metrics::default())
+    } else {
+        Metrics::V1(v1::Metrics::default())
+    }
+}
+
 /// Collects the cgroup statistics of process `pid`.
 ///
 /// Blocking file I/O on cgroupfs and procfs: call it from `spawn_blocking`.

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -127,6 +128,12 @@ impl Shared {
 pub struct TaskService {
     shared: Shared,
     exit_signal: Arc<ExitSignal>,
+    /// A Shutdown came while containers remained. containerd sends it once
+    /// when the pod's sandbox task is deleted, and none after deleting a
+    /// pod's other containers (CRI's sandboxed tasks): a container deleted
+    /// after the sandbox (a restore StopPodSandbox cancelled) would leave
+    /// the shim running for ever. The last delete then ends the shim.
+    shutdown_pending: std::sync::atomic::AtomicBool,
     namespace: String,
     /// containerd's socket, for its API (labels).
     containerd_address: String,
@@ -147,6 +154,7 @@ impl TaskService {
                 exits,
             },
             exit_signal,
+            shutdown_pending: Default::default(),
             namespace: namespace.to_string(),
             containerd_address: containerd_address.to_string(),
         }
@@ -154,6 +162,34 @@ impl TaskService {
 
     fn container(&self, id: &str) -> Result<ContainerRef> {
         self.shared.get(id)
+    }
+
+    /// The pod's sandbox is being killed (CRI's StopPodSandbox): restores
+    /// of the pod's other containers in this shim are cancelled, as a kill
+    /// of each would. CRI's StopContainer does nothing to a container whose
+    /// StartContainer has not returned, so without this a restore would
+    /// finish into a pod whose sandbox is gone and come up RUNNING, or fail
+    /// on the vanished namespaces with a CRIU error instead of saying why.
+    async fn cancel_restores_beside(&self, sandbox: &str) {
+        let others: Vec<ContainerRef> = self
+            .shared
+            .containers
+            .lock()
+            .expect("containers lock")
+            .iter()
+            .filter(|(id, _)| id.as_str() != sandbox)
+            .map(|(_, c)| c.clone())
+            .collect();
+        for other in others {
+            let c = other.lock().await;
+            if let Some(cancel) = &c.starting {
+                info!(
+                    "{}: restore cancelled: pod sandbox {sandbox} is being stopped",
+                    c.id
+                );
+                cancel.cancel();
+            }
+        }
     }
 
     /// The `vsnap.io/` settings: the spec's annotations, over the container's
@@ -278,6 +314,7 @@ impl TaskService {
                 return Err(already_exists(&req.id));
             }
             map.insert(req.id.clone(), handle.clone());
+            self.shutdown_pending.store(false, Ordering::SeqCst);
         }
         if pid != 0 {
             self.shared.watch(&req.id, "", pid, mark);
@@ -350,11 +387,20 @@ impl TaskService {
             });
         }
         c.delete().await?;
-        self.shared
-            .containers
-            .lock()
-            .expect("containers lock")
-            .remove(&req.id);
+        let last = {
+            let mut map = self.shared.containers.lock().expect("containers lock");
+            map.remove(&req.id);
+            map.is_empty()
+        };
+        if last && self.shutdown_pending.load(Ordering::SeqCst) {
+            info!(
+                "{}: last container deleted after a Shutdown: exiting",
+                req.id
+            );
+            // After this reply is on its way.
+            let exit = self.exit_signal.clone();
+            tokio::spawn(async move { exit.signal() });
+        }
         for p in c.execs.values_mut() {
             p.shutdown_io().await;
         }
@@ -612,6 +658,10 @@ impl Task for TaskService {
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<Empty> {
         let handle = self.container(&req.id)?;
+        let bundle = handle.lock().await.bundle.clone();
+        if req.exec_id.is_empty() && req.signal != 0 && is_cri_sandbox(&bundle) {
+            self.cancel_restores_beside(&req.id).await;
+        }
         let c = handle.lock().await;
         c.kill(&req.exec_id, req.signal, req.all).await?;
         Ok(Empty::new())
@@ -699,12 +749,23 @@ impl Task for TaskService {
         let pid = {
             let handle = self.container(&req.id)?;
             let c = handle.lock().await;
-            c.init.ensure_running("stats")?;
-            c.init.pid as u32
+            if c.init.status == crate::process::Status::Starting && c.init.pid == 0 {
+                // CRIU is restoring: no process of the container exists yet.
+                // CRI's ContainerStats fails on a missing answer, and kubelet
+                // polls it during StartContainer, so answer zero usage.
+                0
+            } else {
+                c.init.ensure_running("stats")?;
+                c.init.pid as u32
+            }
         };
-        let metrics = tokio::task::spawn_blocking(move || crate::metrics::collect(pid))
-            .await
-            .map_err(|e| Error::Other(format!("stats: {e}")))??;
+        let metrics = if pid == 0 {
+            crate::metrics::empty()
+        } else {
+            tokio::task::spawn_blocking(move || crate::metrics::collect(pid))
+                .await
+                .map_err(|e| Error::Other(format!("stats: {e}")))??
+        };
         Ok(api::StatsResponse {
             stats: MessageField::some(metrics.to_any()?),
             ..Default::default()
@@ -737,7 +798,17 @@ impl Task for TaskService {
             .is_empty();
         if req.now || empty {
             self.exit_signal.signal();
+        } else {
+            self.shutdown_pending.store(true, Ordering::SeqCst);
         }
         Ok(Empty::new())
     }
+}
+
+/// Whether the bundle's spec is a CRI pod sandbox (pause) container.
+fn is_cri_sandbox(bundle: &Path) -> bool {
+    std::fs::read(bundle.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|spec| spec["annotations"]["io.kubernetes.cri.container-type"] == "sandbox")
 }
