@@ -63,20 +63,26 @@ impl Containerd {
     }
 
     /// An instance whose config is the common part (root, state, socket,
-    /// debug log) plus what `extra` writes for the instance's folder; `extra`
+    /// debug log) plus what `extra` writes for the instance's folder, put
+    /// after the top-level keys (its tables must not capture them); `extra`
     /// runs before containerd starts, so it can also put files there.
     pub fn start_with(tag: &str, extra: impl FnOnce(&Path) -> String) -> Self {
         let dir = scratch_dir(tag);
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::os::unix::fs::symlink(shim_binary(), dir.join("bin").join(SHIM_NAME)).unwrap();
         let config = format!(
-            "version = 3\n{extra}root = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
+            "version = 3\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n{extra}[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
             extra = extra(&dir),
             d = dir.display()
         );
         std::fs::write(dir.join("config.toml"), config).unwrap();
         let mut c = Containerd { dir, child: None };
         c.spawn();
+        assert!(
+            c.dir.join("root").is_dir() && c.dir.join("state").is_dir(),
+            "containerd must use the instance's own root and state: {}",
+            c.dir.join("config.toml").display()
+        );
         c
     }
 

@@ -502,8 +502,17 @@ impl CriEnv {
     /// and runc-v2's roots), no bundle, no mount under the instance, no
     /// control dir, no staging folder, no artifact lock held.
     pub fn assert_nothing_left(&self) {
+        let t = std::time::Instant::now();
         poll(Duration::from_secs(20), "the vsnap shims to exit", || {
-            self.c.shim_pids().is_empty()
+            let pids = self.c.shim_pids();
+            if t.elapsed() > Duration::from_secs(19) {
+                for pid in &pids {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    eprintln!("shim left: {stat}");
+                }
+            }
+            pids.is_empty()
         });
         assert_eq!(
             runc_list(&self.vsnap_runc_root()),

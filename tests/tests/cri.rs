@@ -1,11 +1,11 @@
 //! The vsnap handler through containerd's CRI API, as kubelet drives it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_cri::v1::*;
 use vsnap_e2e::cri::*;
 use vsnap_e2e::engine::{free_port, HostEngine};
-use vsnap_e2e::snapshot_env::{answers, poll};
+use vsnap_e2e::snapshot_env::{answers, poll, poll_every};
 
 /// Plain containers on the vsnap handler in a CNI-networked pod: exec,
 /// logs, stats with real CPU and memory numbers, stop, remove; the pod
@@ -236,5 +236,154 @@ fn a_missing_or_damaged_artifact_fails_start_container_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let err = start_error("good");
     assert!(err.contains("restore") && err.contains(&pages), "{err}");
+    e.assert_nothing_left();
+}
+
+/// 1 GiB resident in the engine: a restore long enough to act during.
+const BIG: (&str, &str) = ("VSNAP_ENGINE_RESIDENT_MB", "1024");
+
+/// runc's criu-root bind mount of container `id`: up while CRIU restores.
+fn criu_root(e: &CriEnv, id: &str) -> std::path::PathBuf {
+    e.vsnap_runc_root().join(id).join("criu-root")
+}
+
+/// StartContainer on its thread: its result and how long it took.
+type Starting = std::thread::JoinHandle<(Result<(), tonic::Status>, Duration)>;
+
+/// Creates a restore of `artifact` in a new pod and runs StartContainer on
+/// a thread with its own CRI connection; returns the pod, the container
+/// and the thread (StartContainer's result and duration).
+fn restore_in_background(
+    e: &CriEnv,
+    name: &str,
+    artifact: &str,
+    env: &[(&str, &str)],
+) -> (String, String, Starting) {
+    let (pod, config) = plan_pod(e, name, "restore", artifact, free_port(), &[]);
+    let id = e
+        .cri
+        .create(&pod, &config, engine("copy", env))
+        .unwrap_or_else(|err| panic!("CreateContainer {name}: {err}"));
+    let socket = e.c.socket();
+    let started = id.clone();
+    let start = std::thread::spawn(move || {
+        let cri = Cri::connect(&socket);
+        let t = Instant::now();
+        let r = cri.start(&started);
+        (r, t.elapsed())
+    });
+    (pod, id, start)
+}
+
+/// Kubelet's polling answers within 100 ms while a 1 GiB restore runs
+/// (and the restoring container shows CREATED, never RUNNING early); then
+/// a StopPodSandbox during a second restore ends it: StartContainer fails,
+/// the container never becomes RUNNING, and removal leaves nothing.
+#[test]
+fn kubelet_polling_and_stop_pod_during_a_1gib_restore() {
+    let e = CriEnv::start("cri-poll");
+    create_through_cri(&e, "big", &[BIG]);
+
+    let (pod, id, start) = restore_in_background(&e, "poll", "big", &[BIG]);
+    let polls: [(&str, &dyn Fn()); 4] = [
+        ("ContainerStatus", &|| {
+            // CRI marks the container RUNNING just before StartContainer's
+            // answer arrives; while CRIU restores it must still be CREATED.
+            let restoring = || vsnap_e2e::containerd::is_mounted(&criu_root(&e, &id));
+            let before = restoring();
+            let state = e.cri.container_status(&id).state();
+            if before && restoring() {
+                assert_eq!(
+                    state,
+                    ContainerState::ContainerCreated,
+                    "while CRIU restores"
+                );
+            }
+        }),
+        ("ListContainers", &|| {
+            e.cri
+                .call(
+                    e.cri
+                        .rs()
+                        .list_containers(ListContainersRequest { filter: None }),
+                )
+                .expect("ListContainers");
+        }),
+        ("ContainerStats", &|| {
+            e.cri.stats(&id);
+        }),
+        ("ListPodSandboxStats", &|| {
+            e.cri
+                .call(
+                    e.cri
+                        .rs()
+                        .list_pod_sandbox_stats(ListPodSandboxStatsRequest { filter: None }),
+                )
+                .expect("ListPodSandboxStats");
+        }),
+    ];
+    // From the moment CRIU restores (the task exists: before it, containerd
+    // has no task to ask, for runc as for vsnap) until StartContainer returns.
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        "CRIU restoring",
+        || vsnap_e2e::containerd::is_mounted(&criu_root(&e, &id)) || start.is_finished(),
+    );
+    let mut worst = [Duration::ZERO; 4];
+    let (mut rounds, mut during_criu) = (0, 0);
+    while !start.is_finished() {
+        let criu = vsnap_e2e::containerd::is_mounted(&criu_root(&e, &id));
+        for (i, (_, call)) in polls.iter().enumerate() {
+            let t = Instant::now();
+            call();
+            worst[i] = worst[i].max(t.elapsed());
+        }
+        rounds += 1;
+        during_criu += usize::from(criu);
+    }
+    let (started, took) = start.join().unwrap();
+    started.unwrap_or_else(|err| panic!("StartContainer: {err}\n{}", e.c.log_tail()));
+    let report: Vec<String> = polls
+        .iter()
+        .zip(worst)
+        .map(|((name, _), w)| format!("{name} {} ms", w.as_millis()))
+        .collect();
+    eprintln!(
+        "restore StartContainer {} ms; {rounds} polling rounds ({during_criu} during CRIU), worst: {}",
+        took.as_millis(),
+        report.join(", ")
+    );
+    assert!(
+        during_criu > 0,
+        "polled while CRIU restored ({rounds} rounds)"
+    );
+    for ((name, _), w) in polls.iter().zip(worst) {
+        assert!(
+            w < Duration::from_millis(100),
+            "{name} took {w:?} during the restore"
+        );
+    }
+    assert_eq!(e.cri.state(&id), ContainerState::ContainerRunning);
+    e.remove_pod(&pod);
+
+    // StopPodSandbox while CRIU restores.
+    let (pod, id, start) = restore_in_background(&e, "stop-pod", "big", &[BIG]);
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        "CRIU restoring",
+        || vsnap_e2e::containerd::is_mounted(&criu_root(&e, &id)) || start.is_finished(),
+    );
+    assert!(!start.is_finished(), "the restore was still going");
+    e.cri
+        .stop_pod(&pod)
+        .unwrap_or_else(|err| panic!("StopPodSandbox: {err}\n{}", e.c.log_tail()));
+    let (started, _) = start.join().unwrap();
+    let err = started.expect_err("a restore whose pod was stopped never starts");
+    assert!(err.message().contains("cancelled"), "{err:?}");
+    let st = e.cri.wait_exited(&id, Duration::from_secs(30));
+    assert_eq!(st.started_at, 0, "never started: {st:?}");
+    e.cri.remove_pod(&pod).unwrap();
     e.assert_nothing_left();
 }
