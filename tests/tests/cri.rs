@@ -387,3 +387,78 @@ fn kubelet_polling_and_stop_pod_during_a_1gib_restore() {
     e.cri.remove_pod(&pod).unwrap();
     e.assert_nothing_left();
 }
+
+/// The handler's runtime features as CRI's Status reports them.
+fn handler_features(e: &CriEnv, name: &str) -> Option<RuntimeHandlerFeatures> {
+    let handlers = e.cri.status().runtime_handlers;
+    handlers
+        .into_iter()
+        .find(|h| h.name == name)
+        .unwrap_or_else(|| panic!("no runtime handler {name} in CRI's Status"))
+        .features
+}
+
+/// containerd introspects features (`<shim> -info`) only for handlers
+/// typed io.containerd.runc.v2; under such a handler with runtime_path at
+/// the vsnap shim, recursive read-only mounts work: a tmpfs mounted under
+/// the volume is read-only inside (and writable with plain `ro`). The
+/// io.vsnap.v1-typed handler gets no features (and containerd 2.1.9 panics
+/// on an rro mount there: nil Features in CRI's spec builder, so no test
+/// sends one).
+#[test]
+fn recursive_read_only_mounts_on_the_vsnap_features_handler() {
+    let e = CriEnv::start("cri-rro");
+    let rro = |h: &str| handler_features(&e, h).is_some_and(|f| f.recursive_read_only_mounts);
+    assert!(rro(RUNC), "runc-v2 reports rro (runc features)");
+    assert!(rro(VSNAP_FEATURES), "the vsnap shim's -info reports rro");
+    assert!(
+        !rro(VSNAP),
+        "io.vsnap.v1 is not introspected by containerd 2.1"
+    );
+
+    let volume = e.c.dir.join("volume");
+    let sub = volume.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &sub,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount a tmpfs under the volume");
+    let with_mount = |name: &str, recursive: bool| {
+        let mut c = container_config(name, BUSYBOX_IMAGE, &["/bin/sleep", "1000"]);
+        c.mounts = vec![Mount {
+            container_path: "/data".into(),
+            host_path: volume.display().to_string(),
+            readonly: true,
+            recursive_read_only: recursive,
+            propagation: MountPropagation::PropagationPrivate as i32,
+            ..Default::default()
+        }];
+        c
+    };
+    let touch = ["/bin/sh", "-c", "echo x > /data/sub/probe"];
+
+    let config = e.pod_config("rro", true, &[]);
+    let pod = e.run_pod(&config, VSNAP_FEATURES);
+    assert_eq!(e.c.shim_pids().len(), 1, "the vsnap shim serves the pod");
+    let id = e.run_container(&pod, &config, with_mount("rro", true));
+    let r = e.cri.exec_sync(&id, &touch);
+    assert_ne!(r.exit_code, 0, "rro: the submount is read-only");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("Read-only file system"),
+        "{r:?}"
+    );
+    let plain = e.run_container(&pod, &config, with_mount("ro", false));
+    let r = e.cri.exec_sync(&plain, &touch);
+    assert_eq!(
+        r.exit_code, 0,
+        "plain ro leaves the submount writable: {r:?}"
+    );
+    e.remove_pod(&pod);
+
+    nix::mount::umount(&sub).unwrap();
+    e.assert_nothing_left();
+}
