@@ -277,10 +277,12 @@ fn restore_in_background(
 
 /// Kubelet's polling answers within 100 ms while a 1 GiB restore runs
 /// (and the restoring container shows CREATED, never RUNNING early); then
-/// a StopPodSandbox during a second restore ends it: StartContainer fails,
+/// a StopContainer during one does nothing until StartContainer returned
+/// (containerd's CRI), after which it stops the copy cleanly; a
+/// StopPodSandbox during one ends it: StartContainer fails as cancelled,
 /// the container never becomes RUNNING, and removal leaves nothing.
 #[test]
-fn kubelet_polling_and_stop_pod_during_a_1gib_restore() {
+fn kubelet_polling_stop_container_and_stop_pod_during_a_1gib_restore() {
     let e = CriEnv::start("cri-poll");
     create_through_cri(&e, "big", &[BIG]);
 
@@ -365,6 +367,27 @@ fn kubelet_polling_and_stop_pod_during_a_1gib_restore() {
         );
     }
     assert_eq!(e.cri.state(&id), ContainerState::ContainerRunning);
+    e.remove_pod(&pod);
+
+    // StopContainer while CRIU restores: containerd 2.1's CRI returns at
+    // once without a call to the runtime for a container whose
+    // StartContainer has not returned ("must be in running or unknown
+    // state"), so the restore completes; kubelet never sends one then (a
+    // pod worker runs StartContainer and StopContainer one after the
+    // other). Stopped after StartContainer returned, the copy ends cleanly.
+    let (pod, id, start) = restore_in_background(&e, "stop", "big", &[BIG]);
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        "CRIU restoring",
+        || vsnap_e2e::containerd::is_mounted(&criu_root(&e, &id)) || start.is_finished(),
+    );
+    e.cri.stop(&id, 10).expect("StopContainer during a restore");
+    let (started, _) = start.join().unwrap();
+    started.expect("containerd did not pass the StopContainer on: the restore completes");
+    e.cri.stop(&id, 10).expect("StopContainer");
+    let st = e.cri.wait_exited(&id, Duration::from_secs(30));
+    assert_eq!(st.exit_code, 0, "the engine exits on SIGTERM: {st:?}");
     e.remove_pod(&pod);
 
     // StopPodSandbox while CRIU restores.
