@@ -3,7 +3,8 @@
 #
 # Installs, idempotently (a second run only checks, and takes a few seconds):
 #   * from the machine's own apt sources (bookworm): runc, iptables, CRIU's build
-#     dependencies, iproute2, procps, util-linux;
+#     dependencies, iproute2, procps, util-linux, containernetworking-plugins (CNI
+#     plugins in /usr/lib/cni for the CRI tests' pod network);
 #   * containerd 2.1.x from Debian sid (.deb fetched through a PRIVATE apt configuration,
 #     extracted with dpkg -x): containerd, ctr, containerd-shim-runc-v2 into
 #     /opt/vsnap/containerd/bin/ (sid's runc is not used: it needs a newer glibc);
