@@ -577,6 +577,15 @@ impl Drop for CriEnv {
                     .status();
             }
         }
+        // The pod-level cgroups runc created as parents (kubelet's to remove).
+        let base = Path::new("/sys/fs/cgroup");
+        for cgroup in self.pod_cgroups.lock().unwrap().iter() {
+            let relative = cgroup.trim_start_matches('/');
+            for hierarchy in list(base) {
+                let _ = std::fs::remove_dir(base.join(hierarchy).join(relative));
+            }
+            let _ = std::fs::remove_dir(base.join(relative));
+        }
     }
 }
 
