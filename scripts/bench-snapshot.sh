@@ -40,6 +40,7 @@
 #   BENCH_TARGET_DIR=target where release/containerd-shim-vsnap-v1 and
 #                           release/vsnap-ref-engine are
 #   BENCH_OUT=FILE          also write the report to FILE
+#   BENCH_VERIFY=1          0: verify_contents = false (to see what verification costs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
@@ -119,6 +120,7 @@ vsnap_containerd_config "$D" >"$D/config.toml"
 ARTIFACTS="$D/artifacts"
 cat >"$D/vsnap.toml" <<TOML
 artifact_root = "$ARTIFACTS"
+verify_contents = $([ "${BENCH_VERIFY:-1}" = 0 ] && echo false || echo true)
 TOML
 say "starting a private containerd in $D"
 PATH="$D/bin:$CBIN:$PATH" "$CBIN/containerd" --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
@@ -457,7 +459,7 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "$("$CBIN/containerd" --version | sed 's/ *$//'), $(runc --version | head -n 1), criu $(criu --version | sed -n 's/^Version: //p' | head -n 1)."
     echo "Binaries: $TARGET/release (git $git_rev). Load average before / after the paired runs: $LOAD_BEFORE / $LOAD_AFTER."
     echo
-    echo "Parameters: BENCH_RUNS=$RUNS BENCH_COLD_RUNS=$COLD_RUNS BENCH_INIT_MS=$INIT_MS BENCH_RESIDENT_MB=$RESIDENT_MB BENCH_STATE_MB=$STATE_MB"
+    echo "Parameters: BENCH_RUNS=$RUNS BENCH_COLD_RUNS=$COLD_RUNS BENCH_INIT_MS=$INIT_MS BENCH_RESIDENT_MB=$RESIDENT_MB BENCH_STATE_MB=$STATE_MB BENCH_VERIFY=${BENCH_VERIFY:-1}"
     echo "(engine env: VSNAP_ENGINE_INIT_MS=$INIT_MS VSNAP_ENGINE_RESIDENT_MB=$RESIDENT_MB VSNAP_ENGINE_STATE_MB=$STATE_MB)."
     echo "GB = 10^9 bytes, MiB = 2^20 bytes."
     echo
