@@ -409,7 +409,8 @@ done
 
 # --- 6. eight restores of one artifact at once ----------------------------------------------
 say "6. 8 concurrent restores of the artifact"
-mem_avail() { awk '/^MemAvailable:/ { printf "%d", $2 * 1024 }' /proc/meminfo; }
+# In bytes; awk prints kB (mawk's printf %d stops at 2^31), bash multiplies in 64 bits.
+mem_avail() { echo $(($(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo) * 1024)); }
 AVAIL_BEFORE=$(mem_avail)
 t0=$EPOCHREALTIME
 PIDS=()

@@ -216,8 +216,12 @@ impl<'a> Invocation<'a> {
 }
 
 impl Runc {
-    /// Whether this runc takes `--criu` (asked once per shim).
+    /// Whether this runc takes `--criu` (asked once per shim). Never asked
+    /// for the default, `criu`: runc finds that name on PATH by itself.
     async fn takes_criu_flag(&self) -> bool {
+        if self.criu.criu == Path::new("criu") {
+            return false;
+        }
         *self
             .criu
             .takes_flag
