@@ -58,8 +58,29 @@ pub struct HostIdentity {
 impl HostIdentity {
     /// Reads this host's identity now.
     pub fn probe(tools: &Tools, shim_version: &str) -> Self {
+        Self::probe_cached(tools, shim_version, None)
+    }
+
+    /// As [`HostIdentity::probe`], reusing the tool binaries' digests and
+    /// versions recorded under `cache_dir` (the artifact root) while their
+    /// files are unchanged ([`crate::tool_cache`]).
+    pub fn probe_cached(tools: &Tools, shim_version: &str, cache_dir: Option<&Path>) -> Self {
+        let mut cache = crate::tool_cache::ToolCache::load(cache_dir);
         let runc = which(&tools.runc);
         let criu = which(&tools.criu);
+        let (runc_sha256, runc_version) =
+            cache.identity(&runc, Some("--version"), file_sha256, first_line);
+        let (criu_sha256, criu_version) =
+            cache.identity(&criu, Some("--version"), file_sha256, first_line);
+        let (cuda_plugin_sha256, _) =
+            cache.identity(&tools.cuda_plugin, None, file_sha256, first_line);
+        let (cuda_checkpoint_sha256, _) = cache.identity(
+            &which(&tools.cuda_checkpoint),
+            None,
+            file_sha256,
+            first_line,
+        );
+        cache.save();
         HostIdentity {
             machine_id: read_trimmed("/etc/machine-id"),
             kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
@@ -72,12 +93,12 @@ impl HostIdentity {
                         .map(|(_, v)| v.trim().to_string())
                 })
                 .unwrap_or_default(),
-            runc_version: first_line(&runc, "--version"),
-            runc_sha256: file_sha256(&runc),
-            criu_version: first_line(&criu, "--version"),
-            criu_sha256: file_sha256(&criu),
-            cuda_plugin_sha256: file_sha256(&tools.cuda_plugin),
-            cuda_checkpoint_sha256: file_sha256(&which(&tools.cuda_checkpoint)),
+            runc_version,
+            runc_sha256,
+            criu_version,
+            criu_sha256,
+            cuda_plugin_sha256,
+            cuda_checkpoint_sha256,
             shim_version: shim_version.to_string(),
             gpus: Vec::new(),
         }

@@ -13,6 +13,7 @@ pub mod key;
 pub mod layout;
 pub mod lock;
 pub mod manifest;
+pub mod tool_cache;
 
 pub use content::{Contents, FileDigest};
 pub use error::{ArtifactError, Result};

@@ -67,7 +67,7 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
     if flags.has("--strip-snapshot-config-arg") {
         strip_snapshot_config_arg(&mut spec);
     }
-    let mut live = HostIdentity::probe(&tools, shim_version);
+    let mut live = HostIdentity::probe_cached(&tools, shim_version, Some(&root));
     // The shim records GPUs (from nvidia-smi) only for containers with NVIDIA
     // devices, whose spec digests differ from a GPU-less one anyway.
     if !manifest.host.gpus.is_empty() {

@@ -193,7 +193,7 @@ impl Capture {
             },
             host: HostIdentity {
                 gpus: s.gpus.clone(),
-                ..HostIdentity::probe(&s.tools, env!("CARGO_PKG_VERSION"))
+                ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
             },
             workload: s.workload.clone(),
             mac: String::new(),

@@ -174,7 +174,8 @@ impl Snapshot {
             Mode::Restore => {
                 let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
                 let manifest = Manifest::load_verified(&root, &name).map_err(preflight)?;
-                let mut live = HostIdentity::probe(&tools, env!("CARGO_PKG_VERSION"));
+                let mut live =
+                    HostIdentity::probe_cached(&tools, env!("CARGO_PKG_VERSION"), Some(&root));
                 live.gpus = gpus.clone();
                 let mut diff = manifest.host.diff(&live);
                 diff.extend(manifest.workload.diff(&workload));
