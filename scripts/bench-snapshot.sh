@@ -371,12 +371,14 @@ done
 # (its spec, without vsnap's hooks and CRIU config), a fresh control dir with the
 # artifact's control files, the same CRIU options. Wall time of `runc restore --detach`,
 # next to vsnap's CRIU phase (runc restore + its hooks + the verification beside it).
-say "5. stock runc restore of the same images (x3), warm page cache"
+say "5. stock runc restore of the same images (x6: runc's defaults / vsnap's CRIU config, alternating), warm page cache"
 STOCK_MS=()
+STOCK_CONF_MS=()
 STOCK_ROOT="$D/stock-runc"
 mkdir -p "$STOCK_ROOT"
 run_engine stock-src "$((PORT + 90))" restore
 cp "$BUNDLES/stock-src/config.json" "$D/stock-config.json"
+cp "$BUNDLES/stock-src/vsnap-criu.conf" "$D/stock-criu.conf"
 # vsnap's createRuntime hooks, which runc runs inside `runc restore`: each run by hand
 # (3 x) against the live copy's bundle, as runc runs it (the OCI state on stdin).
 HOOK_ROWS=()
@@ -398,18 +400,22 @@ for h in spec.get("hooks", {}).get("createRuntime", []):
     print(h["args"][1] + "\t" + " ".join([h["path"]] + h["args"][1:]))
 ' "$D/stock-config.json")
 stop stock-src
-for k in 1 2 3; do
+for k in 1 2 3 4 5 6; do
     B="$D/stock-bundle-$k"
     rm -rf "$B" "$D/stock-ctl-$k" "$D/stock-work-$k"
     mkdir -p "$B" "$D/stock-work-$k"
     mkdir -m 0700 "$D/stock-ctl-$k"
     cp "$ART"/control/* "$D/stock-ctl-$k/"
-    python3 - "$D/stock-config.json" "$B/config.json" "$D/rootfs" "$D/stock-ctl-$k" "$k" <<'PY'
+    # Odd runs: runc's defaults; even runs: with vsnap's CRIU config (ghost-limit,
+    # libdir, leave-stopped), to see what that config costs on its own.
+    python3 - "$D/stock-config.json" "$B/config.json" "$D/rootfs" "$D/stock-ctl-$k" "$k" "$D/stock-criu.conf" <<'PY'
 import json, sys
-src, dst, rootfs, ctl, k = sys.argv[1:]
+src, dst, rootfs, ctl, k, conf = sys.argv[1:]
 spec = json.load(open(src))
 spec["root"]["path"] = rootfs
 spec.get("annotations", {}).pop("org.criu.config", None)
+if int(k) % 2 == 0:
+    spec.setdefault("annotations", {})["org.criu.config"] = conf
 spec.pop("hooks", None)
 for m in spec.get("mounts", []):
     if m.get("destination") == "/run/vsnap/control":
@@ -421,10 +427,14 @@ PY
     runc --root "$STOCK_ROOT" restore --detach --bundle "$B" --image-path "$ART/images" \
         --work-path "$D/stock-work-$k" --tcp-established --ext-unix-sk --file-locks "stock-$k" \
         </dev/null >"$D/stock-$k.out" 2>&1 || { cat "$D/stock-$k.out" >&2; exit 1; }
-    STOCK_MS+=("$(ms "$(us_since "$t0")")")
+    if [ $((k % 2)) -eq 1 ]; then
+        STOCK_MS+=("$(ms "$(us_since "$t0")")")
+    else
+        STOCK_CONF_MS+=("$(ms "$(us_since "$t0")")")
+    fi
     runc --root "$STOCK_ROOT" kill "stock-$k" KILL >/dev/null 2>&1 || true
     for _ in $(seq 100); do runc --root "$STOCK_ROOT" delete -f "stock-$k" >/dev/null 2>&1 && break; sleep 0.05; done
-    say "   stock runc restore $k: ${STOCK_MS[-1]} ms"
+    say "   stock runc restore $k: $(ms "$(us_since "$t0")") ms (with the kill and delete)"
 done
 
 # --- 6. eight restores of one artifact at once ----------------------------------------------
@@ -549,6 +559,7 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "| restore | median (ms) | min-max (ms) | GB/s (median) |"
     echo "|---|---:|---:|---:|"
     echo "| stock \`runc restore --detach\` (no hooks, no verification), 3 x | $(med "${STOCK_MS[@]}") | $(minmax "${STOCK_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_MS[@]}")") |"
+    echo "| stock \`runc restore --detach\` with vsnap's CRIU config (ghost-limit, libdir, leave-stopped), 3 x | $(med "${STOCK_CONF_MS[@]}") | $(minmax "${STOCK_CONF_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_CONF_MS[@]}")") |"
     echo "| vsnap's CRIU phase (runc restore + hooks + verification beside it), $RUNS x | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
     echo
     echo "vsnap CRIU phase / stock runc restore: $(ratio "$CRIU_MED" "$(med "${STOCK_MS[@]}")")."
