@@ -252,6 +252,15 @@ impl Env {
         error
     }
 
+    /// A failed capture published nothing: no artifact under the root.
+    pub fn assert_nothing_published(&self) {
+        assert_eq!(
+            self.artifact_names(),
+            Vec::<String>::new(),
+            "nothing published"
+        );
+    }
+
     /// Leftover staging folders under the artifact root.
     pub fn staging_dirs(&self) -> Vec<String> {
         list(&self.artifacts)
@@ -304,6 +313,13 @@ impl Env {
             "control dirs"
         );
         assert_eq!(self.staging_dirs(), Vec::<String>::new(), "staging");
+    }
+}
+
+/// Every one of `parts` is in `text` (an error message).
+pub fn assert_has(text: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(text.contains(p), "{p:?} missing from: {text}");
     }
 }
 

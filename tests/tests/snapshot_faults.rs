@@ -10,7 +10,7 @@ use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 
 use vsnap_e2e::engine::{answer, complete, free_port};
-use vsnap_e2e::snapshot_env::{setup, Env};
+use vsnap_e2e::snapshot_env::{assert_has, setup, Env};
 
 fn create_good(e: &Env, id: &str, name: &str, env: &[&str]) -> Vec<u8> {
     e.create_good(id, name, env)
@@ -65,12 +65,6 @@ fn vsnap(e: &Env, args: &[&str]) -> vsnap_e2e::cmd::CmdOutput {
     let mut cmd = std::process::Command::new(bin);
     cmd.arg("--root").arg(&e.artifacts).args(args);
     vsnap_e2e::cmd::run(cmd, None, std::time::Duration::from_secs(60))
-}
-
-fn assert_has(text: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(text.contains(p), "{p:?} missing from: {text}");
-    }
 }
 
 #[test]
@@ -183,11 +177,7 @@ fn io_uring_held_at_capture_publishes_nothing_and_kills_the_task() {
         &["--env", "VSNAP_ENGINE_IO_URING=1"],
     );
     assert_has(&err, &["capture: inventory", "io_uring"]);
-    assert_eq!(
-        e.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
+    e.assert_nothing_published();
     e.assert_nothing_left();
 }
 
@@ -218,11 +208,7 @@ fn an_outside_tcp_connection_at_capture_publishes_nothing() {
     let env = format!("VSNAP_ENGINE_OUTSIDE_TCP={addr}");
     let err = failed_capture(&e, "flt-t0", "tcp", 137, &["--env", &env]);
     assert_has(&err, &["capture: inventory", "established TCP", &addr]);
-    assert_eq!(
-        e.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
+    e.assert_nothing_published();
     drop(peer);
     e.assert_nothing_left();
 }
@@ -244,11 +230,7 @@ fn engine_failing_before_capture_ready_publishes_nothing() {
             "engine failed in phase \"initialize engine\"",
         ],
     );
-    assert_eq!(
-        e.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
+    e.assert_nothing_published();
     e.assert_nothing_left();
 }
 
@@ -394,11 +376,7 @@ fn a_criu_dump_failure_publishes_nothing_and_names_the_checkpoint() {
             "perf_event",
         ],
     );
-    assert_eq!(
-        e.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
+    e.assert_nothing_published();
     e.assert_nothing_left();
 }
 

@@ -33,21 +33,37 @@ pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
 /// itself, on the host's address) is restored whole and is fine, whatever
 /// its addresses; one to anything else cannot be restored.
 pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
-    let ours: Vec<u64> = pids.iter().flat_map(|p| socket_inodes(*p)).collect();
+    // Every socket of the tree, with the process that holds it.
+    let ours: Vec<(u64, i32)> = pids
+        .iter()
+        .flat_map(|p| socket_inodes(*p).into_iter().map(move |i| (i, *p)))
+        .collect();
+    let holder = |inode: u64| ours.iter().find(|(i, _)| *i == inode).map(|(_, p)| *p);
     if ours.is_empty() {
         return Ok(());
     }
+    // The tables are per network namespace: read each once.
+    let mut seen_netns: Vec<std::path::PathBuf> = Vec::new();
     for pid in pids {
+        if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            if seen_netns.contains(&ns) {
+                continue;
+            }
+            seen_netns.push(ns);
+        }
         let entries = tcp_entries(*pid);
-        for e in entries.iter().filter(|e| ours.contains(&e.inode)) {
+        for e in &entries {
+            let Some(owner) = holder(e.inode) else {
+                continue;
+            };
             let inside = entries.iter().any(|peer| {
-                peer.local == e.remote && peer.remote == e.local && ours.contains(&peer.inode)
+                peer.local == e.remote && peer.remote == e.local && holder(peer.inode).is_some()
             });
             if inside {
                 continue;
             }
             return Err(Error::FailedPrecondition(format!(
-                "capture: inventory: pid {pid} has an established TCP connection to {} outside the captured tree; close it before capture",
+                "capture: inventory: pid {owner} has an established TCP connection to {} outside the captured tree; close it before capture",
                 hex_addr(&e.remote)
             )));
         }
