@@ -5,4 +5,6 @@
 
 pub mod runtime;
 
-pub use runtime::{ConfigError, RuntimeConfig, DEFAULT_ARTIFACT_ROOT, DEFAULT_CONFIG_PATH};
+pub use runtime::{
+    ConfigError, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT, DEFAULT_CONFIG_PATH,
+};

@@ -63,6 +63,18 @@ pub struct RuntimeConfig {
     /// inside it). Past it runc and CRIU are killed, the tree is thawed and
     /// the capture fails: a hung dump never leaves an engine frozen.
     pub checkpoint_timeout_s: u64,
+    /// Who places a CPU restore's memory: `parallel` (vsnap's page server,
+    /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
+    /// one thread). GPU restores always use `criu`.
+    pub page_placement: PagePlacement,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PagePlacement {
+    #[default]
+    Parallel,
+    Criu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -120,6 +132,7 @@ impl Default for RuntimeConfig {
             activation_timeout_s: 120,
             gpu_activation_timeout_s: 600,
             checkpoint_timeout_s: 600,
+            page_placement: PagePlacement::Parallel,
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::mounts;
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
 use crate::snapshot::criu;
+use crate::snapshot::pages::PageServer;
 use crate::snapshot::Snapshot;
 use crate::stdio;
 
@@ -213,6 +214,8 @@ impl Container {
             },
             cgroups_path: self.cgroups_path(),
             prepared: Some(prepared),
+            place_pages: self.snapshot.as_ref().is_some_and(|s| s.place_pages),
+            placed: None,
             deadline,
         })
     }
@@ -495,6 +498,10 @@ pub struct RestoreJob {
     flags: CheckpointFlags,
     cgroups_path: Option<PathBuf>,
     prepared: Option<Prepared>,
+    /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
+    place_pages: bool,
+    /// What the page server placed, once the restore ran.
+    pub placed: Option<crate::snapshot::pages::Placed>,
     pub deadline: Deadline,
 }
 
@@ -509,6 +516,11 @@ impl RestoreJob {
     pub async fn run(&mut self) -> Result<()> {
         let child_stdio = self.prepared.as_mut().and_then(|p| p.child_stdio.take());
         let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
+        // Listening before CRIU starts: it connects first thing.
+        let pages = match self.place_pages {
+            true => Some(self.page_server()?),
+            false => None,
+        };
         let restored = self
             .runc
             .restore(
@@ -539,10 +551,38 @@ impl RestoreJob {
             },
             e => e,
         });
+        // CRIU is done; the tree is stopped until every page is in.
+        let restored = match (restored, pages) {
+            (Ok(()), Some(server)) => self.place(server).await,
+            (restored, _) => restored,
+        };
         if restored.is_err() {
             self.undo().await;
         }
         restored
+    }
+
+    fn page_server(&self) -> Result<PageServer> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        PageServer::start(&self.work, &self.image, threads.min(8))
+            .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))
+    }
+
+    /// Waits for the page server to place every page (within the deadline,
+    /// until a kill cancels the restore).
+    async fn place(&mut self, server: PageServer) -> Result<()> {
+        let placed = tokio::select! {
+            placed = server.finish(self.deadline.at) => placed,
+            _ = self.deadline.cancel.cancelled() => Err("cancelled".to_string()),
+        };
+        match placed {
+            Ok(placed) => {
+                log::info!("{}: pages placed: {placed:?}", self.id);
+                self.placed = Some(placed);
+                Ok(())
+            }
+            Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
+        }
     }
 
     /// Removes what a restore left (its tree, stopped or not, mounts, runc

@@ -166,6 +166,7 @@ async fn restore(
         (Err(_), Err(e)) => (Err(e), Duration::ZERO),
     };
     let restored_in = t.elapsed();
+    let placed = job.placed;
     let (id, pid, snapshot, bundle) = {
         let mut c = handle.lock().await;
         match c.finish_restore(job, ran).await {
@@ -190,6 +191,7 @@ async fn restore(
             Ok(timings) => {
                 let timings = RestoreTimings {
                     verify: verify_time,
+                    pages: placed,
                     ..timings
                 };
                 info!("{id}: restored copy validated and listening: {timings:?}");
@@ -318,6 +320,7 @@ async fn activate(
         criu_restore: restored_in,
         activation: validated,
         listener: woken.elapsed().saturating_sub(validated),
+        pages: None,
     })
 }
 

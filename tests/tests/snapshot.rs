@@ -57,6 +57,20 @@ fn create_then_restore_twice_answers_like_a_cold_start() {
         let out = e.run(copy, "restore", "ref", port, &[]);
         assert!(out.ok(), "{copy}: {out:?}\n{}", e.c.log_tail());
         assert_eq!(answers(port), reference, "{copy} answers like a cold start");
+        // The default placement: vsnap's page server placed the engine's
+        // memory (CRIU in lazy-pages mode), every byte, before it ran.
+        let phases: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(e.bundle(copy).join("vsnap-restore.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            phases["pages_placed_bytes"].as_u64().unwrap_or(0) > 0,
+            "{copy}: the page server placed the heap: {phases}"
+        );
+        assert!(
+            phases["page_server_tasks"].as_u64().unwrap_or(0) >= 1,
+            "{phases}"
+        );
         let exec = e.c.ctr(&[
             "task",
             "exec",

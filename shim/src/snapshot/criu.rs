@@ -48,8 +48,14 @@ pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
 /// (`base`: its path and text, the spec's own `org.criu.config` file or
 /// runc's default), then vsnap's lines, which come last so that they win:
 /// the ghost-file limit, the plugin folder and, for a restore whose tree must
-/// stay stopped until vsnap let it run, `leave-stopped`.
-pub fn config_text(base: Option<(&Path, &str)>, plugin_dir: &Path, leave_stopped: bool) -> String {
+/// stay stopped until vsnap let it run, `leave-stopped`; with vsnap's page
+/// server (pages.rs) placing the memory, `lazy-pages`.
+pub fn config_text(
+    base: Option<(&Path, &str)>,
+    plugin_dir: &Path,
+    leave_stopped: bool,
+    lazy_pages: bool,
+) -> String {
     let mut body = String::new();
     if let Some((path, text)) = base {
         body.push_str(&format!("# from {}\n", path.display()));
@@ -63,6 +69,9 @@ pub fn config_text(base: Option<(&Path, &str)>, plugin_dir: &Path, leave_stopped
     body.push_str(&format!("libdir {}\n", plugin_dir.display()));
     if leave_stopped {
         body.push_str("leave-stopped\n");
+    }
+    if lazy_pages {
+        body.push_str("lazy-pages\n");
     }
     body
 }
@@ -163,6 +172,7 @@ mod tests {
             Some((Path::new("/etc/criu/runc.conf"), "tcp-close\nlibdir /old\n")),
             Path::new("/opt/criu/plugins"),
             true,
+            true,
         );
         let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
@@ -172,12 +182,14 @@ mod tests {
                 "libdir /old",
                 "ghost-limit 68719476736",
                 "libdir /opt/criu/plugins",
-                "leave-stopped"
+                "leave-stopped",
+                "lazy-pages"
             ]
         );
         assert!(text.starts_with("# from /etc/criu/runc.conf\n"));
-        let plain = config_text(None, Path::new("/usr/lib/criu"), false);
+        let plain = config_text(None, Path::new("/usr/lib/criu"), false, false);
         assert!(!plain.contains("leave-stopped"));
+        assert!(!plain.contains("lazy-pages"));
         assert!(plain.contains("libdir /usr/lib/criu\n"));
     }
 

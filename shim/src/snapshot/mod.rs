@@ -7,9 +7,11 @@ pub mod barrier;
 pub mod canary;
 pub mod capture;
 pub mod criu;
+pub mod criu_image;
 pub mod cuda;
 pub mod inventory;
 pub mod listener;
+pub mod pages;
 pub mod plan;
 pub mod profile;
 pub mod restore;
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use vsnap_artifact::{
     self as artifact, layout, ArtifactError, ArtifactLock, HostIdentity, Manifest, Tools, Workload,
 };
-use vsnap_config::RuntimeConfig;
+use vsnap_config::{PagePlacement, RuntimeConfig};
 use vsnap_protocol::ControlDir;
 
 use crate::error::{Error, Result};
@@ -72,6 +74,8 @@ pub struct Snapshot {
     /// For a restore with `verify_contents`: the digests every file of the
     /// artifact is checked against while CRIU restores.
     pub contents: Option<vsnap_artifact::Contents>,
+    /// vsnap's page server places the restore's memory (pages.rs).
+    pub place_pages: bool,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -84,6 +88,8 @@ pub struct RestoreTimings {
     pub criu_restore: Duration,
     pub activation: Duration,
     pub listener: Duration,
+    /// What vsnap's page server placed (inside `criu_restore`).
+    pub pages: Option<pages::Placed>,
 }
 
 impl RestoreTimings {
@@ -95,6 +101,10 @@ impl RestoreTimings {
             "criu_restore_ms": ms(self.criu_restore),
             "activation_ms": ms(self.activation),
             "listener_ms": ms(self.listener),
+            "page_fill_ms": self.pages.map(|p| ms(p.fill)),
+            "pages_placed_bytes": self.pages.map(|p| p.bytes),
+            "page_faults_served": self.pages.map(|p| p.faults),
+            "page_server_tasks": self.pages.map(|p| p.tasks),
         });
         let tmp = bundle.join(".vsnap-restore.json");
         let _ = std::fs::write(&tmp, record.to_string())
@@ -212,6 +222,11 @@ impl Snapshot {
         remove_control_dir(&control_dir);
         ControlDir::create(&control_dir)
             .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
+        // Only where the tree is held stopped: the page server does not
+        // follow a running tree's address space (pages.rs).
+        let place_pages = mode == Mode::Restore
+            && gpus.is_empty()
+            && config.page_placement == PagePlacement::Parallel;
         let s = Snapshot {
             capture_timeout: plan
                 .capture_timeout
@@ -238,6 +253,7 @@ impl Snapshot {
             host_shm: spec::host_dev_shm(&spec),
             oracle,
             contents,
+            place_pages,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
@@ -256,6 +272,7 @@ impl Snapshot {
                 &config.criu_config,
                 &config.cuda_plugin_dir,
                 s.holds_stopped(),
+                s.place_pages,
             )?;
             if s.mode == Mode::Restore {
                 if let Some(shm) = &s.host_shm {

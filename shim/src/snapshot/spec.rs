@@ -100,6 +100,7 @@ pub fn add_criu_config(
     base_default: &Path,
     plugin_dir: &Path,
     leave_stopped: bool,
+    lazy_pages: bool,
 ) -> Result<()> {
     let mut spec = read(bundle)?;
     let path = bundle.join(criu::BUNDLE_CONFIG);
@@ -113,6 +114,7 @@ pub fn add_criu_config(
         base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
         plugin_dir,
         leave_stopped,
+        lazy_pages,
     );
     std::fs::write(&path, body)
         .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;

@@ -1,0 +1,409 @@
+//! The little of CRIU's image format vsnap's page server reads: a task's
+//! pagemap (which address ranges have pages, where in `pages-<id>.img`
+//! they are, and which of them CRIU leaves to a lazy-pages server) and its
+//! VMAs (a `UFFDIO_COPY` must stay inside one VMA).
+//!
+//! Format (CRIU 4.x, `criu/image.c`, `images/pagemap.proto`, `mm.proto`):
+//! a file starts with the common magic and the image's own magic (two u32
+//! little-endian), then protobuf messages, each preceded by its u32 size.
+//! `pagemap-<pid>.img` holds a `pagemap_head { pages_id = 1 }`, then one
+//! `pagemap_entry { vaddr = 1; compat_nr_pages = 2; in_parent = 3;
+//! flags = 4; nr_pages = 5 }` per range; the pages of every entry flagged
+//! `PE_PRESENT` follow one another in `pages-<pages_id>.img`.
+//! `mm-<pid>.img` holds one `mm_entry` whose field 14 repeats
+//! `vma_entry { start = 1; end = 2; ... }`.
+
+use std::path::Path;
+
+pub const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+pub const PAGEMAP_MAGIC: u32 = 0x5608_4025;
+pub const MM_MAGIC: u32 = 0x5749_2820;
+
+/// `criu/include/pagemap.h`.
+pub const PE_PARENT: u32 = 1 << 0;
+pub const PE_LAZY: u32 = 1 << 1;
+pub const PE_PRESENT: u32 = 1 << 2;
+
+pub const PAGE_SIZE: u64 = 4096;
+
+/// One range of a task's pagemap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagemapEntry {
+    pub vaddr: u64,
+    pub nr_pages: u64,
+    pub flags: u32,
+}
+
+/// A range CRIU leaves to the lazy-pages server: `len` bytes at `vaddr`,
+/// found at `offset` in the pages file, inside one VMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LazyRange {
+    pub vaddr: u64,
+    pub len: u64,
+    pub offset: u64,
+}
+
+/// What a task's images say about its lazily restored memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyPages {
+    pub pages_id: u32,
+    pub ranges: Vec<LazyRange>,
+}
+
+impl LazyPages {
+    pub fn bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.len).sum()
+    }
+
+    /// The range holding `addr`, if any.
+    pub fn find(&self, addr: u64) -> Option<&LazyRange> {
+        let i = self.ranges.partition_point(|r| r.vaddr + r.len <= addr);
+        self.ranges.get(i).filter(|r| r.vaddr <= addr)
+    }
+}
+
+/// Reads task `pid`'s pagemap and VMAs from `images`.
+pub fn lazy_pages(images: &Path, pid: i32) -> Result<LazyPages, String> {
+    let pagemap_path = images.join(format!("pagemap-{pid}.img"));
+    let pagemap = std::fs::read(&pagemap_path)
+        .map_err(|e| format!("read {}: {e}", pagemap_path.display()))?;
+    let (pages_id, entries) =
+        parse_pagemap(&pagemap).map_err(|e| format!("{}: {e}", pagemap_path.display()))?;
+    let mm_path = images.join(format!("mm-{pid}.img"));
+    let mm = std::fs::read(&mm_path).map_err(|e| format!("read {}: {e}", mm_path.display()))?;
+    let vmas = parse_vmas(&mm).map_err(|e| format!("{}: {e}", mm_path.display()))?;
+    let ranges = lazy_ranges(&entries, &vmas)?;
+    Ok(LazyPages { pages_id, ranges })
+}
+
+/// The lazy, present ranges of `entries` with their offsets in the pages
+/// file, split at VMA boundaries (`vmas` as sorted `(start, end)`).
+pub fn lazy_ranges(
+    entries: &[PagemapEntry],
+    vmas: &[(u64, u64)],
+) -> Result<Vec<LazyRange>, String> {
+    let mut ranges = Vec::new();
+    let mut offset = 0u64;
+    for e in entries {
+        let len = e.nr_pages * PAGE_SIZE;
+        let present = e.flags & PE_PRESENT != 0;
+        if e.flags & PE_LAZY != 0 {
+            if !present {
+                // A lazy-migration dump: the pages are on another host.
+                return Err(format!(
+                    "pagemap entry {:#x}+{len} is lazy but its pages are not in the image",
+                    e.vaddr
+                ));
+            }
+            let (mut start, end) = (e.vaddr, e.vaddr + len);
+            while start < end {
+                let vma = vmas
+                    .iter()
+                    .find(|(s, e)| *s <= start && start < *e)
+                    .ok_or_else(|| format!("no VMA holds the lazy page at {start:#x}"))?;
+                let stop = end.min(vma.1);
+                ranges.push(LazyRange {
+                    vaddr: start,
+                    len: stop - start,
+                    offset: offset + (start - e.vaddr),
+                });
+                start = stop;
+            }
+        }
+        if present {
+            offset += len;
+        }
+    }
+    ranges.sort_by_key(|r| r.vaddr);
+    Ok(ranges)
+}
+
+/// `pagemap-<pid>.img`: the pages file id and the entries, in order.
+pub fn parse_pagemap(bytes: &[u8]) -> Result<(u32, Vec<PagemapEntry>), String> {
+    let mut messages = messages(bytes, PAGEMAP_MAGIC)?;
+    let head = messages.next().ok_or("no pagemap head")??;
+    let pages_id = Fields(head)
+        .find_map(|f| match f {
+            Ok((1, Value::Varint(v))) => Some(Ok(v as u32)),
+            Err(e) => Some(Err(e)),
+            _ => None,
+        })
+        .ok_or("the pagemap head has no pages_id")??;
+    let mut entries = Vec::new();
+    for m in messages {
+        let (mut vaddr, mut compat, mut nr, mut flags, mut in_parent) =
+            (None, 0u64, None, None, false);
+        for f in Fields(m?) {
+            match f? {
+                (1, Value::Varint(v)) => vaddr = Some(v),
+                (2, Value::Varint(v)) => compat = v,
+                (3, Value::Varint(v)) => in_parent = v != 0,
+                (4, Value::Varint(v)) => flags = Some(v as u32),
+                (5, Value::Varint(v)) => nr = Some(v),
+                _ => {}
+            }
+        }
+        // As CRIU reads old images (init_compat_pagemap_entry).
+        let flags = match flags {
+            _ if in_parent => PE_PARENT,
+            Some(f) => f,
+            None => PE_PRESENT,
+        };
+        entries.push(PagemapEntry {
+            vaddr: vaddr.ok_or("a pagemap entry has no vaddr")?,
+            nr_pages: nr.unwrap_or(compat),
+            flags,
+        });
+    }
+    Ok((pages_id, entries))
+}
+
+/// `mm-<pid>.img`: the VMAs as `(start, end)`, sorted.
+pub fn parse_vmas(bytes: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+    let mm = messages(bytes, MM_MAGIC)?.next().ok_or("no mm entry")??;
+    let mut vmas = Vec::new();
+    for f in Fields(mm) {
+        if let (14, Value::Bytes(vma)) = f? {
+            let (mut start, mut end) = (None, None);
+            for g in Fields(vma) {
+                match g? {
+                    (1, Value::Varint(v)) => start = Some(v),
+                    (2, Value::Varint(v)) => end = Some(v),
+                    _ => {}
+                }
+            }
+            vmas.push((
+                start.ok_or("a VMA has no start")?,
+                end.ok_or("a VMA has no end")?,
+            ));
+        }
+    }
+    vmas.sort_unstable();
+    Ok(vmas)
+}
+
+/// The size-prefixed messages after the two magics.
+fn messages(
+    bytes: &[u8],
+    magic: u32,
+) -> Result<impl Iterator<Item = Result<&[u8], String>>, String> {
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    };
+    if word(0) != Some(IMG_COMMON_MAGIC) || word(4) != Some(magic) {
+        return Err(format!("not a CRIU image of magic {magic:#x}"));
+    }
+    let mut at = 8usize;
+    Ok(std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        let size = match word(at) {
+            Some(s) => s as usize,
+            None => return Some(Err("a truncated message size".to_string())),
+        };
+        let body = bytes.get(at + 4..at + 4 + size);
+        at += 4 + size;
+        Some(body.ok_or_else(|| "a truncated message".to_string()))
+    }))
+}
+
+enum Value<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Other,
+}
+
+/// The fields of one protobuf message: `(number, value)`.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u64, Value<'a>), String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        Some(self.field())
+    }
+}
+
+impl<'a> Fields<'a> {
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = self.0.split_first().ok_or("a truncated varint")?;
+            self.0 = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a varint over 64 bits".into())
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("a truncated field".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn field(&mut self) -> Result<(u64, Value<'a>), String> {
+        let key = self.varint()?;
+        let value = match key & 7 {
+            0 => Value::Varint(self.varint()?),
+            1 => self.take(8).map(|_| Value::Other)?,
+            2 => {
+                let n = self.varint()? as usize;
+                Value::Bytes(self.take(n)?)
+            }
+            5 => self.take(4).map(|_| Value::Other)?,
+            t => return Err(format!("protobuf wire type {t} is not supported")),
+        };
+        Ok((key >> 3, value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    fn field(n: u64, v: u64, out: &mut Vec<u8>) {
+        varint(n << 3, out);
+        varint(v, out);
+    }
+
+    fn image(magic: u32, messages: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = IMG_COMMON_MAGIC.to_le_bytes().to_vec();
+        out.extend(magic.to_le_bytes());
+        for m in messages {
+            out.extend((m.len() as u32).to_le_bytes());
+            out.extend(m);
+        }
+        out
+    }
+
+    fn entry(vaddr: u64, pages: u64, flags: Option<u32>) -> Vec<u8> {
+        let mut m = Vec::new();
+        field(1, vaddr, &mut m);
+        field(2, pages, &mut m);
+        if let Some(f) = flags {
+            field(4, u64::from(f), &mut m);
+        }
+        m
+    }
+
+    #[test]
+    fn a_pagemap_is_read_with_offsets_and_split_at_vmas() {
+        let mut head = Vec::new();
+        field(1, 7, &mut head);
+        let bytes = image(
+            PAGEMAP_MAGIC,
+            &[
+                head,
+                // Present, not lazy (a stack page): takes room in the file.
+                entry(0x1000, 1, Some(PE_PRESENT)),
+                // Lazy across two VMAs.
+                entry(0x10000, 4, Some(PE_PRESENT | PE_LAZY)),
+                // In a parent image: no room in this file.
+                entry(0x40000, 2, Some(PE_PARENT)),
+                // An old image without flags: present.
+                entry(0x50000, 1, None),
+                entry(0x60000, 2, Some(PE_PRESENT | PE_LAZY)),
+            ],
+        );
+        let (id, entries) = parse_pagemap(&bytes).unwrap();
+        assert_eq!(id, 7);
+        assert_eq!(entries.len(), 5);
+        assert_eq!(entries[3].flags, PE_PRESENT);
+        let vmas = [
+            (0x1000, 0x2000),
+            (0x10000, 0x12000),
+            (0x12000, 0x20000),
+            (0x60000, 0x70000),
+        ];
+        let ranges = lazy_ranges(&entries, &vmas).unwrap();
+        assert_eq!(
+            ranges,
+            vec![
+                LazyRange {
+                    vaddr: 0x10000,
+                    len: 0x2000,
+                    offset: 0x1000
+                },
+                LazyRange {
+                    vaddr: 0x12000,
+                    len: 0x2000,
+                    offset: 0x3000
+                },
+                LazyRange {
+                    vaddr: 0x60000,
+                    len: 0x2000,
+                    offset: 0x6000
+                },
+            ]
+        );
+        let pages = LazyPages {
+            pages_id: id,
+            ranges,
+        };
+        assert_eq!(pages.bytes(), 0x6000);
+        assert_eq!(pages.find(0x12fff).unwrap().vaddr, 0x12000);
+        assert!(pages.find(0x14000).is_none());
+        assert!(pages.find(0x0fff).is_none());
+    }
+
+    #[test]
+    fn vmas_are_read_from_field_14_of_the_mm_entry() {
+        let mut vma = Vec::new();
+        field(1, 0x7000, &mut vma);
+        field(2, 0x9000, &mut vma);
+        field(6, 0x22, &mut vma);
+        let mut mm = Vec::new();
+        field(1, 0x400000, &mut mm);
+        varint((14 << 3) | 2, &mut mm);
+        varint(vma.len() as u64, &mut mm);
+        mm.extend(&vma);
+        let bytes = image(MM_MAGIC, &[mm]);
+        assert_eq!(parse_vmas(&bytes).unwrap(), vec![(0x7000, 0x9000)]);
+    }
+
+    #[test]
+    fn bad_images_are_refused_naming_why() {
+        assert!(parse_pagemap(&image(MM_MAGIC, &[]))
+            .unwrap_err()
+            .contains("magic"));
+        let mut bytes = image(PAGEMAP_MAGIC, &[vec![8, 1]]);
+        bytes.truncate(bytes.len() - 1);
+        assert!(parse_pagemap(&bytes).unwrap_err().contains("truncated"));
+        let lazy_elsewhere = [PagemapEntry {
+            vaddr: 0x1000,
+            nr_pages: 1,
+            flags: PE_LAZY,
+        }];
+        assert!(lazy_ranges(&lazy_elsewhere, &[(0, 0x10000)])
+            .unwrap_err()
+            .contains("not in the image"));
+        let outside = [PagemapEntry {
+            vaddr: 0x1000,
+            nr_pages: 1,
+            flags: PE_LAZY | PE_PRESENT,
+        }];
+        assert!(lazy_ranges(&outside, &[]).unwrap_err().contains("no VMA"));
+    }
+}
