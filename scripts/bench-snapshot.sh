@@ -122,6 +122,9 @@ cat >"$D/vsnap.toml" <<TOML
 artifact_root = "$ARTIFACTS"
 verify_contents = $([ "${BENCH_VERIFY:-1}" = 0 ] && echo false || echo true)
 TOML
+# The same with CRIU placing the pages itself (one thread), for the side-by-side rows.
+{ cat "$D/vsnap.toml"; echo 'page_placement = "criu"'; } >"$D/vsnap-criu.toml"
+RCONF="$D/vsnap.toml"
 say "starting a private containerd in $D"
 PATH="$D/bin:$CBIN:$PATH" "$CBIN/containerd" --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
 CPID=$!
@@ -164,7 +167,7 @@ run_engine() { # id port plan
             --annotation "vsnap.io/listen=127.0.0.1:$2")
         args=()
     fi
-    if ! "${CTR[@]}" run -d --net-host --runtime io.vsnap.v1 --runtime-config-path "$D/vsnap.toml" \
+    if ! "${CTR[@]}" run -d --net-host --runtime io.vsnap.v1 --runtime-config-path "$RCONF" \
         "${ann[@]}" "${ENV_ARGS[@]}" --rootfs "$D/rootfs" "$1" /vsnap-ref-engine "${args[@]}" \
         >"$D/run.out" 2>&1; then
         echo "bench-snapshot: ctr run ($1, plan '${3:-none}') failed:" >&2
@@ -313,7 +316,7 @@ cold_once() {
 }
 # One restore; appends to the arrays named by $1 (REST or CREST).
 restore_once() {
-    local into=$1 id port t0 ctr_us ready_us f pre criu act lis
+    local into=$1 id port t0 ctr_us ready_us f pre criu act lis fill
     N=$((N + 1)); id="copy-$N"; port=$((PORT + N))
     t0=$EPOCHREALTIME
     run_engine "$id" "$port" restore
@@ -327,10 +330,11 @@ restore_once() {
     criu=$(json_num "$f" criu_restore_ms 1)
     act=$(json_num "$f" activation_ms 1)
     lis=$(json_num "$f" listener_ms 1)
+    fill=$(sed -nE 's/.*"page_fill_ms":[[:space:]]*([0-9.eE+-]+).*/\1/p' "$f" | head -n 1)
     local -n a_ctr="${into}_CTR_US" a_us="${into}_US" a_pre="${into}_PRE" a_criu="${into}_CRIU" \
-        a_act="${into}_ACT" a_lis="${into}_LIS"
+        a_act="${into}_ACT" a_lis="${into}_LIS" a_fill="${into}_FILL"
     a_ctr+=("$ctr_us"); a_us+=("$ready_us"); a_pre+=("$pre"); a_criu+=("$criu")
-    a_act+=("$act"); a_lis+=("$lis")
+    a_act+=("$act"); a_lis+=("$lis"); a_fill+=("$(awk -v v="${fill:-0}" 'BEGIN { printf "%.1f", v }')")
     check_answer "$port" "$id"
     stop "$id"
 }
@@ -338,17 +342,29 @@ REST_PRE=()
 REST_CRIU=()
 REST_ACT=()
 REST_LIS=()
+REST_FILL=()
+# Restores with page_placement = "criu" (CRIU's own one-thread placement), one per pair.
+SREST_CTR_US=()
+SREST_US=()
+SREST_PRE=()
+SREST_CRIU=()
+SREST_ACT=()
+SREST_LIS=()
+SREST_FILL=()
+restore_criu_placed() { RCONF="$D/vsnap-criu.toml"; restore_once SREST; RCONF="$D/vsnap.toml"; }
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-say "3. $RUNS pairs of cold start / restore (ABBA order)"
+say "3. $RUNS pairs of cold start / restore (ABBA order), each with a restore placed by CRIU alone"
 for i in $(seq "$RUNS"); do
     if [ $((i % 2)) -eq 1 ]; then
         cold_once
         restore_once REST
+        restore_criu_placed
     else
+        restore_criu_placed
         restore_once REST
         cold_once
     fi
-    say "   pair $i: cold $(ms "${COLD_US[-1]}") ms, restore $(ms "${REST_US[-1]}") ms (CRIU ${REST_CRIU[-1]} ms)"
+    say "   pair $i: cold $(ms "${COLD_US[-1]}") ms, restore $(ms "${REST_US[-1]}") ms (CRIU phase ${REST_CRIU[-1]} ms, page fill ${REST_FILL[-1]} ms); CRIU-placed restore $(ms "${SREST_US[-1]}") ms (CRIU ${SREST_CRIU[-1]} ms)"
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -359,6 +375,7 @@ CREST_PRE=()
 CREST_CRIU=()
 CREST_ACT=()
 CREST_LIS=()
+CREST_FILL=()
 say "4. $COLD_RUNS restore(s) right after dropping the page cache"
 for _ in $(seq "$COLD_RUNS"); do
     drop_caches
@@ -378,7 +395,8 @@ STOCK_ROOT="$D/stock-runc"
 mkdir -p "$STOCK_ROOT"
 run_engine stock-src "$((PORT + 90))" restore
 cp "$BUNDLES/stock-src/config.json" "$D/stock-config.json"
-cp "$BUNDLES/stock-src/vsnap-criu.conf" "$D/stock-criu.conf"
+# Without lazy-pages: a stock runc restore has no page server to hand the pages to.
+grep -vx 'lazy-pages' "$BUNDLES/stock-src/vsnap-criu.conf" >"$D/stock-criu.conf"
 # vsnap's createRuntime hooks, which runc runs inside `runc restore`: each run by hand
 # (3 x) against the live copy's bundle, as runc runs it (the OCI state on stdin).
 HOOK_ROWS=()
@@ -460,6 +478,8 @@ to_ms() { local u; for u in "$@"; do ms "$u"; echo; done; }
 mapfile -t COLD_MS < <(to_ms "${COLD_US[@]}")
 mapfile -t REST_MS < <(to_ms "${REST_US[@]}")
 mapfile -t REST_CTR_MS < <(to_ms "${REST_CTR_US[@]}")
+mapfile -t SREST_MS < <(to_ms "${SREST_US[@]}")
+SCRIU_MED=$(DEC=1 med "${SREST_CRIU[@]}")
 PAIR_RATIOS=()
 for i in "${!COLD_MS[@]}"; do PAIR_RATIOS+=("$(ratio "${REST_MS[$i]}" "${COLD_MS[$i]}")"); done
 COLD_MED=$(med "${COLD_MS[@]}")
@@ -510,7 +530,8 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "| phase | median (ms) | min-max (ms) |"
     echo "|---|---:|---:|"
     phase_row "preflight (artifact validation, at create)" "${REST_PRE[@]}"
-    phase_row "CRIU restore (\`runc restore --detach\`)" "${REST_CRIU[@]}"
+    phase_row "CRIU restore (\`runc restore --detach\`, then vsnap's page server placing the memory)" "${REST_CRIU[@]}"
+    phase_row "of which: page server fill (after CRIU's restore finished, $(nproc) threads)" "${REST_FILL[@]}"
     phase_row "activation + canary (handshake, engine reload + resident checksum + canary)" "${REST_ACT[@]}"
     phase_row "listener probe" "${REST_LIS[@]}"
     phase_row "rest of \`ctr run -d\` (ctr, containerd, shim start, bookkeeping)" "${REST_OTHER[@]}"
@@ -536,7 +557,8 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "| \`cat images/* >/dev/null\`, cold page cache ($COLD_RUNS x, after drop_caches) | $RAW_COLD_MED | $(minmax "${RAW_COLD_MS[@]}") | $(gbps "$IMAGE_BYTES" "$RAW_COLD_MED") |"
     echo "| \`dd bs=${BS_MIB}M\` of pages-*.img ($(mib "$PAGES_BYTES") MiB) into freshly faulted memory, warm page cache (3 x) | $(med "${FRESH_WARM_MS[@]}") | $(minmax "${FRESH_WARM_MS[@]}") | $(gbps "$PAGES_BYTES" "$(med "${FRESH_WARM_MS[@]}")") |"
     echo "| \`dd bs=${BS_MIB}M\` of pages-*.img into freshly faulted memory, cold page cache ($COLD_RUNS x) | $(med "${FRESH_COLD_MS[@]}") | $(minmax "${FRESH_COLD_MS[@]}") | $(gbps "$PAGES_BYTES" "$(med "${FRESH_COLD_MS[@]}")") |"
-    echo "| CRIU restore, warm page cache ($RUNS restores) | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
+    echo "| vsnap restore phase (CRIU lazy-pages + vsnap page server), warm page cache ($RUNS restores) | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
+    echo "| same phase with \`page_placement = \"criu\"\` (CRIU places the pages, one thread), warm ($RUNS restores) | $SCRIU_MED | $(minmax "${SREST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$SCRIU_MED") |"
     echo "| CRIU restore, cold page cache ($COLD_RUNS restores) | $(DEC=1 med "${CREST_CRIU[@]}") | $(minmax "${CREST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$(DEC=1 med "${CREST_CRIU[@]}")") |"
     echo
     echo "CRIU restore / \`cat\`: warm $(ratio "$CRIU_MED" "$RAW_WARM_MED"), cold $(ratio "$(DEC=1 med "${CREST_CRIU[@]}")" "$RAW_COLD_MED")."
@@ -559,10 +581,13 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "| restore | median (ms) | min-max (ms) | GB/s (median) |"
     echo "|---|---:|---:|---:|"
     echo "| stock \`runc restore --detach\` (no hooks, no verification), 3 x | $(med "${STOCK_MS[@]}") | $(minmax "${STOCK_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_MS[@]}")") |"
-    echo "| stock \`runc restore --detach\` with vsnap's CRIU config (ghost-limit, libdir, leave-stopped), 3 x | $(med "${STOCK_CONF_MS[@]}") | $(minmax "${STOCK_CONF_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_CONF_MS[@]}")") |"
+    echo "| stock \`runc restore --detach\` with vsnap's CRIU config (ghost-limit, libdir, leave-stopped; not lazy-pages), 3 x | $(med "${STOCK_CONF_MS[@]}") | $(minmax "${STOCK_CONF_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_CONF_MS[@]}")") |"
     echo "| vsnap's CRIU phase (runc restore + hooks + verification beside it), $RUNS x | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
     echo
-    echo "vsnap CRIU phase / stock runc restore: $(ratio "$CRIU_MED" "$(med "${STOCK_MS[@]}")")."
+    echo "| vsnap's CRIU phase with \`page_placement = \"criu\"\`, $RUNS x | $SCRIU_MED | $(minmax "${SREST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$SCRIU_MED") |"
+    echo
+    echo "vsnap CRIU phase / stock runc restore: $(ratio "$CRIU_MED" "$(med "${STOCK_MS[@]}")") (page server); $(ratio "$SCRIU_MED" "$(med "${STOCK_MS[@]}")") (CRIU's own placement)."
+    echo "Restore to ready with CRIU's own placement: median $(med "${SREST_MS[@]}") ms vs $REST_MED ms with the page server (same run, interleaved)."
     echo
     echo "vsnap's createRuntime hooks (runc runs them inside its restore), each run by hand 3 x against a live copy's bundle:"
     echo
@@ -588,7 +613,8 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo
     echo "Cold-cache restore / warm-cache cold start: $(ratio "$(med "${CREST_MS[@]}")" "$COLD_MED")."
     echo
-    echo "Raw values (ms): cold start ${COLD_MS[*]}; restore ${REST_MS[*]}; CRIU ${REST_CRIU[*]};"
+    echo "Raw values (ms): cold start ${COLD_MS[*]}; restore ${REST_MS[*]}; CRIU ${REST_CRIU[*]} (fill ${REST_FILL[*]});"
+    echo "CRIU-placed restore ${SREST_MS[*]} (CRIU ${SREST_CRIU[*]});"
     echo "activation ${REST_ACT[*]}; cold-cache restore ${CREST_MS[*]} (CRIU ${CREST_CRIU[*]});"
     echo "cat warm ${RAW_WARM_MS[*]}, cold ${RAW_COLD_MS[*]}; dd warm ${FRESH_WARM_MS[*]}, cold ${FRESH_COLD_MS[*]}."
 } >"$D/report.md"

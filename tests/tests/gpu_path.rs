@@ -244,7 +244,11 @@ fn runc_and_criu_get_the_captures_options_and_the_configured_tools() {
         "the copy answers like a cold start"
     );
     let conf = std::fs::read_to_string(e.bundle("gpt-r0").join("vsnap-criu.conf")).unwrap();
-    assert!(conf.ends_with("leave-stopped\n"), "a restore: {conf}");
+    // A CPU restore: held stopped, its memory placed by vsnap's page server.
+    assert!(
+        conf.ends_with("leave-stopped\nlazy-pages\n"),
+        "a restore: {conf}"
+    );
     e.remove("gpt-r0");
 
     let calls = tools.runc_calls();

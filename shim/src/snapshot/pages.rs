@@ -493,3 +493,239 @@ impl Drop for Buffer {
         unsafe { std::alloc::dealloc(self.ptr, layout) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The server against this process's own memory: a region registered
+    //! with a real userfaultfd, images written as CRIU writes them, and the
+    //! descriptor handed over as CRIU's restore does.
+    use super::*;
+    use std::io::{IoSlice, Write};
+
+    const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+    const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+
+    struct Region {
+        addr: *mut u8,
+        len: usize,
+        uffd: OwnedFd,
+    }
+
+    impl Drop for Region {
+        fn drop(&mut self) {
+            // SAFETY: mapped in `region`, no reference to it outlives the test.
+            unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+        }
+    }
+
+    /// `len` bytes of fresh anonymous memory whose missing pages go to the
+    /// returned userfaultfd.
+    fn region(len: usize, features: u64) -> Region {
+        // SAFETY: plain syscalls on memory and descriptors this test owns.
+        unsafe {
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(addr, libc::MAP_FAILED);
+            let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+            assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+            let uffd = OwnedFd::from_raw_fd(fd as RawFd);
+            let mut api = [0xAAu64, features, 0];
+            assert_eq!(libc::ioctl(fd as RawFd, UFFDIO_API, api.as_mut_ptr()), 0);
+            let mut reg = [addr as u64, len as u64, 1 /* MISSING */, 0];
+            assert_eq!(
+                libc::ioctl(fd as RawFd, UFFDIO_REGISTER, reg.as_mut_ptr()),
+                0
+            );
+            Region {
+                addr: addr as *mut u8,
+                len,
+                uffd,
+            }
+        }
+    }
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    fn image(magic: u32, messages: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = criu_image::IMG_COMMON_MAGIC.to_le_bytes().to_vec();
+        out.extend(magic.to_le_bytes());
+        for m in messages {
+            out.extend((m.len() as u32).to_le_bytes());
+            out.extend(m);
+        }
+        out
+    }
+
+    /// Images of task `pid`: one present, not lazy page elsewhere first (so
+    /// the region's bytes start one page into the pages file), then the
+    /// region, lazy. Returns the region's expected bytes.
+    fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
+        let data: Vec<u8> = (0..r.len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let entry = |vaddr: u64, pages: u64, flags: u32| {
+            let mut m = Vec::new();
+            for (n, v) in [(1u64, vaddr), (2, pages), (4, u64::from(flags))] {
+                varint(n << 3, &mut m);
+                varint(v, &mut m);
+            }
+            m
+        };
+        let start = r.addr as u64;
+        let pagemap = image(
+            criu_image::PAGEMAP_MAGIC,
+            &[
+                vec![8, 1],
+                entry(0x1000, 1, criu_image::PE_PRESENT),
+                entry(
+                    start,
+                    (r.len as u64) / PAGE_SIZE,
+                    criu_image::PE_PRESENT | criu_image::PE_LAZY,
+                ),
+            ],
+        );
+        std::fs::write(dir.join(format!("pagemap-{pid}.img")), pagemap).unwrap();
+        let mut vma = Vec::new();
+        for (n, v) in [(1u64, start), (2, start + r.len as u64)] {
+            varint(n << 3, &mut vma);
+            varint(v, &mut vma);
+        }
+        let mut mm = Vec::new();
+        varint((14 << 3) | 2, &mut mm);
+        varint(vma.len() as u64, &mut mm);
+        mm.extend(vma);
+        std::fs::write(
+            dir.join(format!("mm-{pid}.img")),
+            image(criu_image::MM_MAGIC, &[mm]),
+        )
+        .unwrap();
+        let mut pages = vec![0xEEu8; PAGE_SIZE as usize];
+        pages.extend(&data);
+        std::fs::write(dir.join("pages-1.img"), pages).unwrap();
+        data
+    }
+
+    /// CRIU's side of the socket.
+    fn connect(work: &Path) -> UnixStream {
+        UnixStream::connect(work.join(SOCKET_NAME)).unwrap()
+    }
+
+    fn send_task(conn: &mut UnixStream, pid: i32, uffd: &OwnedFd) {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        conn.write_all(&pid.to_ne_bytes()).unwrap();
+        let fds = [uffd.as_raw_fd()];
+        sendmsg::<()>(
+            conn.as_raw_fd(),
+            &[IoSlice::new(&[0])],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    #[tokio::test]
+    async fn every_lazy_page_is_placed_and_a_touched_page_is_served_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = (5 << 20) + 3 * PAGE_SIZE as usize; // several fill chunks and a tail
+        let r = region(len, 0);
+        let data = write_images(dir.path(), 7, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 2).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 7, &r.uffd);
+        conn.write_all(&(-9i32).to_ne_bytes()).unwrap(); // a zombie: no descriptor
+                                                         // A task touching its memory before the restore finished waits only
+                                                         // for its own page.
+        let at = r.addr as usize + (3 << 20) + 5;
+        let touched = std::thread::spawn(move || {
+            // SAFETY: inside the region, which outlives this thread (joined below).
+            unsafe { std::ptr::read_volatile(at as *const u8) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(touched, data[(3 << 20) + 5]);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!((placed.tasks, placed.bytes), (1, len as u64));
+        assert!(placed.faults >= 1, "{placed:?}");
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..], "the region holds the image's bytes");
+        assert!(
+            !dir.path().join(SOCKET_NAME).exists(),
+            "the socket went with the server"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_space_change_while_pages_are_placed_fails_the_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 20, UFFD_FEATURE_EVENT_UNMAP);
+        write_images(dir.path(), 8, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 2).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 8, &r.uffd);
+        // The "tree" runs and unmaps part of its memory: it waits until the
+        // server read the event, which the server refuses.
+        let at = r.addr as usize;
+        let unmapped = std::thread::spawn(move || {
+            // SAFETY: the first page of the region; nothing reads it after.
+            unsafe { libc::munmap(at as *mut libc::c_void, PAGE_SIZE as usize) }
+        });
+        let e = server.finish(deadline()).await.unwrap_err();
+        assert!(e.contains("event 0x16") && e.contains("pid 8"), "{e}");
+        assert_eq!(unmapped.join().unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn criu_going_away_before_the_restore_finished_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 16, 0);
+        write_images(dir.path(), 9, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 9, &r.uffd);
+        drop(conn);
+        let e = server.finish(deadline()).await.unwrap_err();
+        assert!(e.contains("before the restore finished"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_task_without_images_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 16, 0);
+        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 10, &r.uffd);
+        let e = server.finish(deadline()).await.unwrap_err();
+        assert!(e.contains("pagemap-10.img"), "{e}");
+    }
+
+    #[test]
+    fn dropping_the_server_removes_its_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        assert!(dir.path().join(SOCKET_NAME).exists());
+        drop(server);
+        assert!(!dir.path().join(SOCKET_NAME).exists());
+    }
+}
