@@ -18,6 +18,10 @@ pub enum ArtifactError {
     /// The artifact was made for another host or workload.
     #[error("fingerprint mismatch: {0}")]
     Mismatch(String),
+    /// A fleet signature is missing, from an untrusted key, or does not
+    /// verify (signature.rs): the shared artifact must not be used.
+    #[error("fleet signature: {0}")]
+    Signature(String),
     /// Another process holds the artifact's lock.
     #[error("artifact {0} is locked by another writer or user")]
     Locked(String),

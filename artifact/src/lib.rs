@@ -13,6 +13,7 @@ pub mod key;
 pub mod layout;
 pub mod lock;
 pub mod manifest;
+pub mod signature;
 pub mod tool_cache;
 
 pub use content::{Contents, FileDigest};
@@ -22,3 +23,4 @@ pub use key::HostKey;
 pub use layout::{check_path_safe, ensure_root, path, Staging};
 pub use lock::ArtifactLock;
 pub use manifest::{Manifest, Timings, SCHEMA_VERSION};
+pub use signature::{FleetSignature, FleetSigner, TrustedKeys};
