@@ -67,6 +67,17 @@ pub struct RuntimeConfig {
     /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
     /// one thread). GPU restores always use `criu`.
     pub page_placement: PagePlacement,
+    /// The fleet's ed25519 private key (`vsnap key generate`), with which
+    /// this host signs the artifacts it pushes. Unset: it pushes none.
+    pub fleet_signing_key: Option<PathBuf>,
+    /// Public keys of the fleet: a pulled artifact (or a restore from a
+    /// reference) is used only when one of them signed it.
+    pub fleet_trusted_keys: Vec<PathBuf>,
+    /// A secret shared by the fleet's hosts (32 random bytes, root-owned
+    /// 0600) that keys the workload's environment and secret-flag
+    /// fingerprints instead of the host key, so a workload captured on one
+    /// host compares equal on another. Unset: the host key, as on one host.
+    pub fleet_fingerprint_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -133,6 +144,9 @@ impl Default for RuntimeConfig {
             gpu_activation_timeout_s: 600,
             checkpoint_timeout_s: 600,
             page_placement: PagePlacement::Parallel,
+            fleet_signing_key: None,
+            fleet_trusted_keys: Vec::new(),
+            fleet_fingerprint_key: None,
         }
     }
 }
@@ -189,6 +203,24 @@ impl RuntimeConfig {
                 "artifact_root: {} is not an absolute path",
                 self.artifact_root.display()
             )));
+        }
+        let fleet_paths = [
+            ("fleet_signing_key", self.fleet_signing_key.as_ref()),
+            ("fleet_fingerprint_key", self.fleet_fingerprint_key.as_ref()),
+        ]
+        .into_iter()
+        .chain(
+            self.fleet_trusted_keys
+                .iter()
+                .map(|p| ("fleet_trusted_keys", Some(p))),
+        );
+        for (key, path) in fleet_paths {
+            if let Some(path) = path.filter(|p| !p.is_absolute()) {
+                return Err(invalid(format!(
+                    "{key}: {} is not an absolute path",
+                    path.display()
+                )));
+            }
         }
         for (key, value) in [
             ("capture_timeout_s", self.capture_timeout_s),
@@ -247,6 +279,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("runc_root"), "{err}");
+    }
+
+    #[test]
+    fn fleet_keys_are_absolute_paths() {
+        let c = RuntimeConfig::parse(
+            "fleet_signing_key = \"/etc/vsnap/fleet.key\"\nfleet_trusted_keys = [\"/etc/vsnap/a.pub\", \"/etc/vsnap/b.pub\"]\nfleet_fingerprint_key = \"/etc/vsnap/fingerprint.key\"\n",
+            "inline",
+        )
+        .unwrap();
+        assert_eq!(
+            c.fleet_signing_key,
+            Some(PathBuf::from("/etc/vsnap/fleet.key"))
+        );
+        assert_eq!(c.fleet_trusted_keys.len(), 2);
+        assert_eq!(
+            c.fleet_fingerprint_key,
+            Some(PathBuf::from("/etc/vsnap/fingerprint.key"))
+        );
+        for body in [
+            "fleet_signing_key = \"fleet.key\"",
+            "fleet_trusted_keys = [\"/a.pub\", \"b.pub\"]",
+            "fleet_fingerprint_key = \"k\"",
+        ] {
+            let err = RuntimeConfig::parse(body, "inline")
+                .unwrap_err()
+                .to_string();
+            let key = body.split(' ').next().unwrap();
+            assert!(
+                err.contains(key) && err.contains("not an absolute path"),
+                "{err}"
+            );
+        }
+        let err = RuntimeConfig::parse("fleet_trusted_keys = \"/a.pub\"", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sequence"), "a list: {err}");
     }
 
     #[test]
