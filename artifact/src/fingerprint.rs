@@ -1,6 +1,8 @@
 //! What an artifact is valid for: the host it was made on and the workload
-//! it captured. At restore both are taken again and compared field by field;
-//! every difference is named with its captured and live value (or digest).
+//! it captured. At restore both are taken again and compared: the workload
+//! field by field, the host by the compatibility rules of [`crate::compat`];
+//! every difference that forbids the restore is named with its captured and
+//! live value (or digest).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -40,6 +42,10 @@ pub struct HostIdentity {
     pub machine_id: String,
     pub kernel_release: String,
     pub cpu_model: String,
+    /// The CPU flags a restored process can depend on
+    /// ([`crate::compat::RELEVANT_CPU_FLAGS`]), sorted.
+    #[serde(default)]
+    pub cpu_flags: Vec<String>,
     pub runc_version: String,
     pub runc_sha256: String,
     pub criu_version: String,
@@ -81,18 +87,17 @@ impl HostIdentity {
             first_line,
         );
         cache.save();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         HostIdentity {
             machine_id: read_trimmed("/etc/machine-id"),
             kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
-            cpu_model: std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|c| {
-                    c.lines()
-                        .find(|l| l.starts_with("model name"))
-                        .and_then(|l| l.split_once(':'))
-                        .map(|(_, v)| v.trim().to_string())
-                })
+            cpu_model: cpuinfo
+                .lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
                 .unwrap_or_default(),
+            cpu_flags: crate::compat::cpu_flags(&cpuinfo),
             runc_version,
             runc_sha256,
             criu_version,
@@ -104,9 +109,10 @@ impl HostIdentity {
         }
     }
 
-    /// The fields that differ, as `field: captured X, live Y`.
-    pub fn diff(&self, live: &HostIdentity) -> Vec<String> {
-        diff_json("host", &to_map(self), &to_map(live))
+    /// What forbids restoring an artifact captured on this identity on
+    /// `live`, as `host.field: captured X, live Y` ([`crate::compat`]).
+    pub fn incompatibilities(&self, live: &HostIdentity) -> Vec<String> {
+        crate::compat::incompatibilities(self, live)
     }
 }
 
@@ -566,9 +572,10 @@ mod tests {
     #[test]
     fn host_differences_name_field_and_values() {
         let a = HostIdentity::probe(&Tools::default(), "0.1.0");
+        assert!(!a.cpu_flags.is_empty(), "this host's CPU has flags");
         let mut b = a.clone();
         b.kernel_release = "9.9.9".into();
-        let d = a.diff(&b);
+        let d = a.incompatibilities(&b);
         assert_eq!(d.len(), 1);
         assert!(
             d[0].contains("host.kernel_release") && d[0].contains("9.9.9"),

@@ -12,7 +12,7 @@ use crate::key::HostKey;
 use crate::layout::check_layout;
 
 pub const MANIFEST: &str = "manifest.json";
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

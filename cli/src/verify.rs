@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use vsnap_artifact::layout::check_layout;
-use vsnap_artifact::{content, HostIdentity, Manifest};
+use vsnap_artifact::{compat, content, HostIdentity, Manifest};
 
 use crate::store::{self, MacStatus};
 use crate::table::{row, table};
@@ -293,17 +293,24 @@ fn check_contents(dir: &Path, m: &Manifest, quick: bool) -> Check {
 }
 
 /// The host fingerprint now, with the runtime config's runc, CRIU and CUDA
-/// plugin, against the one captured. (The workload is compared at restore,
-/// against the new container's spec; there is none here.)
+/// plugin, against the one captured, by the compatibility rules a restore
+/// applies (vsnap_artifact::compat): what may differ is listed, not failed.
+/// (The workload is compared at restore, against the new container's spec;
+/// there is none here.)
 fn check_host(ctx: &Ctx, m: &Manifest) -> Check {
     let live = HostIdentity::probe(&ctx.tools(), env!("CARGO_PKG_VERSION"));
-    let diff = m.host.diff(&live);
-    if diff.is_empty() {
-        Check::ok(
-            "host",
-            "machine, kernel, CPU, runc, CRIU, CUDA plugin and shim match this host",
-        )
-    } else {
-        Check::failed("host", diff)
+    let found = compat::compare(&m.host, &live);
+    if !found.incompatible.is_empty() {
+        return Check::failed("host", found.incompatible);
     }
+    let mut detail =
+        "compatible: kernel series, CPU, runc, CRIU, CUDA tools and shim as a restore requires"
+            .to_string();
+    if !found.tolerated.is_empty() {
+        detail.push_str(&format!(
+            " (allowed to differ: {})",
+            found.tolerated.join("; ")
+        ));
+    }
+    Check::ok("host", detail)
 }

@@ -391,6 +391,20 @@ fn verify_fails_changed_images_and_another_host() {
         "the MAC verifies: {stdout}"
     );
 
+    // Another machine of a compatible kind: valid, and the difference shown.
+    f.make("fleet", Duration::ZERO, 1000);
+    let mut m = Manifest::load_verified(&f.root, "fleet").unwrap();
+    m.host.machine_id = "another-machine".into();
+    m.seal(&HostKey::load(&f.root).unwrap());
+    fs::write(f.manifest_path("fleet"), m.to_bytes()).unwrap();
+    let out = f.vsnap(&["verify", "fleet"]);
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("allowed to differ: host.machine_id: captured \"another-machine\", live"),
+        "{stdout}"
+    );
+
     // A world-writable image file is named.
     f.make("loose", Duration::ZERO, 1000);
     let img = f.root.join("loose/images/inventory.img");

@@ -1,11 +1,14 @@
 //! `fingerprint`: the artifact's manifest must verify with this host's key
-//! (so it is one this host made, unedited), and the host and workload it was
-//! made for must be this host now (machine, kernel, CPU, runc, CRIU, CUDA
-//! plugin, shim version) and this container (argv with secrets redacted,
+//! (so it is one this host made, or re-sealed after a verified pull,
+//! unedited), this host must be compatible with the one it was captured on
+//! (kernel series, CPU model and flags, runc, CRIU, CUDA tools, shim
+//! version, GPU models and driver: the rules of `vsnap_artifact::compat`),
+//! and the workload must be this container (argv with secrets redacted,
 //! environment fingerprints, root filesystem, image, security-relevant spec
 //! fields). Every difference is named with its captured and live value, as
-//! [`HostIdentity::diff`] and [`Workload::diff`] write them: argv secrets
-//! are redacted and environment values appear only as fingerprints.
+//! [`HostIdentity::incompatibilities`] and [`Workload::diff`] write them:
+//! argv secrets are redacted and environment values appear only as
+//! fingerprints.
 //!
 //! When the manifest records GPUs, the live ones come from `nvidia-smi`
 //! (`--nvidia-smi P`), as the shim takes them, narrowed to the container's
@@ -181,14 +184,14 @@ pub fn load(root: &Path, name: &str) -> Result<Manifest, Failure> {
     Manifest::load_verified(root, name).map_err(|e| Failure::Check(e.to_string()))
 }
 
-/// Every host and workload difference, one message.
+/// Every host incompatibility and workload difference, one message.
 pub fn compare(
     root: &Path,
     manifest: &Manifest,
     host: &HostIdentity,
     spec: &Value,
 ) -> Result<(), Failure> {
-    let mut diff = manifest.host.diff(host);
+    let mut diff = manifest.host.incompatibilities(host);
     // Secret values are fingerprinted with the host key, as at capture.
     let key = vsnap_artifact::HostKey::load(root).map_err(|e| Failure::Check(e.to_string()))?;
     // The image digest comes from containerd's API, which a hook cannot ask:

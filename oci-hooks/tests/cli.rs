@@ -278,37 +278,65 @@ fn a_manifest_edited_by_hand_or_another_hosts_key_fails_the_mac() {
 }
 
 #[test]
-fn every_host_field_changed_alone_is_named_with_both_values() {
+fn every_host_field_that_must_match_is_named_and_the_others_accepted() {
     let h = Host::new(&spec());
-    let original = h.manifest();
+    let mut original = h.manifest();
+    // A GPU artifact, so that the CUDA tools must match too (the live GPUs
+    // come from the fake nvidia-smi).
+    original["host"]["gpus"] = json!(["NVIDIA H200 GPU-00000000-test 570.124.06"]);
+    h.reseal(&original);
+    h.fingerprint().passed();
     let fields: Vec<String> = original["host"]
         .as_object()
         .unwrap()
         .keys()
         .cloned()
         .collect();
-    assert!(fields.len() >= 9, "{fields:?}");
+    assert_eq!(
+        fields.len(),
+        12,
+        "a new host field needs a case: {fields:?}"
+    );
+    let may_differ = ["machine_id", "runc_sha256", "criu_sha256"];
     for field in fields {
         let mut m = original.clone();
-        let mut live = m["host"][&field].clone();
-        m["host"][&field] = if live.is_array() {
-            // With GPUs recorded, the live ones come from nvidia-smi.
-            live = json!(["NVIDIA H200 GPU-00000000-test 570.124.06"]);
-            json!([format!("changed-{field}")])
-        } else {
-            json!(format!("changed-{field}"))
+        let live = m["host"][&field].clone();
+        let (changed, expected) = match field.as_str() {
+            "cpu_flags" => (
+                json!(["fpu", "not-a-flag-here"]),
+                "host.cpu_flags: captured with \"not-a-flag-here\", live lacks them".to_string(),
+            ),
+            "gpus" => (
+                json!(["NVIDIA A100 GPU-00000000-test 570.124.06"]),
+                "host.gpus: captured [\"NVIDIA A100 570.124.06\"], live [\"NVIDIA H200 570.124.06\"] (model and driver, in order)".to_string(),
+            ),
+            _ => {
+                let changed = json!(format!("changed-{field}"));
+                let expected = format!("host.{field}: captured {changed}, live {live}");
+                (changed, expected)
+            }
         };
+        m["host"][&field] = changed;
         h.reseal(&m);
         let out = h.fingerprint();
+        if may_differ.contains(&field.as_str()) {
+            assert_eq!(out.code, 0, "{field} may differ: {}", out.stderr);
+            continue;
+        }
         assert_eq!(out.code, 1, "{field}: {}", out.stderr);
         let line = out.line("fingerprint");
-        let expected = format!(
-            "made for another host or workload: host.{field}: captured {}, live {live}",
-            m["host"][&field]
+        assert!(
+            line.ends_with(&format!("made for another host or workload: {expected}")),
+            "{field}: {line}"
         );
-        assert!(line.ends_with(&expected), "{field}: {line}");
         assert!(!line.contains("; "), "only {field} differs: {line}");
     }
+    // Another kernel of the same series is compatible.
+    let mut m = original.clone();
+    let release = m["host"]["kernel_release"].as_str().unwrap().to_string();
+    m["host"]["kernel_release"] = json!(format!("{release}-patched"));
+    h.reseal(&m);
+    h.fingerprint().passed();
     h.reseal(&original);
     h.fingerprint().passed();
 }
@@ -652,17 +680,24 @@ fn recorded_gpus_are_compared_with_nvidia_smi() {
     m["host"]["gpus"] = json!(["NVIDIA H200 GPU-00000000-test 570.124.06"]);
     h.reseal(&m);
     h.fingerprint().passed();
-    // Another GPU (uuid) on the live host.
+    // Another GPU of the same model and driver (another UUID): compatible.
     std::fs::write(
         h.nvidia_smi(),
         "#!/bin/sh\necho 'NVIDIA H200, GPU-11111111-other, 570.124.06'\n",
+    )
+    .unwrap();
+    h.fingerprint().passed();
+    // Another driver: named, without UUIDs.
+    std::fs::write(
+        h.nvidia_smi(),
+        "#!/bin/sh\necho 'NVIDIA H200, GPU-00000000-test, 575.51.03'\n",
     )
     .unwrap();
     let out = h.fingerprint();
     assert_eq!(out.code, 1);
     assert!(
         out.line("fingerprint").ends_with(
-            "host.gpus: captured [\"NVIDIA H200 GPU-00000000-test 570.124.06\"], live [\"NVIDIA H200 GPU-11111111-other 570.124.06\"]"
+            "host.gpus: captured [\"NVIDIA H200 570.124.06\"], live [\"NVIDIA H200 575.51.03\"] (model and driver, in order)"
         ),
         "{}",
         out.stderr

@@ -187,7 +187,7 @@ impl Snapshot {
                 let mut live =
                     HostIdentity::probe_cached(&tools, env!("CARGO_PKG_VERSION"), Some(&root));
                 live.gpus = gpus.clone();
-                let mut diff = manifest.host.diff(&live);
+                let mut diff = manifest.host.incompatibilities(&live);
                 diff.extend(manifest.workload.diff(&workload));
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
