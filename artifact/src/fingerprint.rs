@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::key::{hex, HostKey};
+use crate::key::{hex, FingerprintKey, HOST_FINGERPRINT_KEY};
 
 /// The binaries whose identity an artifact depends on.
 #[derive(Debug, Clone)]
@@ -134,6 +134,22 @@ pub struct Workload {
     /// own namespace only (a tenant boundary).
     pub namespace: String,
     pub security: BTreeMap<String, String>,
+    /// Which key keyed `env` and the secret values of `argv`
+    /// ([`FingerprintKey::id`]): `host` (left out of the JSON, as before
+    /// fleets) or `fleet:<16 hex>`.
+    #[serde(
+        default = "host_fingerprint_key",
+        skip_serializing_if = "is_host_fingerprint_key"
+    )]
+    pub fingerprint_key: String,
+}
+
+fn host_fingerprint_key() -> String {
+    HOST_FINGERPRINT_KEY.to_string()
+}
+
+fn is_host_fingerprint_key(id: &str) -> bool {
+    id == HOST_FINGERPRINT_KEY
 }
 
 /// How a security-relevant spec field is recorded: its compact JSON, so a
@@ -155,9 +171,10 @@ impl Workload {
     /// From an OCI spec (as JSON). `ignore_mount` is vsnap's own control-dir
     /// mount, whose source differs per container.
     /// Secret values (environment, secret flags) enter only as HMACs with
-    /// this host's `key`: equal values compare equal, and a value cannot be
-    /// confirmed from a manifest or an error message without the key.
-    pub fn from_spec(spec: &Value, ignore_mount: &str, key: &HostKey) -> Self {
+    /// `key` (this host's, or the fleet's shared fingerprint key): equal
+    /// values compare equal, and a value cannot be confirmed from a manifest
+    /// or an error message without the key.
+    pub fn from_spec(spec: &Value, ignore_mount: &str, key: &FingerprintKey) -> Self {
         let process = &spec["process"];
         let argv = redact_argv(
             key,
@@ -237,6 +254,7 @@ impl Workload {
             image_digest: String::new(),
             namespace: String::new(),
             security,
+            fingerprint_key: key.id().to_string(),
         }
     }
 
@@ -246,15 +264,47 @@ impl Workload {
         sha256_hex(&bytes)[..24].to_string()
     }
 
+    /// The fields that differ, as `workload.field: captured X, live Y`.
+    /// Keyed with different keys, the keyed values cannot be compared: the
+    /// key is named first, and the rest compared without them (variable
+    /// names and unkeyed argv words still are).
     pub fn diff(&self, live: &Workload) -> Vec<String> {
-        diff_json("workload", &to_map(self), &to_map(live))
+        if self.fingerprint_key == live.fingerprint_key {
+            return diff_json("workload", &to_map(self), &to_map(live));
+        }
+        let mut out = vec![format!(
+            "workload.fingerprint_key: captured {:?}, live {:?} (environment and secret flags were fingerprinted with another key: every host of a fleet needs the same fleet_fingerprint_key)",
+            self.fingerprint_key, live.fingerprint_key
+        )];
+        let (a, b) = (self.without_keyed_values(), live.without_keyed_values());
+        out.extend(
+            diff_json("workload", &to_map(&a), &to_map(&b))
+                .into_iter()
+                .filter(|d| !d.starts_with("workload.fingerprint_key:")),
+        );
+        out
+    }
+
+    /// A copy with every keyed value blanked: environment values and the
+    /// HMAC tags of secret argv values.
+    fn without_keyed_values(&self) -> Workload {
+        let mut w = self.clone();
+        for v in w.env.values_mut() {
+            *v = "(keyed)".into();
+        }
+        for a in &mut w.argv {
+            if let Some(i) = a.find(REDACTED) {
+                a.truncate(i + REDACTED.len());
+            }
+        }
+        w
     }
 }
 
-/// HMAC(host key, name NUL value), hex: equal values give equal
-/// fingerprints on this host, the value is never stored, and a guess cannot
-/// be checked against a manifest without the host key.
-pub fn env_fingerprint(key: &HostKey, name: &str, value: &str) -> String {
+/// HMAC(fingerprint key, name NUL value), hex: equal values give equal
+/// fingerprints under one key, the value is never stored, and a guess cannot
+/// be checked against a manifest without the key.
+pub fn env_fingerprint(key: &FingerprintKey, name: &str, value: &str) -> String {
     let mut bytes = Vec::with_capacity(name.len() + value.len() + 1);
     bytes.extend_from_slice(name.as_bytes());
     bytes.push(0);
@@ -287,11 +337,15 @@ fn is_secret_flag(flag: &str) -> bool {
             .any(|s| flag.len() > 5 && flag.len() >= s.len() - 3 && s.starts_with(flag))
 }
 
+/// What a redacted secret value starts with; its HMAC tag follows.
+const REDACTED: &str = "***:";
+
 /// Replaces the value of every secret flag (`--x VALUE` or `--x=VALUE`)
-/// with `***:` and the first 16 hex digits of its HMAC with the host key:
-/// a changed secret still changes the identity, and none is stored.
-pub fn redact_argv(key: &HostKey, argv: Vec<String>) -> Vec<String> {
-    let hide = |v: &str| format!("***:{}", &key.mac(v.as_bytes())[..16]);
+/// with `***:` and the first 16 hex digits of its HMAC with the
+/// fingerprint key: a changed secret still changes the identity, and none
+/// is stored.
+pub fn redact_argv(key: &FingerprintKey, argv: Vec<String>) -> Vec<String> {
+    let hide = |v: &str| format!("{REDACTED}{}", &key.mac(v.as_bytes())[..16]);
     let mut out = Vec::with_capacity(argv.len());
     let mut redact_next = false;
     for arg in argv {
@@ -411,10 +465,75 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn test_key() -> (tempfile::TempDir, HostKey) {
+    fn test_key() -> (tempfile::TempDir, FingerprintKey) {
         let dir = tempfile::tempdir().unwrap();
-        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let key = FingerprintKey::load_or_create(dir.path(), None).unwrap();
         (dir, key)
+    }
+
+    fn fleet_key(dir: &Path, byte: u8) -> FingerprintKey {
+        let path = dir.join(format!("fleet-{byte}.key"));
+        crate::layout::write_synced(&path, &[byte; 32]).unwrap();
+        FingerprintKey::fleet(&path).unwrap()
+    }
+
+    #[test]
+    fn a_shared_fleet_key_fingerprints_alike_on_every_host() {
+        let spec = json!({"process": {"args": ["serve", "--api-key", "k1"], "env": ["HF_TOKEN=hf_secret", "MODEL=m"]}, "root": {"path": "rootfs"}});
+        // Two hosts: each its own host key, both the fleet's key.
+        let (a, host_a) = test_key();
+        let (b, host_b) = test_key();
+        let on_a = Workload::from_spec(&spec, "/run/vsnap/control", &host_a);
+        let on_b = Workload::from_spec(&spec, "/run/vsnap/control", &host_b);
+        assert_eq!(on_a.fingerprint_key, "host");
+        assert!(!on_a.diff(&on_b).is_empty(), "host keys differ per host");
+        let fleet_a = Workload::from_spec(&spec, "/run/vsnap/control", &fleet_key(a.path(), 5));
+        let fleet_b = Workload::from_spec(&spec, "/run/vsnap/control", &fleet_key(b.path(), 5));
+        assert!(fleet_a.fingerprint_key.starts_with("fleet:"));
+        assert_eq!(fleet_a.diff(&fleet_b), Vec::<String>::new());
+        assert_eq!(fleet_a.key(), fleet_b.key(), "auto names agree");
+        assert_ne!(fleet_a.key(), on_a.key());
+        // One host's manifest JSON is as before fleets.
+        let text = serde_json::to_string(&on_a).unwrap();
+        assert!(!text.contains("fingerprint_key"), "{text}");
+        let back: Workload = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, on_a);
+    }
+
+    #[test]
+    fn another_fingerprint_key_is_named_not_every_value() {
+        let spec = json!({"process": {"args": ["serve", "--api-key", "k1"], "env": ["HF_TOKEN=hf_secret", "MODEL=m"]}, "root": {"path": "rootfs"}});
+        let (dir, host) = test_key();
+        let fleet = fleet_key(dir.path(), 5);
+        let captured = Workload::from_spec(&spec, "/run/vsnap/control", &fleet);
+        let live = Workload::from_spec(&spec, "/run/vsnap/control", &host);
+        let diff = captured.diff(&live);
+        assert_eq!(diff.len(), 1, "{diff:?}");
+        assert!(
+            diff[0].starts_with(&format!(
+                "workload.fingerprint_key: captured \"{}\", live \"host\"",
+                captured.fingerprint_key
+            )),
+            "{diff:?}"
+        );
+        assert!(diff[0].contains("fleet_fingerprint_key"), "{diff:?}");
+        // Another fleet key, and a real difference beside it: both named.
+        let mut other = spec.clone();
+        other["process"]["env"] = json!(["HF_TOKEN=hf_secret", "MODEL=m", "EXTRA=1"]);
+        other["root"]["path"] = json!("/elsewhere");
+        let live = Workload::from_spec(&other, "/run/vsnap/control", &fleet_key(dir.path(), 6));
+        let fields: Vec<&str> = captured
+            .diff(&live)
+            .iter()
+            .map(|d| d.split(':').next().unwrap())
+            .map(|f| match f {
+                "workload.fingerprint_key" => "key",
+                "workload.env.EXTRA" => "env",
+                "workload.rootfs" => "rootfs",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(fields, ["key", "env", "rootfs"]);
     }
 
     #[test]
@@ -481,7 +600,7 @@ mod tests {
             w.env["HF_TOKEN"],
             env_fingerprint(&key, "HF_TOKEN", "hf_secret")
         );
-        let mut unkeyed = Sha256::new();
+        let mut unkeyed = <Sha256 as Digest>::new();
         unkeyed.update(b"HF_TOKEN\0hf_secret");
         assert_ne!(
             w.env["HF_TOKEN"],

@@ -20,7 +20,7 @@ pub mod tool_cache;
 pub use content::{Contents, FileDigest};
 pub use error::{ArtifactError, Result};
 pub use fingerprint::{HostIdentity, Tools, Workload};
-pub use key::HostKey;
+pub use key::{FingerprintKey, HostKey};
 pub use layout::{check_path_safe, ensure_root, path, Staging};
 pub use lock::ArtifactLock;
 pub use manifest::{Manifest, Timings, SCHEMA_VERSION};

@@ -152,7 +152,11 @@ mod tests {
             contents: Default::default(),
             timings_ms: Timings::default(),
             host: HostIdentity::probe(&Tools::default(), "test"),
-            workload: Workload::from_spec(&serde_json::json!({}), "/run/vsnap/control", &key),
+            workload: Workload::from_spec(
+                &serde_json::json!({}),
+                "/run/vsnap/control",
+                &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
+            ),
             mac: String::new(),
         };
         assert!(!m.mac_verifies(&key), "an unsealed manifest");

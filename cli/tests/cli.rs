@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use vsnap_artifact::layout::bytes_under;
 use vsnap_artifact::{
-    ensure_root, ArtifactLock, HostIdentity, HostKey, Manifest, Staging, Timings, Tools, Workload,
-    SCHEMA_VERSION,
+    ensure_root, ArtifactLock, FingerprintKey, HostIdentity, HostKey, Manifest, Staging, Timings,
+    Tools, Workload, SCHEMA_VERSION,
 };
 use vsnap_protocol::Oracle;
 
@@ -109,7 +109,11 @@ impl Fixture {
                 checkpoint: 250,
             },
             host: host().clone(),
-            workload: Workload::from_spec(&spec, "/run/vsnap/control", &key),
+            workload: Workload::from_spec(
+                &spec,
+                "/run/vsnap/control",
+                &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
+            ),
             mac: String::new(),
         };
         m.seal(&key);

@@ -14,6 +14,10 @@
 //! (`--nvidia-smi P`), as the shim takes them, narrowed to the container's
 //! own (`--gpu-uuids U1,U2`, which the shim passes).
 //!
+//! With `--fingerprint-key P` (the shim passes its `fleet_fingerprint_key`)
+//! the live workload's environment and secret flags are keyed with that
+//! shared key instead of the host key, as the shim keyed them.
+//!
 //! With `--strip-snapshot-config-arg` (the shim passes it when it appended
 //! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
 //! part of the comparison.
@@ -38,6 +42,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--shim-version",
     "--nvidia-smi",
     "--gpu-uuids",
+    "--fingerprint-key",
     "--bundle",
     "--state",
 ];
@@ -84,7 +89,8 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
             live.gpus = own_gpus(live.gpus, list);
         }
     }
-    compare(&root, &manifest, &live, &spec)
+    let key = flags.abs_path("--fingerprint-key")?;
+    compare(&root, key.as_deref(), &manifest, &live, &spec)
 }
 
 /// The `name uuid driver` lines of `gpus` whose UUID is in the
@@ -185,15 +191,20 @@ pub fn load(root: &Path, name: &str) -> Result<Manifest, Failure> {
 }
 
 /// Every host incompatibility and workload difference, one message.
+/// `fingerprint_key`: the fleet's shared fingerprint key (the shim passes
+/// `--fingerprint-key` when `fleet_fingerprint_key` is configured), else the
+/// host key keys the live workload's secret fingerprints.
 pub fn compare(
     root: &Path,
+    fingerprint_key: Option<&Path>,
     manifest: &Manifest,
     host: &HostIdentity,
     spec: &Value,
 ) -> Result<(), Failure> {
     let mut diff = manifest.host.incompatibilities(host);
-    // Secret values are fingerprinted with the host key, as at capture.
-    let key = vsnap_artifact::HostKey::load(root).map_err(|e| Failure::Check(e.to_string()))?;
+    // Secret values are fingerprinted with the key the shim uses, as at capture.
+    let key = vsnap_artifact::FingerprintKey::load(root, fingerprint_key)
+        .map_err(|e| Failure::Check(e.to_string()))?;
     // The image digest comes from containerd's API, which a hook cannot ask:
     // the shim compares it before the hooks run.
     let live = Workload {

@@ -10,8 +10,9 @@
 //!   io_uring instance.
 //! - `ownership`: the artifact and control-dir paths are root-owned, free of
 //!   symlinks and not group/world-writable; the artifact's own layout.
-//! - `fingerprint`: the manifest's MAC verifies with this host's key, and the
-//!   host and workload it was made for are this host and this container.
+//! - `fingerprint`: the manifest's MAC verifies with this host's key, this
+//!   host is compatible with the one it was captured on, and the workload it
+//!   was made for is this container.
 //!
 //! The container state (OCI runtime spec, "State") arrives on stdin; it is
 //! read only by the checks that need it (the bundle's `config.json`, the
@@ -52,6 +53,7 @@ checks:
   fingerprint  --artifact-root R (--artifact NAME | --artifact-from-state)
                [--runc P] [--criu P] [--nvidia-smi P]
                [--cuda-plugin P] [--shim-version V] [--strip-snapshot-config-arg]
+               [--fingerprint-key P]
                [--bundle DIR] [--state FILE]
 
 exit: 0 pass, 1 check failed, 2 usage, 3 input unreadable (all non-zero stop

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use vsnap_artifact::{ensure_root, HostIdentity, HostKey, Manifest, Staging, Tools, Workload};
+use vsnap_artifact::{
+    ensure_root, FingerprintKey, HostIdentity, HostKey, Manifest, Staging, Tools, Workload,
+};
 use vsnap_oci_hooks::fingerprint::SHIM_VERSION;
 use vsnap_oci_hooks::CONTROL_MOUNT;
 use vsnap_protocol::Oracle;
@@ -162,7 +164,11 @@ impl Host {
             contents: vsnap_artifact::content::digest(&staging.dir, 1).unwrap(),
             timings_ms: Default::default(),
             host: HostIdentity::probe(&self.tools, SHIM_VERSION),
-            workload: Workload::from_spec(spec, CONTROL_MOUNT, &key),
+            workload: Workload::from_spec(
+                spec,
+                CONTROL_MOUNT,
+                &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
+            ),
             mac: String::new(),
         };
         m.seal(&key);
@@ -199,6 +205,10 @@ impl Host {
     }
 
     fn fingerprint(&self) -> Out {
+        self.fingerprint_with(&[])
+    }
+
+    fn fingerprint_with(&self, extra: &[&str]) -> Out {
         let root = self.root.display().to_string();
         let (runc, criu, plugin) = (
             self.tools.runc.display().to_string(),
@@ -206,24 +216,23 @@ impl Host {
             self.tools.cuda_plugin.display().to_string(),
         );
         let smi = self.nvidia_smi().display().to_string();
-        hook(
-            &[
-                "fingerprint",
-                "--artifact-root",
-                &root,
-                "--artifact",
-                "a",
-                "--runc",
-                &runc,
-                "--criu",
-                &criu,
-                "--cuda-plugin",
-                &plugin,
-                "--nvidia-smi",
-                &smi,
-            ],
-            Some(&self.state()),
-        )
+        let mut args = vec![
+            "fingerprint",
+            "--artifact-root",
+            &root,
+            "--artifact",
+            "a",
+            "--runc",
+            &runc,
+            "--criu",
+            &criu,
+            "--cuda-plugin",
+            &plugin,
+            "--nvidia-smi",
+            &smi,
+        ];
+        args.extend_from_slice(extra);
+        hook(&args, Some(&self.state()))
     }
 
     fn ownership(&self, extra: &[&str]) -> Out {
@@ -339,6 +348,35 @@ fn every_host_field_that_must_match_is_named_and_the_others_accepted() {
     h.fingerprint().passed();
     h.reseal(&original);
     h.fingerprint().passed();
+}
+
+#[test]
+fn a_fleet_fingerprint_key_keys_the_live_workload_as_at_capture() {
+    let h = Host::new(&spec());
+    let key_path = h.tmp.path().join("fleet-fingerprint.key");
+    vsnap_artifact::layout::write_synced(&key_path, &[3u8; 32]).unwrap();
+    let fleet = FingerprintKey::fleet(&key_path).unwrap();
+    let mut m = h.manifest();
+    m["workload"] =
+        serde_json::to_value(Workload::from_spec(&spec(), CONTROL_MOUNT, &fleet)).unwrap();
+    h.reseal(&m);
+    let key_arg = key_path.display().to_string();
+    h.fingerprint_with(&["--fingerprint-key", &key_arg])
+        .passed();
+    // Without the fleet's key: the key is named, not every secret.
+    let out = h.fingerprint();
+    assert_eq!(out.code, 1);
+    let line = out.line("fingerprint");
+    assert!(
+        line.contains(&format!(
+            "workload.fingerprint_key: captured \"{}\", live \"host\"",
+            fleet.id()
+        )),
+        "{line}"
+    );
+    assert!(!line.contains("; "), "only the key: {line}");
+    let out = h.fingerprint_with(&["--fingerprint-key", "relative.key"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
 }
 
 #[test]

@@ -60,6 +60,9 @@ pub struct Snapshot {
     pub workload: Workload,
     /// The binaries the artifact depends on.
     pub tools: Tools,
+    /// The fleet's shared fingerprint key (`fleet_fingerprint_key`), which
+    /// keyed `workload`'s secret fingerprints instead of the host key.
+    pub fingerprint_key: Option<PathBuf>,
     /// How the engine speaks with vsnap.
     pub profile: Profile,
     /// Time spent validating the artifact at create (a restore's preflight).
@@ -133,8 +136,11 @@ impl Snapshot {
         let preflight = |e| artifact_error("restore: preflight", e);
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
         let spec = spec::read(bundle)?;
-        let key = artifact::HostKey::load_or_create(&root)
-            .map_err(|e| artifact_error("create: host key", e))?;
+        let key = artifact::FingerprintKey::load_or_create(
+            &root,
+            config.fleet_fingerprint_key.as_deref(),
+        )
+        .map_err(|e| artifact_error("create: fingerprint key", e))?;
         let workload = Workload {
             image_digest: image_digest.unwrap_or_default().to_string(),
             namespace: namespace.to_string(),
@@ -247,6 +253,7 @@ impl Snapshot {
             lock: Some(Arc::new(lock)),
             workload,
             tools,
+            fingerprint_key: config.fleet_fingerprint_key.clone(),
             profile,
             preflight: started.elapsed(),
             gpus,

@@ -259,6 +259,11 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
             if s.profile == Profile::Startup && profile::is_vllm_serve(argv) {
                 fingerprint.push("--strip-snapshot-config-arg".into());
             }
+            // The workload's secrets were keyed with the fleet's key.
+            if let Some(key) = &s.fingerprint_key {
+                fingerprint.push("--fingerprint-key".into());
+                fingerprint.push(text(key));
+            }
             // `name uuid driver`: the container's own GPUs, not the host's.
             let uuids: Vec<&str> = s
                 .gpus
