@@ -23,5 +23,5 @@ pub use fingerprint::{HostIdentity, Tools, Workload};
 pub use key::{FingerprintKey, HostKey};
 pub use layout::{check_path_safe, ensure_root, path, Staging};
 pub use lock::ArtifactLock;
-pub use manifest::{Manifest, Timings, SCHEMA_VERSION};
+pub use manifest::{Manifest, Origin, Timings, SCHEMA_VERSION};
 pub use signature::{FleetSignature, FleetSigner, TrustedKeys};

@@ -35,9 +35,33 @@ pub struct Manifest {
     pub host: HostIdentity,
     /// What was captured (secrets redacted, env as fingerprints only).
     pub workload: Workload,
+    /// Where a pulled artifact came from and who signed it; absent for one
+    /// captured on this host. Covered by the MAC like every other field, so
+    /// it cannot be changed after the pull re-sealed the manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
+}
+
+/// The provenance of an artifact pulled from a registry, recorded when the
+/// pull verified it and re-sealed its manifest with this host's key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Origin {
+    /// The reference it was pulled by (`registry/repository:tag`).
+    pub reference: String,
+    /// The digest of the OCI manifest pulled (`sha256:...`).
+    pub manifest_digest: String,
+    /// The key id of the trusted fleet key whose signature verified
+    /// ([`crate::signature::TrustedKeys::verify`]); absent when pulled
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// When it was pulled (RFC 3339).
+    #[serde(default)]
+    pub pulled_at: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -157,6 +181,7 @@ mod tests {
                 "/run/vsnap/control",
                 &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
             ),
+            origin: None,
             mac: String::new(),
         };
         assert!(!m.mac_verifies(&key), "an unsealed manifest");
@@ -166,5 +191,25 @@ mod tests {
         assert!(!m.mac_verifies(&HostKey::load_or_create(other.path()).unwrap()));
         m.source_container = "edited".into();
         assert!(!m.mac_verifies(&key));
+        m.seal(&key);
+        // No origin: the JSON is as before origins.
+        let text = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!text.contains("origin"), "{text}");
+        // A pulled artifact's origin is sealed with the rest.
+        m.origin = Some(Origin {
+            reference: "registry.example/engines/qwen:7b".into(),
+            manifest_digest: format!("sha256:{}", "ab".repeat(32)),
+            signed_by: Some("ed25519:0123456789abcdef".into()),
+            pulled_at: "2026-12-01T00:00:00Z".into(),
+        });
+        assert!(!m.mac_verifies(&key), "the origin is covered");
+        m.seal(&key);
+        let back = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back, m);
+        assert!(back.mac_verifies(&key));
+        if let Some(o) = m.origin.as_mut() {
+            o.signed_by = Some("ed25519:ffffffffffffffff".into());
+        }
+        assert!(!m.mac_verifies(&key), "who signed it cannot be edited");
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use vsnap_artifact::{ArtifactLock, Manifest};
+use vsnap_artifact::{ArtifactLock, Manifest, Origin};
 
 use crate::store::{self, MacStatus};
 use crate::table::{row, table};
@@ -69,6 +69,7 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         row(&["Created:", &created]),
         row(&["Capture ID:", or_dash(&m.capture_id)]),
         row(&["Source:", or_dash(&m.source_container)]),
+        row(&["Origin:", &origin(m.origin.as_ref())]),
         row(&["MAC:", &mac.describe(&ctx.root)]),
         row(&[
             "In use:",
@@ -106,7 +107,14 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
     };
     let host_rows: Vec<Vec<String>> = host
         .iter()
-        .map(|(k, v)| row(&[format!("{k}:"), or_dash(v.as_str().unwrap_or("")).into()]))
+        .map(|(k, v)| {
+            let text = match v {
+                Value::String(s) => or_dash(s).to_string(),
+                Value::Array(a) if a.is_empty() => "-".to_string(),
+                v => json_text(v),
+            };
+            row(&[format!("{k}:"), text])
+        })
         .collect();
     out.push_str(&indented(&host_rows));
 
@@ -117,6 +125,13 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         row(&["rootfs:", or_dash(&w.rootfs)]),
         row(&["image:", or_dash(&w.image)]),
     ]));
+    out.push_str(&indented(&[row(&[
+        "fingerprint key:",
+        &format!(
+            "{} (keys env and secret flags)",
+            json_text(&w.fingerprint_key)
+        ),
+    ])]));
     out.push_str("  env (name, fingerprint of name and value):\n");
     if w.env.is_empty() {
         out.push_str("    -\n");
@@ -128,6 +143,24 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
     out.push_str(&indented_by(&security, 4));
     emit(&out);
     Ok(OK)
+}
+
+/// Where the artifact came from: captured here, or pulled (reference,
+/// digest, signer, when), every value as JSON text.
+fn origin(o: Option<&Origin>) -> String {
+    let Some(o) = o else {
+        return "not pulled (captured under this root)".into();
+    };
+    let signed = match &o.signed_by {
+        Some(id) => format!("signed by {}", json_text(id)),
+        None => "unsigned".into(),
+    };
+    format!(
+        "pulled from {} (manifest {}), {signed}, at {}",
+        json_text(&o.reference),
+        json_text(&o.manifest_digest),
+        json_text(&o.pulled_at)
+    )
 }
 
 fn or_dash(s: &str) -> &str {

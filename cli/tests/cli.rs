@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use vsnap_artifact::layout::bytes_under;
 use vsnap_artifact::{
-    ensure_root, ArtifactLock, FingerprintKey, HostIdentity, HostKey, Manifest, Staging, Timings,
-    Tools, Workload, SCHEMA_VERSION,
+    ensure_root, ArtifactLock, FingerprintKey, HostIdentity, HostKey, Manifest, Origin, Staging,
+    Timings, Tools, Workload, SCHEMA_VERSION,
 };
 use vsnap_protocol::Oracle;
 
@@ -114,6 +114,7 @@ impl Fixture {
                 "/run/vsnap/control",
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
+            origin: None,
             mac: String::new(),
         };
         m.seal(&key);
@@ -247,6 +248,43 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
     assert_eq!((code, &v["mac"]), (0, &json!("no-host-key")));
     let (stdout, _) = text(&f.vsnap(&["inspect", "demo"]));
     assert!(stdout.contains("no host key"), "{stdout}");
+}
+
+#[test]
+fn inspect_shows_where_a_pulled_artifact_came_from() {
+    let Some(f) = Fixture::new() else { return };
+    f.make("local", Duration::ZERO, 100);
+    let (stdout, _) = text(&f.vsnap(&["inspect", "local"]));
+    assert!(stdout.contains("Origin:        not pulled"), "{stdout}");
+    assert!(stdout.contains("fingerprint key:    \"host\""), "{stdout}");
+    let (_, v) = f.json(&["inspect", "local", "--json"]);
+    assert!(v["manifest"].get("origin").is_none(), "{v}");
+
+    let mut m = f.make("pulled", Duration::ZERO, 100);
+    m.origin = Some(Origin {
+        reference: "registry.example/engines/qwen:7b".into(),
+        manifest_digest: format!("sha256:{}", "ab".repeat(32)),
+        signed_by: Some("ed25519:0123456789abcdef".into()),
+        pulled_at: "2026-12-01T10:00:00Z".into(),
+    });
+    m.seal(&HostKey::load(&f.root).unwrap());
+    fs::write(f.manifest_path("pulled"), m.to_bytes()).unwrap();
+    let out = f.vsnap(&["inspect", "pulled"]);
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "pulled from \"registry.example/engines/qwen:7b\" (manifest \"sha256:{}\"), signed by \"ed25519:0123456789abcdef\", at \"2026-12-01T10:00:00Z\"",
+            "ab".repeat(32)
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("verified"), "{stdout}");
+    let (_, v) = f.json(&["inspect", "pulled", "--json"]);
+    assert_eq!(
+        v["manifest"]["origin"]["signed_by"],
+        "ed25519:0123456789abcdef"
+    );
 }
 
 #[test]

@@ -169,6 +169,7 @@ impl Host {
                 CONTROL_MOUNT,
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
+            origin: None,
             mac: String::new(),
         };
         m.seal(&key);

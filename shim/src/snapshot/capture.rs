@@ -196,6 +196,7 @@ impl Capture {
                 ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
             },
             workload: s.workload.clone(),
+            origin: None,
             mac: String::new(),
         };
         manifest.seal(&key);
