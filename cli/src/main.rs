@@ -9,6 +9,7 @@
 
 mod gc;
 mod inspect;
+mod key;
 mod ls;
 mod rm;
 mod store;
@@ -41,7 +42,7 @@ pub type Outcome = Result<u8, String>;
 #[command(
     name = "vsnap",
     version,
-    about = "Inspect, verify, list, remove and garbage-collect vsnap snapshot artifacts",
+    about = "Inspect, verify, list, remove and garbage-collect vsnap snapshot artifacts; make fleet keys",
     after_help = "Exit status: 0 ok, 1 invalid artifact or refused removal, 2 usage, configuration or I/O error. See docs/cli.md."
 )]
 struct Cli {
@@ -105,6 +106,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Fleet signing keys (docs/fleet.md)
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Make an ed25519 key pair: the private key (0600) for the hosts that push, the public key for every host that pulls
+    Generate {
+        /// Where the private key goes (must not exist)
+        #[arg(long, value_name = "PATH")]
+        private: PathBuf,
+        /// Where the public key goes (must not exist)
+        #[arg(long, value_name = "PATH")]
+        public: PathBuf,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// What every command works with.
@@ -136,23 +158,33 @@ fn load_config(explicit: Option<&Path>) -> Result<RuntimeConfig, String> {
 }
 
 fn run(cli: Cli) -> Outcome {
-    let config = load_config(cli.config.as_deref())?;
-    let root = cli.root.unwrap_or_else(|| config.artifact_root.clone());
-    let root = store::absolute_root(&root)
-        .map_err(|e| format!("artifact root {}: {e}", root.display()))?;
-    let ctx = Ctx { root, config };
+    // Artifact commands need the config and the root; making keys neither.
+    let ctx = || -> Result<Ctx, String> {
+        let config = load_config(cli.config.as_deref())?;
+        let root = cli
+            .root
+            .clone()
+            .unwrap_or_else(|| config.artifact_root.clone());
+        let root = store::absolute_root(&root)
+            .map_err(|e| format!("artifact root {}: {e}", root.display()))?;
+        Ok(Ctx { root, config })
+    };
     match cli.command {
-        Command::Inspect { name, json } => inspect::run(&ctx, &name, json),
-        Command::Verify { name, quick, json } => verify::run(&ctx, &name, quick, json),
-        Command::Ls { json } => ls::run(&ctx, json),
-        Command::Rm { names, json } => rm::run(&ctx, &names, json),
+        Command::Inspect { ref name, json } => inspect::run(&ctx()?, name, json),
+        Command::Verify {
+            ref name,
+            quick,
+            json,
+        } => verify::run(&ctx()?, name, quick, json),
+        Command::Ls { json } => ls::run(&ctx()?, json),
+        Command::Rm { ref names, json } => rm::run(&ctx()?, names, json),
         Command::Gc {
             older_than,
             max_total_size,
             dry_run,
             json,
         } => gc::run(
-            &ctx,
+            &ctx()?,
             gc::Policy {
                 older_than,
                 max_total_size,
@@ -160,6 +192,14 @@ fn run(cli: Cli) -> Outcome {
             },
             json,
         ),
+        Command::Key {
+            command:
+                KeyCommand::Generate {
+                    ref private,
+                    ref public,
+                    json,
+                },
+        } => key::generate(private, public, json),
     }
 }
 

@@ -729,3 +729,60 @@ fn gc_removes_stale_leftovers_whose_writer_is_gone() {
     let (stdout, _) = text(&f.vsnap(&["gc"]));
     assert!(stdout.starts_with("nothing to remove\n"), "{stdout}");
 }
+
+#[test]
+fn key_generate_makes_a_fleet_key_pair_and_never_overwrites_one() {
+    let Some(f) = Fixture::new() else { return };
+    let dir = f.root.parent().unwrap().to_path_buf();
+    let (private, public) = (dir.join("fleet.key"), dir.join("fleet.pub"));
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vsnap"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let (p, q) = (private.to_str().unwrap(), public.to_str().unwrap());
+    // No config or artifact root is needed to make keys.
+    let out = run(&[
+        "--config",
+        "/nonexistent/vsnap.toml",
+        "key",
+        "generate",
+        "--private",
+        p,
+        "--public",
+        q,
+        "--json",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let id = v["key_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("ed25519:"), "{v}");
+    assert_eq!(
+        fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The halves work together through the library's API.
+    let signer = vsnap_artifact::FleetSigner::load(&private).unwrap();
+    assert_eq!(signer.key_id(), id);
+    let trusted = vsnap_artifact::TrustedKeys::load(std::slice::from_ref(&public)).unwrap();
+    let sig = signer.sign(b"payload");
+    assert_eq!(trusted.verify(b"payload", Some(&sig)).unwrap(), id);
+
+    let before = fs::read(&private).unwrap();
+    let out = run(&[
+        "key",
+        "generate",
+        "--private",
+        p,
+        "--public",
+        &format!("{q}.2"),
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("never overwritten"), "{stderr}");
+    assert_eq!(fs::read(&private).unwrap(), before);
+    let out = run(&["key", "generate", "--private", p]);
+    assert_eq!(out.status.code(), Some(2), "--public is required");
+}
