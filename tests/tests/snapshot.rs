@@ -283,6 +283,53 @@ fn a_restore_of_another_workload_or_a_foreign_manifest_is_refused_naming_why() {
 }
 
 #[test]
+fn a_fleet_fingerprint_key_keys_the_workload_at_create_and_restore() {
+    let e = setup("fleetkey");
+    let key = e.c.dir.join("fleet-fingerprint.key");
+    vsnap_artifact::layout::write_synced(&key, &[42u8; 32]).unwrap();
+    let host_only = std::fs::read_to_string(&e.config).unwrap();
+    let with_key = format!("{host_only}fleet_fingerprint_key = \"{}\"\n", key.display());
+    std::fs::write(&e.config, &with_key).unwrap();
+    let manifest = e.create_good("fk0", "fleet", &["MODEL_REV=1"]);
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    // Keyed with the fleet's key (as every host of the fleet keys it), and
+    // the manifest says so.
+    let fleet = vsnap_artifact::FingerprintKey::fleet(&key).unwrap();
+    assert_eq!(manifest["workload"]["fingerprint_key"], fleet.id());
+    assert_eq!(
+        manifest["workload"]["env"]["MODEL_REV"],
+        vsnap_artifact::fingerprint::env_fingerprint(&fleet, "MODEL_REV", "1")
+    );
+
+    // Restored with the key: the shim and the fingerprint hook (given the
+    // key by the shim) both key the live workload alike.
+    let port = free_port();
+    let out = e.run("fk1", "restore", "fleet", port, &["--env", "MODEL_REV=1"]);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("fk1");
+
+    // Without it, the key is named, not the environment.
+    std::fs::write(&e.config, &host_only).unwrap();
+    let out = e.run(
+        "fk2",
+        "restore",
+        "fleet",
+        free_port(),
+        &["--env", "MODEL_REV=1"],
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert!(
+        out.stderr.contains(&format!(
+            "restore: preflight: fingerprint mismatch: workload.fingerprint_key: captured \"{}\", live \"host\"",
+            fleet.id()
+        )),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("workload.env"), "{out:?}");
+    let _ = e.c.ctr(&["c", "rm", "fk2"]);
+}
+
+#[test]
 fn two_creates_of_one_artifact_never_write_it_twice() {
     let e = setup("race");
     let slow = ["--env", "VSNAP_ENGINE_INIT_MS=3000"];
