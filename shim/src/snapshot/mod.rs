@@ -193,10 +193,19 @@ impl Snapshot {
                 let mut live =
                     HostIdentity::probe_cached(&tools, env!("CARGO_PKG_VERSION"), Some(&root));
                 live.gpus = gpus.clone();
-                let mut diff = manifest.host.incompatibilities(&live);
+                // Compatibility, not identity (artifact/src/compat.rs): the
+                // MAC above already says whose artifact this is.
+                let host = artifact::compat::compare(&manifest.host, &live);
+                let mut diff = host.incompatible;
                 diff.extend(manifest.workload.diff(&workload));
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
+                }
+                if !host.tolerated.is_empty() {
+                    log::info!(
+                        "{id}: artifact {name}: host differences a restore allows: {}",
+                        host.tolerated.join("; ")
+                    );
                 }
                 // The file set and sizes now (a truncated or missing file
                 // fails the create at once); every byte's digest at Start,
