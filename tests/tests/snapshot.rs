@@ -330,6 +330,62 @@ fn a_fleet_fingerprint_key_keys_the_workload_at_create_and_restore() {
 }
 
 #[test]
+fn a_restore_holds_the_host_to_compatibility_not_identity() {
+    let e = setup("compat");
+    e.create_good("hc0", "moved", &["MODEL_REV=1"]);
+    let path = e.manifest("moved");
+    let original = std::fs::read(&path).unwrap();
+    let key = vsnap_artifact::HostKey::load(&e.artifacts).unwrap();
+    // As if captured on another machine of the same kind (re-sealed here,
+    // as a verified pull does): restored, by the shim and by the hook.
+    let reseal = |edit: &dyn Fn(&mut vsnap_artifact::Manifest)| {
+        let mut m = vsnap_artifact::Manifest::parse(&original, &path).unwrap();
+        edit(&mut m);
+        m.seal(&key);
+        std::fs::write(&path, m.to_bytes()).unwrap();
+    };
+    reseal(&|m| {
+        m.host.machine_id = "another-machine".into();
+        m.host.criu_sha256 = "0".repeat(64);
+    });
+    let out = e.run(
+        "hc1",
+        "restore",
+        "moved",
+        free_port(),
+        &["--env", "MODEL_REV=1"],
+    );
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("hc1");
+    // Another kernel series, or a CPU without a captured flag: refused, named.
+    reseal(&|m| {
+        m.host.kernel_release = "3.10.0-elsewhere".into();
+        m.host.cpu_flags.push("not-a-flag-here".into());
+    });
+    let out = e.run(
+        "hc2",
+        "restore",
+        "moved",
+        free_port(),
+        &["--env", "MODEL_REV=1"],
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert!(
+        out.stderr.contains(
+            "restore: preflight: fingerprint mismatch: host.kernel_release: captured \"3.10.0-elsewhere\", live "
+        ),
+        "{out:?}"
+    );
+    assert!(
+        out.stderr
+            .contains("host.cpu_flags: captured with \"not-a-flag-here\", live lacks them"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("machine_id"), "{out:?}");
+    let _ = e.c.ctr(&["c", "rm", "hc2"]);
+}
+
+#[test]
 fn two_creates_of_one_artifact_never_write_it_twice() {
     let e = setup("race");
     let slow = ["--env", "VSNAP_ENGINE_INIT_MS=3000"];
