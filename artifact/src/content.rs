@@ -170,6 +170,43 @@ fn hash_range(file: &File, buf: &mut [u8], start: u64, len: u64) -> std::io::Res
     Ok(hasher.finalize().to_hex().to_string())
 }
 
+/// One chunk's digest computed piece by piece, as [`verify`] computes it:
+/// for a reader that hashes the bytes it also uses (the shim's page server
+/// places each piece into the restored memory right after hashing it).
+#[derive(Default)]
+pub struct ChunkDigest(blake3::Hasher);
+
+impl ChunkDigest {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// Whether the bytes hashed are chunk `chunk` of `digest`; otherwise
+    /// the error [`verify`] gives for it (naming `dir`, `rel`, the chunk and
+    /// its byte range).
+    pub fn check(&self, dir: &Path, rel: &str, digest: &FileDigest, chunk: usize) -> Result<()> {
+        let got = self.0.finalize().to_hex().to_string();
+        if digest.chunks.get(chunk).map(String::as_str) == Some(got.as_str()) {
+            return Ok(());
+        }
+        Err(chunk_mismatch(dir, rel, chunk, digest.size))
+    }
+}
+
+fn chunk_mismatch(dir: &Path, rel: &str, chunk: usize, size: u64) -> ArtifactError {
+    let start = chunk as u64 * CHUNK;
+    let end = (start + CHUNK).min(size).saturating_sub(1);
+    damaged(
+        dir,
+        rel,
+        format!("chunk {chunk} (bytes {start}-{end}) does not match its digest"),
+    )
+}
+
 /// The digests of every covered file of `dir` (at capture, in staging).
 pub fn digest(dir: &Path, threads: usize) -> Result<Contents> {
     let files = open_all(dir, &covered_files(dir)?)?;
@@ -232,20 +269,27 @@ pub fn verify_sizes(dir: &Path, contents: &Contents) -> Result<Vec<(String, File
 /// Checks every covered file of `dir` against `contents`, chunk by chunk,
 /// with `threads` threads. The error names the file and the chunk.
 pub fn verify(dir: &Path, contents: &Contents, threads: usize) -> Result<()> {
-    let files = verify_sizes(dir, contents)?;
+    verify_except(dir, contents, threads, &[])
+}
+
+/// As [`verify`], without hashing the files named in `hashed_elsewhere`
+/// (their set membership and size are still checked): for a reader that
+/// checks those chunks itself as it uses them ([`ChunkDigest`]).
+pub fn verify_except(
+    dir: &Path,
+    contents: &Contents,
+    threads: usize,
+    hashed_elsewhere: &[String],
+) -> Result<()> {
+    let mut files = verify_sizes(dir, contents)?;
+    files.retain(|(rel, _, _)| !hashed_elsewhere.contains(rel));
     hash_chunks(dir, &files, threads, &|file, chunk, digest| {
         let rel = &files[file].0;
         let want = contents[rel].chunks.get(chunk).map(String::as_str);
         if want == Some(digest.as_str()) {
             return Ok(());
         }
-        let start = chunk as u64 * CHUNK;
-        let end = (start + CHUNK).min(files[file].2) - 1;
-        Err(damaged(
-            dir,
-            rel,
-            format!("chunk {chunk} (bytes {start}-{end}) does not match its digest"),
-        ))
+        Err(chunk_mismatch(dir, rel, chunk, files[file].2))
     })
 }
 
@@ -274,6 +318,34 @@ mod tests {
 
     fn err(dir: &Path, c: &Contents) -> String {
         verify(dir, c, 2).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_chunk_hashed_in_pieces_checks_like_verify() {
+        let dir = artifact();
+        let c = digest(dir.path(), 1).unwrap();
+        let rel = "images/pages-1.img";
+        let bytes = std::fs::read(dir.path().join(rel)).unwrap();
+        let chunk = &bytes[CHUNK as usize..2 * CHUNK as usize];
+        let mut d = ChunkDigest::new();
+        for piece in chunk.chunks(3 << 20) {
+            d.update(piece);
+        }
+        d.check(dir.path(), rel, &c[rel], 1).unwrap();
+        // Its file left to that reader, the rest still verified in full.
+        let mut bytes = bytes;
+        bytes[5] ^= 1;
+        std::fs::write(dir.path().join(rel), &bytes).unwrap();
+        verify_except(dir.path(), &c, 2, &[rel.to_string()]).unwrap();
+        assert!(verify(dir.path(), &c, 2).is_err());
+        let e = d
+            .check(dir.path(), rel, &c[rel], 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("damaged") && e.contains("images/pages-1.img chunk 0 (bytes 0-67108863)"),
+            "{e}"
+        );
     }
 
     #[test]

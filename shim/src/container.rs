@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 use crate::mounts;
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
+use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
-use crate::snapshot::pages::PageServer;
+use crate::snapshot::pages::{PageServer, PlaceError};
 use crate::snapshot::Snapshot;
 use crate::stdio;
 
@@ -215,6 +216,7 @@ impl Container {
             cgroups_path: self.cgroups_path(),
             prepared: Some(prepared),
             place_pages: self.snapshot.as_ref().is_some_and(|s| s.place_pages),
+            page_verification: None,
             placed: None,
             deadline,
         })
@@ -499,7 +501,10 @@ pub struct RestoreJob {
     cgroups_path: Option<PathBuf>,
     prepared: Option<Prepared>,
     /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
-    place_pages: bool,
+    pub place_pages: bool,
+    /// The pages files the page server checks against their digests while
+    /// placing them (taken out of the restore's other verification).
+    pub page_verification: Option<crate::snapshot::pages::Verification>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<crate::snapshot::pages::Placed>,
     pub deadline: Deadline,
@@ -562,9 +567,10 @@ impl RestoreJob {
         restored
     }
 
-    fn page_server(&self) -> Result<PageServer> {
+    fn page_server(&mut self) -> Result<PageServer> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        PageServer::start(&self.work, &self.image, threads.min(8))
+        let verify = self.page_verification.take();
+        PageServer::start(&self.work, &self.image, threads.min(8), verify)
             .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))
     }
 
@@ -573,7 +579,7 @@ impl RestoreJob {
     async fn place(&mut self, server: PageServer) -> Result<()> {
         let placed = tokio::select! {
             placed = server.finish(self.deadline.at) => placed,
-            _ = self.deadline.cancel.cancelled() => Err("cancelled".to_string()),
+            _ = self.deadline.cancel.cancelled() => Err(PlaceError::from("cancelled")),
         };
         match placed {
             Ok(placed) => {
@@ -581,6 +587,7 @@ impl RestoreJob {
                 self.placed = Some(placed);
                 Ok(())
             }
+            Err(PlaceError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
             Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
         }
     }

@@ -22,7 +22,7 @@ use crate::snapshot::capture::Capture;
 use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
-use crate::snapshot::{artifact_error, barrier, criu, cuda, listener};
+use crate::snapshot::{artifact_error, barrier, criu, cuda, listener, pages};
 use crate::snapshot::{record_error, RestoreTimings, Snapshot};
 use crate::task::{ContainerRef, Shared};
 use vsnap_artifact::{content, ArtifactError, Contents};
@@ -44,7 +44,7 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
             "the checkpoint restore limit of 3600s",
         ),
     };
-    let verify = c
+    let mut verify = c
         .snapshot
         .as_ref()
         .filter(|s| s.mode == Mode::Restore)
@@ -53,9 +53,17 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
                 dir: s.artifact_dir(),
                 contents: s.contents.clone()?,
                 beside_criu: s.holds_stopped(),
+                hashed_by_page_server: Vec::new(),
             })
         });
-    let job = c.begin_restore(deadline)?;
+    // The page server hashes the pages files as it places them.
+    let places_pages = c.snapshot.as_ref().is_some_and(|s| s.place_pages);
+    let page_verification = verify
+        .as_mut()
+        .filter(|_| places_pages)
+        .and_then(take_pages_files);
+    let mut job = c.begin_restore(deadline)?;
+    job.page_verification = page_verification;
     drop(c);
     // Owned by the shim: a dropped Start call does not stop it.
     tokio::spawn(restore(shared, handle, job, mark, verify))
@@ -110,6 +118,30 @@ struct Verify {
     dir: PathBuf,
     contents: Contents,
     beside_criu: bool,
+    /// Files the page server hashes as it places them (pages.rs).
+    hashed_by_page_server: Vec<String>,
+}
+
+/// The tasks' pages files of `v`, with their digests, for the page server
+/// to hash; `v` leaves them to it. None when the pagemaps cannot be read (not yet verified: a damaged one
+/// is then named by the verification, which keeps every file).
+fn take_pages_files(v: &mut Verify) -> Option<pages::Verification> {
+    let names = match pages::task_pages_files(&v.dir.join("images")) {
+        Ok(names) => names,
+        Err(e) => {
+            log::warn!("restore: page server: {e}: every file is verified apart");
+            return None;
+        }
+    };
+    let files = names
+        .into_iter()
+        .filter_map(|rel| v.contents.get(&rel).map(|d| (rel, d.clone())))
+        .collect::<Vec<_>>();
+    v.hashed_by_page_server = files.iter().map(|(rel, _)| rel.clone()).collect();
+    Some(pages::Verification {
+        dir: v.dir.clone(),
+        files,
+    })
 }
 
 /// The restore, from `runc restore` to a validated, listening copy.
@@ -135,7 +167,8 @@ async fn restore(
             } else {
                 DIGEST_THREADS
             };
-            let verified = content::verify(&v.dir, &v.contents, threads);
+            let verified =
+                content::verify_except(&v.dir, &v.contents, threads, &v.hashed_by_page_server);
             if verified.is_err() {
                 cancel.cancel();
             }

@@ -55,6 +55,13 @@ impl LazyPages {
         self.ranges.iter().map(|r| r.len).sum()
     }
 
+    /// The ranges whose pages lie in `[start, end)` of the pages file (in
+    /// part or whole), in file order.
+    pub fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &LazyRange> {
+        let i = self.ranges.partition_point(|r| r.offset + r.len <= start);
+        self.ranges[i..].iter().take_while(move |r| r.offset < end)
+    }
+
     /// The range holding `addr`, if any.
     pub fn find(&self, addr: u64) -> Option<&LazyRange> {
         let i = self.ranges.partition_point(|r| r.vaddr + r.len <= addr);
@@ -114,7 +121,14 @@ pub fn lazy_ranges(
             offset += len;
         }
     }
-    ranges.sort_by_key(|r| r.vaddr);
+    // CRIU writes a pagemap in address order, so the pages file is in
+    // address order too: both lookups (by address, by file offset) rely on it.
+    if ranges
+        .windows(2)
+        .any(|w| w[1].vaddr < w[0].vaddr + w[0].len || w[1].offset < w[0].offset + w[0].len)
+    {
+        return Err("the pagemap is not in address order".into());
+    }
     Ok(ranges)
 }
 
@@ -366,6 +380,10 @@ mod tests {
         assert_eq!(pages.find(0x12fff).unwrap().vaddr, 0x12000);
         assert!(pages.find(0x14000).is_none());
         assert!(pages.find(0x0fff).is_none());
+        let in_file: Vec<u64> = pages.overlapping(0x2000, 0x4000).map(|r| r.vaddr).collect();
+        assert_eq!(in_file, vec![0x10000, 0x12000]);
+        assert_eq!(pages.overlapping(0x5000, 0x6000).count(), 0);
+        assert_eq!(pages.overlapping(0x7fff, 0x9000).count(), 1);
     }
 
     #[test]
@@ -405,5 +423,20 @@ mod tests {
             flags: PE_LAZY | PE_PRESENT,
         }];
         assert!(lazy_ranges(&outside, &[]).unwrap_err().contains("no VMA"));
+        let unordered = [
+            PagemapEntry {
+                vaddr: 0x9000,
+                nr_pages: 1,
+                flags: PE_LAZY | PE_PRESENT,
+            },
+            PagemapEntry {
+                vaddr: 0x1000,
+                nr_pages: 1,
+                flags: PE_LAZY | PE_PRESENT,
+            },
+        ];
+        assert!(lazy_ranges(&unordered, &[(0, 0x10000)])
+            .unwrap_err()
+            .contains("address order"));
     }
 }

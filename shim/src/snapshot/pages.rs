@@ -12,6 +12,12 @@
 //! `threads` threads once the restore finished, serving any page a task
 //! touches before that at once.
 //!
+//! It also verifies the pages files: each thread takes a 64 MiB chunk,
+//! reads it in pieces, hashes each piece and places its lazy pages from
+//! the same buffer, then checks the chunk's digest from the manifest. Every
+//! byte is read once, hashed once and copied once, on every core; a damaged
+//! chunk fails the restore before anything of the tree has run.
+//!
 //! The tree stays stopped meanwhile (CRIU's `leave-stopped`, as for every
 //! CPU restore): no task runs, forks, unmaps or discards memory before all
 //! its pages are in, so the server never has to follow a changing address
@@ -22,12 +28,15 @@
 use std::fs::File;
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use vsnap_artifact::content::{ChunkDigest, CHUNK};
+use vsnap_artifact::{ArtifactError, FileDigest};
 
 use super::criu_image::{self, LazyPages, PAGE_SIZE};
 
@@ -64,17 +73,90 @@ pub struct Placed {
     pub fill: Duration,
 }
 
+/// Why pages could not be placed.
+#[derive(Debug)]
+pub enum PlaceError {
+    /// A pages file differs from its digest: the artifact is damaged.
+    Damaged(ArtifactError),
+    Failed(String),
+}
+
+impl From<String> for PlaceError {
+    fn from(e: String) -> Self {
+        PlaceError::Failed(e)
+    }
+}
+
+impl From<&str> for PlaceError {
+    fn from(e: &str) -> Self {
+        PlaceError::Failed(e.to_string())
+    }
+}
+
+impl std::fmt::Display for PlaceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlaceError::Damaged(e) => e.fmt(f),
+            PlaceError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The pages files the server checks while placing them: `dir` is the
+/// artifact (named in errors), `files` the digests of its tasks' pages
+/// files (`images/pages-<id>.img`), taken out of the restore's other
+/// verification.
+pub struct Verification {
+    pub dir: PathBuf,
+    pub files: Vec<(String, FileDigest)>,
+}
+
+/// The pages files of the tasks in `images`, as `images/pages-<id>.img`:
+/// what the page server reads whole (shared memory's pages files are not
+/// among them: CRIU places those itself).
+pub fn task_pages_files(images: &Path) -> Result<Vec<String>, String> {
+    let entries =
+        std::fs::read_dir(images).map_err(|e| format!("read {}: {e}", images.display()))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let name = entry
+            .map_err(|e| format!("read {}: {e}", images.display()))?
+            .file_name();
+        let name = name.to_string_lossy();
+        let pid = name
+            .strip_prefix("pagemap-")
+            .and_then(|n| n.strip_suffix(".img"))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if pid.is_some() {
+            let path = images.join(&*name);
+            let bytes =
+                std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+            let (id, _) = criu_image::parse_pagemap(&bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            out.push(format!("images/pages-{id}.img"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 /// A page server listening for one restore.
 pub struct PageServer {
     socket: PathBuf,
     stop: Arc<AtomicBool>,
-    result: Option<tokio::sync::oneshot::Receiver<Result<Placed, String>>>,
+    result: Option<tokio::sync::oneshot::Receiver<Result<Placed, PlaceError>>>,
 }
 
 impl PageServer {
     /// Listens on `<work>/lazy-pages.socket` (before CRIU starts: it
     /// connects first thing) for the restore of `images`.
-    pub fn start(work: &Path, images: &Path, threads: usize) -> Result<Self, String> {
+    pub fn start(
+        work: &Path,
+        images: &Path,
+        threads: usize,
+        verify: Option<Verification>,
+    ) -> Result<Self, String> {
         let socket = work.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&socket);
         let listener = bind(work, &socket)?;
@@ -87,7 +169,7 @@ impl PageServer {
         std::thread::Builder::new()
             .name("vsnap-pages".into())
             .spawn(move || {
-                let _ = tx.send(serve(listener, &images, threads.max(1), &flag));
+                let _ = tx.send(serve(listener, &images, threads.max(1), verify, &flag));
             })
             .map_err(|e| format!("start the page server: {e}"))?;
         Ok(PageServer {
@@ -99,7 +181,7 @@ impl PageServer {
 
     /// Waits until every page is in place (after CRIU's restore returned),
     /// at most until `deadline`.
-    pub async fn finish(mut self, deadline: Instant) -> Result<Placed, String> {
+    pub async fn finish(mut self, deadline: Instant) -> Result<Placed, PlaceError> {
         let rx = self.result.take().expect("finished once");
         match tokio::time::timeout_at(deadline.into(), rx).await {
             Ok(Ok(placed)) => placed,
@@ -132,16 +214,29 @@ fn bind(work: &Path, socket: &Path) -> Result<UnixListener, String> {
 struct Task {
     pid: i32,
     uffd: OwnedFd,
+    /// `images/pages-<id>.img`.
+    pages_rel: String,
     pages: File,
     lazy: LazyPages,
+}
+
+/// A pages file read whole once the restore finished: every chunk checked
+/// against its digest (when verifying), the lazy ranges of its task placed.
+struct PagesFile {
+    rel: String,
+    file: File,
+    size: u64,
+    digest: Option<FileDigest>,
+    task: Option<usize>,
 }
 
 fn serve(
     listener: UnixListener,
     images: &Path,
     threads: usize,
+    verify: Option<Verification>,
     stop: &AtomicBool,
-) -> Result<Placed, String> {
+) -> Result<Placed, PlaceError> {
     let conn = accept(&listener, stop)?;
     drop(listener);
     let faults = AtomicU64::new(0);
@@ -166,7 +261,13 @@ fn serve(
         }
     }
     let started = Instant::now();
-    let work = work_list(&tasks);
+    let files = pages_files(images, &tasks, verify.as_ref())?;
+    let dir = verify.map(|v| v.dir).unwrap_or_default();
+    let work: Vec<(usize, usize)> = files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| (0..f.size.div_ceil(CHUNK) as usize).map(move |c| (i, c)))
+        .collect();
     let next = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
     let filled = std::thread::scope(|s| {
@@ -176,20 +277,20 @@ fn serve(
                     let mut buf = Buffer::new(FILL_CHUNK as usize);
                     loop {
                         if stop.load(Ordering::SeqCst) {
-                            return Err("cancelled".to_string());
+                            return Err(PlaceError::from("cancelled"));
                         }
-                        let Some(&(task, vaddr, len, offset)) =
-                            work.get(next.fetch_add(1, Ordering::Relaxed))
+                        let Some(&(file, chunk)) = work.get(next.fetch_add(1, Ordering::Relaxed))
                         else {
                             return Ok(());
                         };
-                        place(&tasks[task], vaddr, len, offset, &mut buf)?;
+                        let f = &files[file];
+                        place_chunk(f, chunk, f.task.map(|t| &tasks[t]), &dir, &mut buf)?;
                     }
                 })
             })
             .collect();
         // Meanwhile: the faults of tasks waiting for a page.
-        let serving = s.spawn(|| -> Result<(), String> {
+        let serving = s.spawn(|| -> Result<(), PlaceError> {
             while !done.load(Ordering::SeqCst) {
                 for i in wait(-1, &tasks)? {
                     serve_faults(&tasks[i], &mut fault_buf, &faults)?;
@@ -229,39 +330,156 @@ fn serve(
     })
 }
 
-/// Every range of every task in chunks of at most [`FILL_CHUNK`]:
-/// `(task, vaddr, len, offset)`.
-fn work_list(tasks: &[Task]) -> Vec<(usize, u64, u64, u64)> {
-    let mut work = Vec::new();
-    for (i, t) in tasks.iter().enumerate() {
-        for r in &t.lazy.ranges {
-            let mut at = 0;
-            while at < r.len {
-                let len = FILL_CHUNK.min(r.len - at);
-                work.push((i, r.vaddr + at, len, r.offset + at));
-                at += len;
+/// The files to read after the restore: with verification, exactly the
+/// pages files it names (each task's must be among them); without, each
+/// task's. A task whose ranges reach past its file's end is refused: its
+/// missing pages would read as zeros.
+fn pages_files(
+    images: &Path,
+    tasks: &[Task],
+    verify: Option<&Verification>,
+) -> Result<Vec<PagesFile>, PlaceError> {
+    let mut files = Vec::new();
+    match verify {
+        Some(v) => {
+            for (rel, digest) in &v.files {
+                let name = rel.strip_prefix("images/").unwrap_or(rel);
+                let path = images.join(name);
+                let file = File::options()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|e| format!("open {}: {e}", path.display()))?;
+                let size = file
+                    .metadata()
+                    .map_err(|e| format!("stat {}: {e}", path.display()))?
+                    .len();
+                if size != digest.size {
+                    return Err(PlaceError::Damaged(ArtifactError::Damaged(format!(
+                        "{}: {rel} holds {size} bytes, the manifest says {}",
+                        v.dir.display(),
+                        digest.size
+                    ))));
+                }
+                files.push(PagesFile {
+                    rel: rel.clone(),
+                    file,
+                    size,
+                    digest: Some(digest.clone()),
+                    task: tasks.iter().position(|t| &t.pages_rel == rel),
+                });
+            }
+            if let Some(t) = tasks
+                .iter()
+                .find(|t| !files.iter().any(|f| f.rel == t.pages_rel))
+            {
+                return Err(format!(
+                    "pid {}: {} has no digest to check it against",
+                    t.pid, t.pages_rel
+                )
+                .into());
+            }
+        }
+        None => {
+            for (i, t) in tasks.iter().enumerate() {
+                let file = t
+                    .pages
+                    .try_clone()
+                    .map_err(|e| format!("pid {}: {}: {e}", t.pid, t.pages_rel))?;
+                let size = file
+                    .metadata()
+                    .map_err(|e| format!("pid {}: {}: {e}", t.pid, t.pages_rel))?
+                    .len();
+                files.push(PagesFile {
+                    rel: t.pages_rel.clone(),
+                    file,
+                    size,
+                    digest: None,
+                    task: Some(i),
+                });
             }
         }
     }
-    work
+    for f in &files {
+        if let Some(t) = f.task.map(|t| &tasks[t]) {
+            let end = t.lazy.ranges.last().map_or(0, |r| r.offset + r.len);
+            if end > f.size {
+                return Err(format!(
+                    "pid {}: its pagemap needs {end} bytes of {}, which holds {}",
+                    t.pid, f.rel, f.size
+                )
+                .into());
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Reads chunk `chunk` of `f` a piece at a time: hashes each piece (when
+/// verifying) and places the lazy pages in it into `task`'s memory from
+/// the same buffer; then checks the chunk's digest.
+fn place_chunk(
+    f: &PagesFile,
+    chunk: usize,
+    task: Option<&Task>,
+    dir: &Path,
+    buf: &mut Buffer,
+) -> Result<(), PlaceError> {
+    let start = chunk as u64 * CHUNK;
+    let end = (start + CHUNK).min(f.size);
+    let mut digest = f.digest.as_ref().map(|_| ChunkDigest::new());
+    let mut at = start;
+    while at < end {
+        let n = FILL_CHUNK.min(end - at);
+        let data = &mut buf.as_mut()[..n as usize];
+        f.file
+            .read_exact_at(data, at)
+            .map_err(|e| format!("read {n} bytes at {at} of {}: {e}", f.rel))?;
+        if let Some(d) = digest.as_mut() {
+            d.update(data);
+        }
+        if let Some(t) = task {
+            for r in t.lazy.overlapping(at, at + n) {
+                let (s, e) = (r.offset.max(at), (r.offset + r.len).min(at + n));
+                copy(
+                    t,
+                    r.vaddr + (s - r.offset),
+                    &data[(s - at) as usize..(e - at) as usize],
+                )?;
+            }
+        }
+        at += n;
+    }
+    if let (Some(d), Some(want)) = (digest, &f.digest) {
+        d.check(dir, &f.rel, want, chunk)
+            .map_err(PlaceError::Damaged)?;
+    }
+    Ok(())
 }
 
 impl Task {
     fn open(images: &Path, pid: i32, uffd: OwnedFd) -> Result<Self, String> {
         let lazy = criu_image::lazy_pages(images, pid)?;
-        let path = images.join(format!("pages-{}.img", lazy.pages_id));
-        let pages = File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        let name = format!("pages-{}.img", lazy.pages_id);
+        let path = images.join(&name);
+        let pages = File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
         Ok(Task {
             pid,
             uffd,
+            pages_rel: format!("images/{name}"),
             pages,
             lazy,
         })
     }
 }
 
-/// Places `len` bytes at `vaddr` of `task` from `offset` of its pages file.
-/// A page already there was placed by the fault path with the same bytes.
+/// Places `len` bytes at `vaddr` of `task` from `offset` of its pages file
+/// (a page a task touched before its chunk was placed; the chunk is
+/// checked against its digest all the same before the tree runs).
 fn place(task: &Task, vaddr: u64, len: u64, offset: u64, buf: &mut Buffer) -> Result<(), String> {
     let data = &mut buf.as_mut()[..len as usize];
     task.pages.read_exact_at(data, offset).map_err(|e| {
@@ -270,6 +488,13 @@ fn place(task: &Task, vaddr: u64, len: u64, offset: u64, buf: &mut Buffer) -> Re
             task.pid
         )
     })?;
+    copy(task, vaddr, data)
+}
+
+/// `UFFDIO_COPY` of `data` (page-aligned) to `vaddr` of `task`. A page
+/// already there was placed by this server with the same bytes.
+fn copy(task: &Task, vaddr: u64, data: &[u8]) -> Result<(), String> {
+    let len = data.len() as u64;
     let mut done = 0u64;
     while done < len {
         let mut c = UffdioCopy {
@@ -514,6 +739,10 @@ mod tests {
 
     impl Drop for Region {
         fn drop(&mut self) {
+            // The descriptor first: with it open, an unmap would wait for a
+            // reader of its event.
+            let fd = std::mem::replace(&mut self.uffd, File::open("/dev/null").unwrap().into());
+            drop(fd);
             // SAFETY: mapped in `region`, no reference to it outlives the test.
             unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
         }
@@ -649,7 +878,7 @@ mod tests {
         let len = (5 << 20) + 3 * PAGE_SIZE as usize; // several fill chunks and a tail
         let r = region(len, 0);
         let data = write_images(dir.path(), 7, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 2).unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
         let mut conn = connect(dir.path());
         send_task(&mut conn, 7, &r.uffd);
         conn.write_all(&(-9i32).to_ne_bytes()).unwrap(); // a zombie: no descriptor
@@ -676,12 +905,77 @@ mod tests {
         );
     }
 
+    /// An artifact folder with `images/` for task `pid`, its digests, and
+    /// the region's expected bytes.
+    fn artifact(pid: i32, r: &Region) -> (tempfile::TempDir, Verification, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("images")).unwrap();
+        let data = write_images(&dir.path().join("images"), pid, r);
+        let contents = vsnap_artifact::content::digest(dir.path(), 1).unwrap();
+        let names = task_pages_files(&dir.path().join("images")).unwrap();
+        assert_eq!(names, vec!["images/pages-1.img".to_string()]);
+        let files = names
+            .into_iter()
+            .map(|n| (n.clone(), contents[&n].clone()))
+            .collect();
+        let v = Verification {
+            dir: dir.path().to_path_buf(),
+            files,
+        };
+        (dir, v, data)
+    }
+
+    #[tokio::test]
+    async fn pages_are_checked_against_their_digests_as_they_are_placed() {
+        // Past one 64 MiB digest chunk, so two threads share the work.
+        let len = (CHUNK + (3 << 20)) as usize;
+        let r = region(len, 0);
+        let (dir, v, data) = artifact(11, &r);
+        let images = dir.path().join("images");
+        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 11, &r.uffd);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!(placed.bytes, len as u64);
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..]);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_pages_chunk_fails_naming_the_file_and_the_chunk() {
+        let len = (CHUNK + (1 << 20)) as usize;
+        let r = region(len, 0);
+        let (dir, v, _) = artifact(12, &r);
+        let images = dir.path().join("images");
+        // One bit of the second chunk, after the digests were taken.
+        let path = images.join("pages-1.img");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[CHUNK as usize + 4096 * 3 + 17] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 12, &r.uffd);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        match server.finish(deadline()).await.unwrap_err() {
+            PlaceError::Damaged(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("images/pages-1.img chunk 1 (bytes 67108864-"),
+                    "{e}"
+                );
+            }
+            other => panic!("not a damage: {other}"),
+        }
+    }
+
     #[tokio::test]
     async fn an_address_space_change_while_pages_are_placed_fails_the_restore() {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 20, UFFD_FEATURE_EVENT_UNMAP);
         write_images(dir.path(), 8, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 2).unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
         let mut conn = connect(dir.path());
         send_task(&mut conn, 8, &r.uffd);
         // The "tree" runs and unmaps part of its memory: it waits until the
@@ -691,7 +985,7 @@ mod tests {
             // SAFETY: the first page of the region; nothing reads it after.
             unsafe { libc::munmap(at as *mut libc::c_void, PAGE_SIZE as usize) }
         });
-        let e = server.finish(deadline()).await.unwrap_err();
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("event 0x16") && e.contains("pid 8"), "{e}");
         assert_eq!(unmapped.join().unwrap(), 0);
     }
@@ -701,11 +995,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 16, 0);
         write_images(dir.path(), 9, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
         let mut conn = connect(dir.path());
         send_task(&mut conn, 9, &r.uffd);
         drop(conn);
-        let e = server.finish(deadline()).await.unwrap_err();
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("before the restore finished"), "{e}");
     }
 
@@ -713,17 +1007,17 @@ mod tests {
     async fn a_task_without_images_is_refused_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 16, 0);
-        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
         let mut conn = connect(dir.path());
         send_task(&mut conn, 10, &r.uffd);
-        let e = server.finish(deadline()).await.unwrap_err();
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("pagemap-10.img"), "{e}");
     }
 
     #[test]
     fn dropping_the_server_removes_its_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let server = PageServer::start(dir.path(), dir.path(), 1).unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
         assert!(dir.path().join(SOCKET_NAME).exists());
         drop(server);
         assert!(!dir.path().join(SOCKET_NAME).exists());
