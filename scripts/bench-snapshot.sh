@@ -41,6 +41,7 @@
 #                           release/vsnap-ref-engine are
 #   BENCH_OUT=FILE          also write the report to FILE
 #   BENCH_VERIFY=1          0: verify_contents = false (to see what verification costs)
+#   BENCH_LOGS=DIR          keep each restore's vsnap-restore.json and CRIU restore.log there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
@@ -326,6 +327,12 @@ restore_once() {
     f="$BUNDLES/$id/vsnap-restore.json"
     [ -f "$f" ] || { echo "bench-snapshot: $id: no $f" >&2; exit 1; }
     cp "$f" "$D/restore-$id.json"
+    # BENCH_LOGS=DIR keeps each restore's phases and CRIU log for a closer look.
+    if [ -n "${BENCH_LOGS:-}" ]; then
+        mkdir -p "$BENCH_LOGS"
+        cp "$f" "$BENCH_LOGS/$id.json"
+        cp "$BUNDLES/$id/criu-work/restore.log" "$BENCH_LOGS/$id.restore.log" 2>/dev/null || true
+    fi
     pre=$(json_num "$f" preflight_ms 1)
     criu=$(json_num "$f" criu_restore_ms 1)
     act=$(json_num "$f" activation_ms 1)
