@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::error::{ProtocolError, Result};
 use crate::file::{read_json, to_canonical_json, write_atomic, Received};
 use crate::messages::{Oracle, Schema};
-use crate::wait::POLL_INTERVAL;
+use crate::wait::CAPTURER_POLL_INTERVAL;
 
 /// The ready file: the engine's canary answer, the same fields as an [`Oracle`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,7 +144,7 @@ pub fn wait_ready(
                 waited: now - started,
             });
         }
-        thread::sleep(POLL_INTERVAL.min(deadline - now));
+        thread::sleep(CAPTURER_POLL_INTERVAL.min(deadline - now));
     }
 }
 

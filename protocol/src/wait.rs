@@ -14,8 +14,13 @@ use crate::file::{read_bytes, read_json, Received};
 use crate::files;
 use crate::messages::{ErrorRecord, Message, Schema};
 
-/// How often a missing file is looked for again.
+/// How often a missing file is looked for again by the engine (vLLM polls
+/// every 50 ms too).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How often the capturer (the shim) looks again: what it waits for is on
+/// a restore's critical path, and a look is a few system calls.
+pub const CAPTURER_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// A gap between two polls longer than this means the process was frozen.
 const FROZEN_GAP: Duration = Duration::from_secs(2);
@@ -64,7 +69,7 @@ pub(crate) fn wait_until<T: Message>(
                 waited: now - started,
             });
         }
-        thread::sleep(POLL_INTERVAL.min(deadline - now));
+        thread::sleep(CAPTURER_POLL_INTERVAL.min(deadline - now));
     }
 }
 
