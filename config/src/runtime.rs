@@ -1,6 +1,7 @@
 //! The runtime configuration file (TOML). Unknown keys and bad values are
 //! errors that name the key, so a typo never silently falls back to a default.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -78,6 +79,25 @@ pub struct RuntimeConfig {
     /// fingerprints instead of the host key, so a workload captured on one
     /// host compares equal on another. Unset: the host key, as on one host.
     pub fleet_fingerprint_key: Option<PathBuf>,
+    /// OCI registries `vsnap push`/`pull` talk to, by `host[:port]` as a
+    /// reference names them: credentials and transport. A registry not
+    /// listed is used anonymously over HTTPS.
+    pub registries: BTreeMap<String, RegistryConfig>,
+}
+
+/// One registry's settings (`[registries."host:port"]`). Credentials come
+/// only from here, never from a reference or the command line.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// User for HTTP basic authentication (with `password_file`).
+    pub username: Option<String>,
+    /// A root-owned file, not readable by group or others, whose content
+    /// (one trailing newline stripped) is the password. Read at each use.
+    pub password_file: Option<PathBuf>,
+    /// Plain HTTP instead of HTTPS: for a registry on loopback or a
+    /// private link only.
+    pub plain_http: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -147,6 +167,7 @@ impl Default for RuntimeConfig {
             fleet_signing_key: None,
             fleet_trusted_keys: Vec::new(),
             fleet_fingerprint_key: None,
+            registries: BTreeMap::new(),
         }
     }
 }
@@ -232,7 +253,31 @@ impl RuntimeConfig {
                 return Err(invalid(format!("{key}: must be at least 1 second")));
             }
         }
+        for (host, registry) in &self.registries {
+            registry
+                .validate(host)
+                .map_err(|m| invalid(format!("registries.\"{host}\": {m}")))?;
+        }
         Ok(())
+    }
+}
+
+impl RegistryConfig {
+    fn validate(&self, host: &str) -> Result<(), String> {
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
+        if host.is_empty() || !host.chars().all(ok_char) {
+            return Err("not a registry host[:port] (no scheme, no path)".into());
+        }
+        match (&self.username, &self.password_file) {
+            (Some(u), _) if u.is_empty() => Err("username: must not be empty".into()),
+            (Some(_), None) => Err("username without password_file".into()),
+            (None, Some(_)) => Err("password_file without username".into()),
+            (Some(_), Some(p)) if !p.is_absolute() => Err(format!(
+                "password_file: {} is not an absolute path",
+                p.display()
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -315,6 +360,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("sequence"), "a list: {err}");
+    }
+
+    #[test]
+    fn registries_are_read_and_checked() {
+        let c = RuntimeConfig::parse(
+            "[registries.\"127.0.0.1:5000\"]\nplain_http = true\n\
+             [registries.\"reg.example:443\"]\nusername = \"ci\"\npassword_file = \"/etc/vsnap/reg.pw\"\n",
+            "inline",
+        )
+        .unwrap();
+        assert!(c.registries["127.0.0.1:5000"].plain_http);
+        assert_eq!(c.registries["reg.example:443"].username.as_deref(), Some("ci"));
+        for (body, named) in [
+            ("[registries.\"r:1\"]\nusername = \"u\"\n", "username without password_file"),
+            ("[registries.\"r:1\"]\npassword = \"p\"\n", "password"),
+            ("[registries.\"https://r\"]\n", "no scheme"),
+            ("[registries.\"r\"]\nusername = \"u\"\npassword_file = \"pw\"\n", "absolute"),
+        ] {
+            let err = RuntimeConfig::parse(body, "inline").unwrap_err().to_string();
+            assert!(err.contains(named), "{body}: {err}");
+        }
     }
 
     #[test]
