@@ -10,6 +10,9 @@
 #     /opt/vsnap/containerd/bin/ (sid's runc is not used: it needs a newer glibc);
 #   * CRIU 4.2.x built from Debian sid's source tarball: /usr/local/sbin/criu and
 #     /usr/lib/criu/cuda_plugin.so (CRIU's compiled-in plugin folder);
+#   * Debian's docker-registry (the CNCF distribution registry 2.8) for the fleet tests,
+#     which start their own on a free loopback port; the packaged service is kept from
+#     starting and disabled, so it never holds port 5000;
 #   * /opt/vsnap/versions.txt with the installed versions.
 # It checks that the Rust toolchain (cargo) exists but does not install it.
 # The system's apt sources and sysctl settings are left as they are. Downloads and the
@@ -112,6 +115,44 @@ else
         -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
         install "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+fi
+
+# ---------------------------------------------------------------------------------------
+STEP=docker-registry
+# The OCI registry the fleet tests push to and pull from (docs/fleet.md). Every test
+# runs its own (`docker-registry serve <config>`, filesystem storage in its scratch
+# folder, 127.0.0.1 and a free port); the packaged service is never needed, so it is
+# kept from starting while the package installs (a policy-rc.d that refuses every
+# start, ours only while we install) and disabled afterwards where systemd runs.
+st=$(dpkg-query -W -f='${Status}' docker-registry 2>/dev/null || true)
+if [ "$st" = "install ok installed" ]; then
+    log "docker-registry: already installed: $(docker-registry --version 2>/dev/null || echo '?')"
+else
+    log "docker-registry: installing (its service kept from starting)"
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# vsnap setup: no service starts while packages install\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        own_policy=1
+    fi
+    rc=0
+    apt-get -q -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" update >/dev/null 2>&1 || true
+    apt-get -q -y --no-install-recommends \
+        -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        install docker-registry || rc=$?
+    [ "$own_policy" -eq 1 ] && rm -f "$policy"
+    [ "$rc" -eq 0 ] || die "apt-get install docker-registry failed"
+fi
+command -v docker-registry >/dev/null 2>&1 || die "docker-registry not on PATH after install"
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    if systemctl is-enabled --quiet docker-registry.service 2>/dev/null ||
+        systemctl is-active --quiet docker-registry.service 2>/dev/null; then
+        systemctl disable --now docker-registry.service >/dev/null 2>&1 ||
+            die "cannot disable the packaged docker-registry service"
+        log "docker-registry: packaged service disabled (tests run their own)"
+    fi
 fi
 
 # ---------------------------------------------------------------------------------------
@@ -280,6 +321,7 @@ STEP=versions
     echo "runc-path: $(command -v runc)"
     "$CRIU_BIN" --version | sed 's/^/criu: /'
     echo "criu-path: $CRIU_BIN"
+    echo "docker-registry: $(docker-registry --version 2>/dev/null || echo '?')"
     echo "criu-plugins: $CRIU_PLUGINDIR/cuda_plugin.so"
 } >"$PREFIX/.versions.txt.new"
 if cmp -s "$PREFIX/.versions.txt.new" "$PREFIX/versions.txt"; then

@@ -7,6 +7,7 @@
 //! (`rm`, `gc`) takes the artifact's exclusive lock and is refused while
 //! anyone holds it. See docs/cli.md.
 
+mod fleet;
 mod gc;
 mod inspect;
 mod key;
@@ -42,7 +43,7 @@ pub type Outcome = Result<u8, String>;
 #[command(
     name = "vsnap",
     version,
-    about = "Inspect, verify, list, remove and garbage-collect vsnap snapshot artifacts; make fleet keys",
+    about = "Inspect, verify, list, remove, garbage-collect, push and pull vsnap snapshot artifacts; make fleet keys",
     after_help = "Exit status: 0 ok, 1 invalid artifact or refused removal, 2 usage, configuration or I/O error. See docs/cli.md."
 )]
 struct Cli {
@@ -102,6 +103,31 @@ enum Command {
         /// Show what would be removed, remove nothing
         #[arg(long)]
         dry_run: bool,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Push an artifact of this host to an OCI registry (REF: host[:port]/repo:tag)
+    Push {
+        name: String,
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// Chunks uploaded at once
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        jobs: u16,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pull an artifact from an OCI registry, verify every byte and publish it sealed for this host
+    Pull {
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// Name to publish it as [default: the name it was pushed with]
+        name: Option<String>,
+        /// Chunks downloaded at once
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        jobs: u16,
         /// JSON for tools
         #[arg(long)]
         json: bool,
@@ -192,6 +218,18 @@ fn run(cli: Cli) -> Outcome {
             },
             json,
         ),
+        Command::Push {
+            ref name,
+            ref reference,
+            jobs,
+            json,
+        } => fleet::push(&ctx()?, name, reference, jobs.into(), json),
+        Command::Pull {
+            ref reference,
+            ref name,
+            jobs,
+            json,
+        } => fleet::pull(&ctx()?, reference, name.as_deref(), jobs.into(), json),
         Command::Key {
             command:
                 KeyCommand::Generate {

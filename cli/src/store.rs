@@ -13,16 +13,10 @@ use vsnap_artifact::{ArtifactError, ArtifactLock, HostKey, Manifest};
 
 static TRASH: AtomicU64 = AtomicU64::new(0);
 
-/// As the shim's `vsnap.io/artifact` rule: `[A-Za-z0-9_.-]`, 1-128
-/// characters, not starting with a dot; never a path.
+/// As the shim's `vsnap.io/artifact` rule (one definition, in the artifact
+/// crate).
 pub fn check_name(name: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    if name.is_empty() || name.len() > 128 || name.starts_with('.') || !name.chars().all(ok_char) {
-        return Err(format!(
-            "{name:?} is not an artifact name ([A-Za-z0-9_.-], 1-128 characters, not starting with '.'; paths are refused)"
-        ));
-    }
-    Ok(())
+    vsnap_artifact::layout::check_name(name)
 }
 
 /// Every entry of the root that is not a dot-entry (`.staging-*`, `.trash-*`,

@@ -1,0 +1,106 @@
+//! `vsnap push NAME REF` and `vsnap pull REF [NAME]`: thin wrappers over
+//! vsnap-registry (docs/fleet.md). Credentials come from the runtime
+//! config's `[registries."host:port"]`, never from the command line.
+
+use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
+
+use crate::units::human_size;
+use crate::{emit, emit_json, Ctx, Outcome, FAILED, OK};
+
+/// Threads hashing beside the transfers: every core but one.
+fn hashing_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().saturating_sub(1).max(1))
+        .unwrap_or(1)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> Outcome {
+    crate::store::check_name(name)?;
+    let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let opts = PushOptions {
+        jobs,
+        verify_threads: hashing_threads(),
+    };
+    let result = runtime()?.block_on(vsnap_registry::push(&ctx.root, name, &remote, &opts));
+    match result {
+        Ok(r) if json => {
+            emit_json(&r);
+            Ok(OK)
+        }
+        Ok(r) => {
+            emit(&format!(
+                "pushed {} to {}\ndigest:  {}\nfiles:   {} ({})\nchunks:  {} ({} distinct, {})\nsent:    {} chunks ({}); {} the registry had ({})\n",
+                r.name,
+                r.reference,
+                r.digest,
+                r.files,
+                human_size(r.bytes),
+                r.chunks,
+                r.unique_chunks,
+                human_size(r.unique_bytes),
+                r.uploaded,
+                human_size(r.uploaded_bytes),
+                r.skipped,
+                human_size(r.skipped_bytes),
+            ));
+            Ok(OK)
+        }
+        Err(e) => failed(format!("push {name}: {e}"), &e),
+    }
+}
+
+pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: bool) -> Outcome {
+    if let Some(name) = name {
+        crate::store::check_name(name)?;
+    }
+    let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let opts = PullOptions {
+        jobs,
+        verify_threads: hashing_threads(),
+    };
+    let result = runtime()?.block_on(vsnap_registry::pull(&ctx.root, name, &remote, &opts));
+    match result {
+        Ok(r) if json => {
+            emit_json(&r);
+            Ok(OK)
+        }
+        Ok(r) => {
+            emit(&format!(
+                "pulled {} as {} ({})\ndigest:  {}\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\n",
+                r.reference,
+                r.name,
+                r.path,
+                r.digest,
+                r.files,
+                human_size(r.bytes),
+                r.chunks,
+                r.fetched,
+                human_size(r.fetched_bytes),
+                r.reused,
+                human_size(r.reused_bytes),
+            ));
+            Ok(OK)
+        }
+        Err(e) => failed(format!("pull {reference}: {e}"), &e),
+    }
+}
+
+/// A refused artifact (damaged, invalid, unsafe, in use) exits 1; a
+/// registry, network, credentials or I/O failure ends the command (2).
+fn failed(message: String, e: &RegistryError) -> Outcome {
+    match e {
+        RegistryError::Damaged(_) | RegistryError::Invalid(_) | RegistryError::Artifact(_) => {
+            crate::warn(&message);
+            Ok(FAILED)
+        }
+        _ => Err(message),
+    }
+}

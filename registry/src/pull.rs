@@ -1,0 +1,333 @@
+//! `vsnap pull REF [NAME]`: an artifact from a registry onto this host.
+//!
+//! 1. Resolve REF to its manifest and digest; refuse anything that is not a
+//!    vsnap artifact. 2. Fetch the config blob (bounded, digest checked) and
+//!    check the file index against the layers and the artifact manifest.
+//! 3. Fetch the chunks this host's download cache lacks, a few at a time,
+//!    each hashed while it streams (cache.rs). 4. Under the artifact's
+//!    exclusive lock, reassemble the files in a staging folder, check every
+//!    byte against the manifest's content digests, seal the manifest with
+//!    THIS host's key and publish atomically. Any failure leaves no
+//!    artifact half-published and the previous one of that name as it was.
+
+use std::collections::BTreeMap;
+use std::fs::{DirBuilder, File};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use futures_util::{StreamExt, TryStreamExt};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use serde::Serialize;
+use vsnap_artifact::layout::Staging;
+use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
+
+use crate::cache::{BlobCache, BlobProblem};
+use crate::error::{RegistryError, Result};
+use crate::index::{ArtifactConfig, CONFIG_LIMIT};
+use crate::remote::Remote;
+use crate::{sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST};
+
+pub struct PullOptions {
+    /// Downloads in flight at once.
+    pub jobs: usize,
+    /// Threads checking the reassembled files' content digests.
+    pub verify_threads: usize,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            jobs: 4,
+            verify_threads: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PullReport {
+    pub name: String,
+    pub reference: String,
+    pub digest: String,
+    pub path: String,
+    pub files: usize,
+    pub bytes: u64,
+    /// Distinct chunks (layers) of the artifact.
+    pub chunks: usize,
+    /// Chunks fetched from the registry now, and those already in the
+    /// download cache (an earlier, interrupted pull).
+    pub fetched: usize,
+    pub fetched_bytes: u64,
+    pub reused: usize,
+    pub reused_bytes: u64,
+}
+
+/// Most bytes an OCI manifest may hold (4 MiB, as registries limit them).
+const MANIFEST_LIMIT: usize = 4 << 20;
+
+pub async fn pull(root: &Path, name: Option<&str>, remote: &Remote, opts: &PullOptions) -> Result<PullReport> {
+    if let Some(name) = name {
+        vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
+    }
+    vsnap_artifact::ensure_root(root)?;
+    remote.login(oci_client::RegistryOperation::Pull).await?;
+    let (oci, digest) = resolve(remote).await?;
+    let layers: BTreeMap<String, u64> = oci
+        .layers
+        .iter()
+        .map(|l| (l.digest.clone(), l.size as u64))
+        .collect();
+    let config = fetch_config(remote, &oci.config).await?;
+    let mut manifest = config.check(&layers)?;
+    let name = name.unwrap_or(&manifest.name).to_string();
+    vsnap_artifact::layout::check_name(&name)
+        .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
+
+    // Which file(s) each chunk belongs to, to name them in errors.
+    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for f in &config.files {
+        for c in &f.chunks {
+            let o = owners.entry(c.as_str()).or_default();
+            if o.last() != Some(&f.path.as_str()) {
+                o.push(&f.path);
+            }
+        }
+    }
+    let cache = BlobCache::open(root)?;
+    let fetched: Vec<(bool, u64)> = futures_util::stream::iter(oci.layers.iter())
+        .map(|layer| {
+            let files = owners.get(layer.digest.as_str()).map(|o| o.join(", ")).unwrap_or_default();
+            fetch_chunk(remote, &cache, layer, files)
+        })
+        .buffer_unordered(opts.jobs.max(1))
+        .try_collect()
+        .await?;
+    let mut report = PullReport {
+        name: name.clone(),
+        reference: remote.name(),
+        digest,
+        path: vsnap_artifact::path(root, &name).display().to_string(),
+        files: config.files.len(),
+        bytes: config.files.iter().map(|f| f.size).sum(),
+        chunks: oci.layers.len(),
+        fetched: 0,
+        fetched_bytes: 0,
+        reused: 0,
+        reused_bytes: 0,
+    };
+    for (was_fetched, len) in fetched {
+        if was_fetched {
+            report.fetched += 1;
+            report.fetched_bytes += len;
+        } else {
+            report.reused += 1;
+            report.reused_bytes += len;
+        }
+    }
+
+    manifest.name = name.clone();
+    let root = root.to_path_buf();
+    let threads = opts.verify_threads;
+    tokio::task::spawn_blocking(move || {
+        assemble_and_publish(&root, &cache, &config, manifest, threads)?;
+        // The artifact holds every byte now: the cache gives them back.
+        for f in &config.files {
+            for c in &f.chunks {
+                let _ = std::fs::remove_file(cache.path(c));
+            }
+        }
+        Ok::<_, RegistryError>(())
+    })
+    .await
+    .expect("the assembling thread does not panic")?;
+    Ok(report)
+}
+
+/// The manifest REF names and its digest (computed here from the bytes,
+/// and compared with REF's digest when it has one).
+pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
+    let what = format!("pull: {}", remote.name());
+    let (bytes, _) = remote
+        .client
+        .pull_manifest_raw(&remote.reference, &remote.auth, &[OCI_MANIFEST])
+        .await
+        .map_err(|e| RegistryError::registry(what.clone(), e))?;
+    if bytes.len() > MANIFEST_LIMIT {
+        return Err(RegistryError::Invalid(format!("{what}: the manifest is larger than 4 MiB")));
+    }
+    let digest = sha256_digest(&bytes);
+    if let Some(want) = remote.reference.digest() {
+        if want != digest {
+            return Err(RegistryError::Damaged(format!(
+                "{what}: the manifest's bytes hash to {digest}"
+            )));
+        }
+    }
+    let oci: OciImageManifest = serde_json::from_slice(&bytes)
+        .map_err(|e| RegistryError::Invalid(format!("{what}: not an OCI image manifest: {e}")))?;
+    let ours = oci.artifact_type.as_deref() == Some(ARTIFACT_TYPE)
+        && oci.config.media_type == CONFIG_MEDIA_TYPE;
+    if !ours {
+        return Err(RegistryError::Invalid(format!(
+            "{what}: not a vsnap artifact (artifactType {:?}, config media type {:?})",
+            oci.artifact_type.as_deref().unwrap_or(""),
+            oci.config.media_type
+        )));
+    }
+    for l in &oci.layers {
+        if l.media_type != CHUNK_MEDIA_TYPE || sha256_hex(&l.digest).is_none() || l.size < 0 {
+            return Err(RegistryError::Invalid(format!(
+                "{what}: layer {} ({}) is not a vsnap chunk",
+                l.digest, l.media_type
+            )));
+        }
+    }
+    if sha256_hex(&oci.config.digest).is_none() {
+        return Err(RegistryError::Invalid(format!(
+            "{what}: config digest {} is not sha256",
+            oci.config.digest
+        )));
+    }
+    Ok((oci, digest))
+}
+
+/// A small blob into memory, bounded and digest-checked.
+pub async fn fetch_small(remote: &Remote, desc: &OciDescriptor, limit: u64, what: &str) -> Result<Vec<u8>> {
+    if desc.size < 0 || desc.size as u64 > limit {
+        return Err(RegistryError::Invalid(format!(
+            "pull: {what} {} is {} bytes, more than {limit}",
+            desc.digest, desc.size
+        )));
+    }
+    let mut stream = remote
+        .client
+        .pull_blob_stream(&remote.reference, desc)
+        .await
+        .map_err(|e| RegistryError::registry(format!("pull: {what} {}", desc.digest), e))?;
+    let mut bytes = Vec::with_capacity(desc.size as usize);
+    while let Some(piece) = stream.next().await {
+        match piece {
+            Ok(piece) => {
+                bytes.extend_from_slice(&piece);
+                if bytes.len() as u64 > desc.size as u64 {
+                    break;
+                }
+            }
+            // oci-client's own digest check fails at the end: ours names it.
+            Err(_) if bytes.len() as u64 == desc.size as u64 => break,
+            Err(e) => {
+                return Err(RegistryError::io(format!("pull: {what} {}", desc.digest), e));
+            }
+        }
+    }
+    let got = sha256_digest(&bytes);
+    if bytes.len() as u64 != desc.size as u64 || got != desc.digest {
+        return Err(RegistryError::Damaged(format!(
+            "pull: {what} {} does not match its digest ({} bytes hash to {got})",
+            desc.digest,
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+async fn fetch_config(remote: &Remote, desc: &OciDescriptor) -> Result<ArtifactConfig> {
+    ArtifactConfig::parse(&fetch_small(remote, desc, CONFIG_LIMIT, "config blob").await?)
+}
+
+/// One chunk into the cache unless it holds it; returns (fetched, bytes).
+async fn fetch_chunk(remote: &Remote, cache: &BlobCache, layer: &OciDescriptor, files: String) -> Result<(bool, u64)> {
+    let size = layer.size as u64;
+    let digest = layer.digest.clone();
+    let held = {
+        let path = cache.dir.clone();
+        let d = digest.clone();
+        tokio::task::spawn_blocking(move || BlobCache { dir: path }.holds(&d, size))
+            .await
+            .expect("the hashing thread does not panic")?
+    };
+    if held {
+        return Ok((false, size));
+    }
+    let named = || format!("blob {digest} ({files})");
+    let mut stream = remote
+        .client
+        .pull_blob_stream(&remote.reference, layer)
+        .await
+        .map_err(|e| RegistryError::registry(format!("pull: {}", named()), e))?;
+    let mut writer = cache.writer(&digest, size)?;
+    let problem = loop {
+        match stream.next().await {
+            None => break None,
+            Some(Ok(piece)) => {
+                if let Err(p) = writer.write(&piece) {
+                    break Some(p);
+                }
+            }
+            // oci-client checks the digest too and fails at the end; with
+            // every byte here our own check below names the blob.
+            Some(Err(_)) if writer.written() == size => break None,
+            Some(Err(e)) => break Some(BlobProblem::Io(e)),
+        }
+    };
+    let result = match problem {
+        Some(p) => Err(p),
+        None => writer.finish(),
+    };
+    match result {
+        Ok(()) => Ok((true, size)),
+        Err(p @ (BlobProblem::Mismatch { .. } | BlobProblem::TooLong { .. })) => {
+            Err(RegistryError::Damaged(format!("pull: {} {p}", named())))
+        }
+        Err(p) => Err(RegistryError::Registry {
+            context: format!("pull: {}", named()),
+            message: p.to_string(),
+        }),
+    }
+}
+
+/// Reassembles the files from the cache into a staging folder, checks them
+/// against the manifest's content digests, seals and publishes.
+fn assemble_and_publish(
+    root: &Path,
+    cache: &BlobCache,
+    config: &ArtifactConfig,
+    mut manifest: Manifest,
+    threads: usize,
+) -> Result<()> {
+    let name = manifest.name.clone();
+    let _lock = ArtifactLock::exclusive(root, &name)?;
+    let staging = Staging::new(root, &name)?;
+    for f in &config.files {
+        let dest = staging.dir.join(&f.path);
+        let parent = dest.parent().expect("a checked path has a folder");
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| RegistryError::io(format!("pull: create {}", parent.display()), e))?;
+        let mut out = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&dest)
+            .map_err(|e| RegistryError::io(format!("pull: create {}", dest.display()), e))?;
+        for c in &f.chunks {
+            let src = cache.path(c);
+            let mut input = File::options()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&src)
+                .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
+            std::io::copy(&mut input, &mut out)
+                .map_err(|e| RegistryError::io(format!("pull: write {}", dest.display()), e))?;
+        }
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(f.mode & 0o755))
+            .map_err(|e| RegistryError::io(format!("pull: chmod {}", dest.display()), e))?;
+    }
+    content::verify(&staging.dir, &manifest.contents, threads)?;
+    let key = HostKey::load_or_create(root)?;
+    manifest.seal(&key);
+    staging.publish(root, &manifest)?;
+    Ok(())
+}

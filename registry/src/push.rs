@@ -1,0 +1,249 @@
+//! `vsnap push NAME REF`: an artifact of this host into a registry.
+//!
+//! Under the artifact's shared lock (no writer replaces or removes it
+//! meanwhile): the manifest must verify with this host's key and every file
+//! its content digests (a damaged artifact is never spread); the files are
+//! cut by content, the chunks the registry lacks (HEAD) are uploaded a few
+//! at a time, then the config blob and the manifest, tagged as REF says.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use futures_util::{StreamExt, TryStreamExt};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use serde::Serialize;
+use vsnap_artifact::{content, ArtifactLock, Manifest};
+
+use crate::chunking::{chunk_file, PARAMS};
+use crate::error::{RegistryError, Result};
+use crate::index::{ArtifactConfig, FileEntry};
+use crate::remote::Remote;
+use crate::{sha256_digest, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST};
+
+pub struct PushOptions {
+    /// Uploads in flight at once.
+    pub jobs: usize,
+    /// Threads hashing the artifact's files before anything is sent.
+    pub verify_threads: usize,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        PushOptions {
+            jobs: 4,
+            verify_threads: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PushReport {
+    pub name: String,
+    pub reference: String,
+    /// The OCI manifest's digest: `REPO@DIGEST` pulls exactly this.
+    pub digest: String,
+    pub files: usize,
+    /// Bytes of the artifact's files.
+    pub bytes: u64,
+    /// Chunks of all files, and the distinct ones (the layers).
+    pub chunks: usize,
+    pub unique_chunks: usize,
+    pub unique_bytes: u64,
+    /// Layers sent, and those the registry already had.
+    pub uploaded: usize,
+    pub uploaded_bytes: u64,
+    pub skipped: usize,
+    pub skipped_bytes: u64,
+}
+
+/// Where one layer's bytes are read from.
+#[derive(Clone)]
+struct Source {
+    path: PathBuf,
+    offset: u64,
+    len: u64,
+}
+
+pub async fn push(root: &Path, name: &str, remote: &Remote, opts: &PushOptions) -> Result<PushReport> {
+    vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
+    if remote.reference.digest().is_some() {
+        return Err(RegistryError::Invalid(format!(
+            "push: {}: name a tag, not a digest",
+            remote.name()
+        )));
+    }
+    let _lock = ArtifactLock::shared(root, name)?;
+    let (manifest, files, layers) = {
+        let (root, name, threads) = (root.to_path_buf(), name.to_string(), opts.verify_threads);
+        tokio::task::spawn_blocking(move || describe(&root, &name, threads))
+            .await
+            .expect("the describing thread does not panic")?
+    };
+    let config = ArtifactConfig::new(&manifest, PARAMS, files);
+    let mut report = PushReport {
+        name: name.to_string(),
+        reference: remote.name(),
+        digest: String::new(),
+        files: config.files.len(),
+        bytes: config.files.iter().map(|f| f.size).sum(),
+        chunks: config.files.iter().map(|f| f.chunks.len()).sum(),
+        unique_chunks: layers.len(),
+        unique_bytes: layers.values().map(|s| s.len).sum(),
+        uploaded: 0,
+        uploaded_bytes: 0,
+        skipped: 0,
+        skipped_bytes: 0,
+    };
+    remote.login(oci_client::RegistryOperation::Push).await?;
+
+    let uploads: Vec<(bool, u64)> = futures_util::stream::iter(layers.iter())
+        .map(|(digest, source)| upload(remote, digest, source))
+        .buffer_unordered(opts.jobs.max(1))
+        .try_collect()
+        .await?;
+    for (sent, len) in uploads {
+        if sent {
+            report.uploaded += 1;
+            report.uploaded_bytes += len;
+        } else {
+            report.skipped += 1;
+            report.skipped_bytes += len;
+        }
+    }
+
+    let config_bytes = config.to_bytes();
+    let config_digest = sha256_digest(&config_bytes);
+    if !blob_exists(remote, &config_digest).await? {
+        send_blob(remote, &config_digest, config_bytes.clone(), "the artifact config").await?;
+    }
+    let oci = OciImageManifest {
+        schema_version: 2,
+        media_type: Some(OCI_MANIFEST.into()),
+        artifact_type: Some(ARTIFACT_TYPE.into()),
+        config: OciDescriptor {
+            media_type: CONFIG_MEDIA_TYPE.into(),
+            digest: config_digest,
+            size: config_bytes.len() as i64,
+            ..Default::default()
+        },
+        layers: layers
+            .iter()
+            .map(|(digest, s)| OciDescriptor {
+                media_type: CHUNK_MEDIA_TYPE.into(),
+                digest: digest.clone(),
+                size: s.len as i64,
+                ..Default::default()
+            })
+            .collect(),
+        subject: None,
+        annotations: Some(
+            [(
+                "org.opencontainers.image.title".to_string(),
+                manifest.name.clone(),
+            )]
+            .into(),
+        ),
+    };
+    let body = serde_json::to_vec(&oci).expect("a manifest serializes");
+    report.digest = sha256_digest(&body);
+    remote
+        .client
+        .push_manifest_raw(
+            &remote.reference,
+            body,
+            OCI_MANIFEST.parse().expect("a header value"),
+        )
+        .await
+        .map_err(|e| RegistryError::registry(format!("push: manifest {}", remote.name()), e))?;
+    Ok(report)
+}
+
+/// Checks the artifact and cuts its files: the manifest, the file index and
+/// every distinct chunk with where to read it (first occurrence), in order.
+fn describe(
+    root: &Path,
+    name: &str,
+    threads: usize,
+) -> Result<(Manifest, Vec<FileEntry>, BTreeMap<String, Source>)> {
+    let manifest = Manifest::load_verified(root, name)?;
+    let dir = vsnap_artifact::path(root, name);
+    content::verify(&dir, &manifest.contents, threads)?;
+    let mut files = Vec::new();
+    let mut layers: BTreeMap<String, Source> = BTreeMap::new();
+    for (rel, recorded) in &manifest.contents {
+        let path = dir.join(rel);
+        let (pieces, size) = chunk_file(&path, PARAMS)
+            .map_err(|e| RegistryError::io(format!("push: read {}", path.display()), e))?;
+        if size != recorded.size {
+            return Err(RegistryError::Damaged(format!(
+                "{}: {rel} changed while it was read",
+                dir.display()
+            )));
+        }
+        let mode = std::fs::symlink_metadata(&path)
+            .map_err(|e| RegistryError::io(format!("push: stat {}", path.display()), e))?
+            .mode()
+            & 0o777;
+        let mut chunks = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            layers.entry(p.digest.clone()).or_insert(Source {
+                path: path.clone(),
+                offset: p.offset,
+                len: p.len,
+            });
+            chunks.push(p.digest);
+        }
+        files.push(FileEntry {
+            path: rel.clone(),
+            mode,
+            size,
+            chunks,
+        });
+    }
+    Ok((manifest, files, layers))
+}
+
+/// Sends one chunk unless the registry has it; returns (sent, bytes).
+async fn upload(remote: &Remote, digest: &str, source: &Source) -> Result<(bool, u64)> {
+    if blob_exists(remote, digest).await? {
+        return Ok((false, source.len));
+    }
+    let s = source.clone();
+    let bytes = tokio::task::spawn_blocking(move || read_range(&s))
+        .await
+        .expect("the reading thread does not panic")?;
+    send_blob(remote, digest, bytes, &source.path.display().to_string()).await?;
+    Ok((true, source.len))
+}
+
+pub(crate) async fn blob_exists(remote: &Remote, digest: &str) -> Result<bool> {
+    remote
+        .client
+        .blob_exists(&remote.reference, digest)
+        .await
+        .map_err(|e| RegistryError::registry(format!("push: HEAD blob {digest}"), e))
+}
+
+/// Uploads `bytes` as blob `digest` (the registry checks the digest).
+pub(crate) async fn send_blob(remote: &Remote, digest: &str, bytes: Vec<u8>, what: &str) -> Result<()> {
+    remote
+        .client
+        .push_blob(&remote.reference, bytes, digest)
+        .await
+        .map(|_| ())
+        .map_err(|e| RegistryError::registry(format!("push: blob {digest} ({what})"), e))
+}
+
+fn read_range(s: &Source) -> Result<Vec<u8>> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&s.path)
+        .map_err(|e| RegistryError::io(format!("push: open {}", s.path.display()), e))?;
+    let mut buf = vec![0u8; s.len as usize];
+    file.read_exact_at(&mut buf, s.offset)
+        .map_err(|e| RegistryError::io(format!("push: read {}", s.path.display()), e))?;
+    Ok(buf)
+}
