@@ -264,7 +264,8 @@ impl RuntimeConfig {
 
 impl RegistryConfig {
     fn validate(&self, host: &str) -> Result<(), String> {
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
+        let ok_char =
+            |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
         if host.is_empty() || !host.chars().all(ok_char) {
             return Err("not a registry host[:port] (no scheme, no path)".into());
         }
@@ -371,14 +372,25 @@ mod tests {
         )
         .unwrap();
         assert!(c.registries["127.0.0.1:5000"].plain_http);
-        assert_eq!(c.registries["reg.example:443"].username.as_deref(), Some("ci"));
+        assert_eq!(
+            c.registries["reg.example:443"].username.as_deref(),
+            Some("ci")
+        );
         for (body, named) in [
-            ("[registries.\"r:1\"]\nusername = \"u\"\n", "username without password_file"),
+            (
+                "[registries.\"r:1\"]\nusername = \"u\"\n",
+                "username without password_file",
+            ),
             ("[registries.\"r:1\"]\npassword = \"p\"\n", "password"),
             ("[registries.\"https://r\"]\n", "no scheme"),
-            ("[registries.\"r\"]\nusername = \"u\"\npassword_file = \"pw\"\n", "absolute"),
+            (
+                "[registries.\"r\"]\nusername = \"u\"\npassword_file = \"pw\"\n",
+                "absolute",
+            ),
         ] {
-            let err = RuntimeConfig::parse(body, "inline").unwrap_err().to_string();
+            let err = RuntimeConfig::parse(body, "inline")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(named), "{body}: {err}");
         }
     }

@@ -45,7 +45,8 @@ impl BlobCache {
     }
 
     pub fn path(&self, digest: &str) -> PathBuf {
-        self.dir.join(sha256_hex(digest).expect("a checked sha256 digest"))
+        self.dir
+            .join(sha256_hex(digest).expect("a checked sha256 digest"))
     }
 
     /// Whether a complete blob of `digest` and `size` is cached and still
@@ -66,7 +67,8 @@ impl BlobCache {
             .map_err(|e| RegistryError::io(format!("stat {}", path.display()), e))?;
         let intact = md.is_file()
             && md.len() == size
-            && hash_file(file).map_err(|e| RegistryError::io(format!("read {}", path.display()), e))?
+            && hash_file(file)
+                .map_err(|e| RegistryError::io(format!("read {}", path.display()), e))?
                 == digest;
         if !intact {
             let _ = std::fs::remove_file(&path);
@@ -146,11 +148,18 @@ pub struct BlobWriter {
 #[derive(Debug)]
 pub enum BlobProblem {
     /// More bytes than its descriptor's size.
-    TooLong { size: u64 },
+    TooLong {
+        size: u64,
+    },
     /// All its bytes, and they hash to `got`.
-    Mismatch { got: String },
+    Mismatch {
+        got: String,
+    },
     /// Fewer bytes than its size.
-    Short { written: u64, size: u64 },
+    Short {
+        written: u64,
+        size: u64,
+    },
     Io(std::io::Error),
 }
 
@@ -158,8 +167,12 @@ impl std::fmt::Display for BlobProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BlobProblem::TooLong { size } => write!(f, "holds more than its {size} bytes"),
-            BlobProblem::Mismatch { got } => write!(f, "does not match its digest (the bytes hash to {got})"),
-            BlobProblem::Short { written, size } => write!(f, "ended after {written} of {size} bytes"),
+            BlobProblem::Mismatch { got } => {
+                write!(f, "does not match its digest (the bytes hash to {got})")
+            }
+            BlobProblem::Short { written, size } => {
+                write!(f, "ended after {written} of {size} bytes")
+            }
             BlobProblem::Io(e) => write!(f, "{e}"),
         }
     }
@@ -226,7 +239,11 @@ mod tests {
         let mut w = cache.writer(&digest, 10).unwrap();
         w.write(&data[..4]).unwrap();
         drop(w);
-        assert_eq!(std::fs::read_dir(&cache.dir).unwrap().count(), 0, "a dropped part is removed");
+        assert_eq!(
+            std::fs::read_dir(&cache.dir).unwrap().count(),
+            0,
+            "a dropped part is removed"
+        );
 
         let mut w = cache.writer(&digest, 10).unwrap();
         w.write(b"some PAGES").unwrap();
@@ -235,12 +252,18 @@ mod tests {
         assert!(!cache.path(&digest).exists());
 
         let mut w = cache.writer(&digest, 10).unwrap();
-        assert!(matches!(w.write(b"some pages!"), Err(BlobProblem::TooLong { .. })));
+        assert!(matches!(
+            w.write(b"some pages!"),
+            Err(BlobProblem::TooLong { .. })
+        ));
         drop(w);
 
         let mut w = cache.writer(&digest, 10).unwrap();
         w.write(&data[..3]).unwrap();
-        assert!(matches!(w.finish(), Err(BlobProblem::Short { written: 3, .. })));
+        assert!(matches!(
+            w.finish(),
+            Err(BlobProblem::Short { written: 3, .. })
+        ));
 
         let mut w = cache.writer(&digest, 10).unwrap();
         w.write(&data).unwrap();
@@ -256,11 +279,16 @@ mod tests {
         let digest = sha256_digest(b"abc");
         std::fs::write(cache.path(&digest), b"abd").unwrap();
         assert!(!cache.holds(&digest, 3).unwrap());
-        assert!(!cache.path(&digest).exists(), "removed, to be fetched again");
+        assert!(
+            !cache.path(&digest).exists(),
+            "removed, to be fetched again"
+        );
         let hex = sha256_hex(&digest).unwrap();
         // A pid past the kernel's limit is dead; our own pid is alive.
         let dead = cache.dir.join(format!("{hex}.part-999999999-0"));
-        let ours = cache.dir.join(format!("{hex}.part-{}-77", std::process::id()));
+        let ours = cache
+            .dir
+            .join(format!("{hex}.part-{}-77", std::process::id()));
         std::fs::write(&dead, b"x").unwrap();
         std::fs::write(&ours, b"x").unwrap();
         BlobCache::open(root.path()).unwrap();

@@ -78,7 +78,10 @@ pub fn chunk_file(path: &Path, params: Params) -> std::io::Result<(Vec<Piece>, u
         return Err(std::io::Error::other("not a regular file"));
     }
     // Read no further than the size it has now: the caller compares sizes.
-    let pieces = chunk_reader(std::io::BufReader::with_capacity(1 << 20, file.take(md.len())), params)?;
+    let pieces = chunk_reader(
+        std::io::BufReader::with_capacity(1 << 20, file.take(md.len())),
+        params,
+    )?;
     Ok((pieces, md.len()))
 }
 

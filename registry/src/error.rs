@@ -37,7 +37,10 @@ impl RegistryError {
 
     /// A client error, with the registry's own message (never credentials:
     /// oci-client's errors carry URLs and status, not the auth header).
-    pub fn registry(context: impl Into<String>, e: oci_client::errors::OciDistributionError) -> Self {
+    pub fn registry(
+        context: impl Into<String>,
+        e: oci_client::errors::OciDistributionError,
+    ) -> Self {
         RegistryError::Registry {
             context: context.into(),
             message: e.to_string(),

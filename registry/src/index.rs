@@ -220,7 +220,10 @@ mod tests {
             },
         ];
         let layers = [(d(1), 10), (d(2), 10), (d(3), 2)].into_iter().collect();
-        (ArtifactConfig::new(&m, crate::chunking::PARAMS, files), layers)
+        (
+            ArtifactConfig::new(&m, crate::chunking::PARAMS, files),
+            layers,
+        )
     }
 
     #[test]
@@ -236,18 +239,60 @@ mod tests {
 
     #[test]
     fn escaping_paths_foreign_chunks_and_wrong_sizes_are_refused() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut ArtifactConfig, &mut BTreeMap<String, u64>)>)> = vec![
-            ("not one of", Box::new(|c, _| c.files[0].path = "work/x".into())),
-            ("'..'", Box::new(|c, _| c.files[0].path = "control/../../etc".into())),
-            ("is absolute", Box::new(|c, _| c.files[0].path = "/etc".into())),
-            ("not a file inside", Box::new(|c, _| c.files[0].path = "images".into())),
-            ("is not a layer", Box::new(|c, _| c.files[1].chunks[1] = d(9))),
-            ("chunks hold 20 bytes", Box::new(|c, _| { c.files[1].chunks.pop(); })),
-            ("belongs to no file", Box::new(|_, l| { l.insert(d(7), 1); })),
-            ("has no entry", Box::new(|c, _| { c.files.remove(0); })),
-            ("listed twice", Box::new(|c, _| { let f = c.files[1].clone(); c.files.push(f); })),
+        let cases: Vec<(
+            &str,
+            Box<dyn Fn(&mut ArtifactConfig, &mut BTreeMap<String, u64>)>,
+        )> = vec![
+            (
+                "not one of",
+                Box::new(|c, _| c.files[0].path = "work/x".into()),
+            ),
+            (
+                "'..'",
+                Box::new(|c, _| c.files[0].path = "control/../../etc".into()),
+            ),
+            (
+                "is absolute",
+                Box::new(|c, _| c.files[0].path = "/etc".into()),
+            ),
+            (
+                "not a file inside",
+                Box::new(|c, _| c.files[0].path = "images".into()),
+            ),
+            (
+                "is not a layer",
+                Box::new(|c, _| c.files[1].chunks[1] = d(9)),
+            ),
+            (
+                "chunks hold 20 bytes",
+                Box::new(|c, _| {
+                    c.files[1].chunks.pop();
+                }),
+            ),
+            (
+                "belongs to no file",
+                Box::new(|_, l| {
+                    l.insert(d(7), 1);
+                }),
+            ),
+            (
+                "has no entry",
+                Box::new(|c, _| {
+                    c.files.remove(0);
+                }),
+            ),
+            (
+                "listed twice",
+                Box::new(|c, _| {
+                    let f = c.files[1].clone();
+                    c.files.push(f);
+                }),
+            ),
             ("host MAC", Box::new(|c, _| c.manifest["mac"] = "ab".into())),
-            ("the manifest says 30", Box::new(|c, _| c.files[1].size = 31)),
+            (
+                "the manifest says 30",
+                Box::new(|c, _| c.files[1].size = 31),
+            ),
         ];
         for (want, edit) in cases {
             let (mut c, mut layers) = good();

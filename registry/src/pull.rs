@@ -25,7 +25,9 @@ use crate::cache::{BlobCache, BlobProblem};
 use crate::error::{RegistryError, Result};
 use crate::index::{ArtifactConfig, CONFIG_LIMIT};
 use crate::remote::Remote;
-use crate::{sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST};
+use crate::{
+    sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST,
+};
 
 pub struct PullOptions {
     /// Downloads in flight at once.
@@ -64,7 +66,12 @@ pub struct PullReport {
 /// Most bytes an OCI manifest may hold (4 MiB, as registries limit them).
 const MANIFEST_LIMIT: usize = 4 << 20;
 
-pub async fn pull(root: &Path, name: Option<&str>, remote: &Remote, opts: &PullOptions) -> Result<PullReport> {
+pub async fn pull(
+    root: &Path,
+    name: Option<&str>,
+    remote: &Remote,
+    opts: &PullOptions,
+) -> Result<PullReport> {
     if let Some(name) = name {
         vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
     }
@@ -95,7 +102,10 @@ pub async fn pull(root: &Path, name: Option<&str>, remote: &Remote, opts: &PullO
     let cache = BlobCache::open(root)?;
     let fetched: Vec<(bool, u64)> = futures_util::stream::iter(oci.layers.iter())
         .map(|layer| {
-            let files = owners.get(layer.digest.as_str()).map(|o| o.join(", ")).unwrap_or_default();
+            let files = owners
+                .get(layer.digest.as_str())
+                .map(|o| o.join(", "))
+                .unwrap_or_default();
             fetch_chunk(remote, &cache, layer, files)
         })
         .buffer_unordered(opts.jobs.max(1))
@@ -152,7 +162,9 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
         .await
         .map_err(|e| RegistryError::registry(what.clone(), e))?;
     if bytes.len() > MANIFEST_LIMIT {
-        return Err(RegistryError::Invalid(format!("{what}: the manifest is larger than 4 MiB")));
+        return Err(RegistryError::Invalid(format!(
+            "{what}: the manifest is larger than 4 MiB"
+        )));
     }
     let digest = sha256_digest(&bytes);
     if let Some(want) = remote.reference.digest() {
@@ -191,7 +203,12 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
 }
 
 /// A small blob into memory, bounded and digest-checked.
-pub async fn fetch_small(remote: &Remote, desc: &OciDescriptor, limit: u64, what: &str) -> Result<Vec<u8>> {
+pub async fn fetch_small(
+    remote: &Remote,
+    desc: &OciDescriptor,
+    limit: u64,
+    what: &str,
+) -> Result<Vec<u8>> {
     if desc.size < 0 || desc.size as u64 > limit {
         return Err(RegistryError::Invalid(format!(
             "pull: {what} {} is {} bytes, more than {limit}",
@@ -215,7 +232,10 @@ pub async fn fetch_small(remote: &Remote, desc: &OciDescriptor, limit: u64, what
             // oci-client's own digest check fails at the end: ours names it.
             Err(_) if bytes.len() as u64 == desc.size as u64 => break,
             Err(e) => {
-                return Err(RegistryError::io(format!("pull: {what} {}", desc.digest), e));
+                return Err(RegistryError::io(
+                    format!("pull: {what} {}", desc.digest),
+                    e,
+                ));
             }
         }
     }
@@ -235,7 +255,12 @@ async fn fetch_config(remote: &Remote, desc: &OciDescriptor) -> Result<ArtifactC
 }
 
 /// One chunk into the cache unless it holds it; returns (fetched, bytes).
-async fn fetch_chunk(remote: &Remote, cache: &BlobCache, layer: &OciDescriptor, files: String) -> Result<(bool, u64)> {
+async fn fetch_chunk(
+    remote: &Remote,
+    cache: &BlobCache,
+    layer: &OciDescriptor,
+    files: String,
+) -> Result<(bool, u64)> {
     let size = layer.size as u64;
     let digest = layer.digest.clone();
     let held = {

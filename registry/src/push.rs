@@ -66,7 +66,12 @@ struct Source {
     len: u64,
 }
 
-pub async fn push(root: &Path, name: &str, remote: &Remote, opts: &PushOptions) -> Result<PushReport> {
+pub async fn push(
+    root: &Path,
+    name: &str,
+    remote: &Remote,
+    opts: &PushOptions,
+) -> Result<PushReport> {
     vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
     if remote.reference.digest().is_some() {
         return Err(RegistryError::Invalid(format!(
@@ -116,7 +121,13 @@ pub async fn push(root: &Path, name: &str, remote: &Remote, opts: &PushOptions) 
     let config_bytes = config.to_bytes();
     let config_digest = sha256_digest(&config_bytes);
     if !blob_exists(remote, &config_digest).await? {
-        send_blob(remote, &config_digest, config_bytes.clone(), "the artifact config").await?;
+        send_blob(
+            remote,
+            &config_digest,
+            config_bytes.clone(),
+            "the artifact config",
+        )
+        .await?;
     }
     let oci = OciImageManifest {
         schema_version: 2,
@@ -227,7 +238,12 @@ pub(crate) async fn blob_exists(remote: &Remote, digest: &str) -> Result<bool> {
 }
 
 /// Uploads `bytes` as blob `digest` (the registry checks the digest).
-pub(crate) async fn send_blob(remote: &Remote, digest: &str, bytes: Vec<u8>, what: &str) -> Result<()> {
+pub(crate) async fn send_blob(
+    remote: &Remote,
+    digest: &str,
+    bytes: Vec<u8>,
+    what: &str,
+) -> Result<()> {
     remote
         .client
         .push_blob(&remote.reference, bytes, digest)

@@ -11,6 +11,7 @@ pub mod cri;
 pub mod engine;
 pub mod events;
 pub mod image;
+pub mod registry;
 pub mod snapshot_env;
 
 pub use cmd::{run, CmdOutput};

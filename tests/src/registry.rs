@@ -1,0 +1,182 @@
+//! A private OCI registry for one test: Debian's docker-registry (the
+//! distribution registry 2.8, installed by scripts/setup.sh) serving from the
+//! test's scratch folder on 127.0.0.1 and a free port, started and stopped
+//! by its pid; and a throttling TCP proxy in front of it, a slow link that
+//! lets a test act while a pull is under way.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::engine::free_port;
+
+pub struct Registry {
+    pub dir: PathBuf,
+    pub port: u16,
+    child: Child,
+}
+
+impl Registry {
+    /// Starts `docker-registry serve` with its storage in `dir/registry`.
+    pub fn start(dir: &Path) -> Self {
+        let dir = dir.join("registry");
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let port = free_port();
+        let config = dir.join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.join("data").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start docker-registry (run scripts/setup.sh)");
+        let r = Registry { dir, port, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !r.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not come up: {}",
+                r.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r
+    }
+
+    /// `GET /v2/` answers 200.
+    fn answers(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.write_all(b"GET /v2/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+    }
+
+    /// `127.0.0.1:<port>`, as a reference names it.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default()
+    }
+
+    /// The file holding blob `digest` in the registry's storage.
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        self.dir
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    /// Bytes of all blobs the registry stores.
+    pub fn stored_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(md) = std::fs::symlink_metadata(p) else {
+                return 0;
+            };
+            if md.is_dir() {
+                std::fs::read_dir(p)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| walk(&e.path()))
+                    .sum()
+            } else {
+                md.len()
+            }
+        }
+        walk(&self.dir.join("data/docker/registry/v2/blobs"))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy to `127.0.0.1:<target>` that sends what the target answers
+/// at most `rate` bytes per second per connection. Stopped on drop.
+pub struct SlowProxy {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl SlowProxy {
+    pub fn start(target: u16, rate: u64) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                            continue;
+                        };
+                        let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                        std::thread::spawn(move || pump(client, server, None));
+                        std::thread::spawn(move || pump(s2, c2, Some(rate)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        SlowProxy { port, stop }
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to`, at most `rate` bytes per second when given.
+fn pump(mut from: TcpStream, mut to: TcpStream, rate: Option<u64>) {
+    let mut buf = vec![0u8; 16 << 10];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        sent += n as u64;
+        if let Some(rate) = rate {
+            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
