@@ -2,6 +2,7 @@
 //! vsnap-registry (docs/fleet.md). Credentials come from the runtime
 //! config's `[registries."host:port"]`, never from the command line.
 
+use vsnap_artifact::signature::{FleetSigner, TrustedKeys};
 use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
 
 use crate::units::human_size;
@@ -25,9 +26,14 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> Outcome {
     crate::store::check_name(name)?;
     let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let signer = match &ctx.config.fleet_signing_key {
+        Some(path) => Some(FleetSigner::load(path).map_err(|e| format!("fleet_signing_key: {e}"))?),
+        None => None,
+    };
     let opts = PushOptions {
         jobs,
         verify_threads: hashing_threads(),
+        signer,
     };
     let result = runtime()?.block_on(vsnap_registry::push(&ctx.root, name, &remote, &opts));
     match result {
@@ -37,10 +43,14 @@ pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> 
         }
         Ok(r) => {
             emit(&format!(
-                "pushed {} to {}\ndigest:  {}\nfiles:   {} ({})\nchunks:  {} ({} distinct, {})\nsent:    {} chunks ({}); {} the registry had ({})\n",
+                "pushed {} to {}\ndigest:  {}\nsigned:  {}\nfiles:   {} ({})\nchunks:  {} ({} distinct, {})\nsent:    {} chunks ({}); {} the registry had ({})\n",
                 r.name,
                 r.reference,
                 r.digest,
+                match (&r.signed_by, &r.signature_tag) {
+                    (Some(key), Some(tag)) => format!("by {key} (tag {tag})"),
+                    _ => "no (no fleet_signing_key configured)".to_string(),
+                },
                 r.files,
                 human_size(r.bytes),
                 r.chunks,
@@ -62,9 +72,12 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         crate::store::check_name(name)?;
     }
     let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let trusted = TrustedKeys::load(&ctx.config.fleet_trusted_keys)
+        .map_err(|e| format!("fleet_trusted_keys: {e}"))?;
     let opts = PullOptions {
         jobs,
         verify_threads: hashing_threads(),
+        trusted,
     };
     let result = runtime()?.block_on(vsnap_registry::pull(&ctx.root, name, &remote, &opts));
     match result {
@@ -74,11 +87,12 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         }
         Ok(r) => {
             emit(&format!(
-                "pulled {} as {} ({})\ndigest:  {}\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\n",
+                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\n",
                 r.reference,
                 r.name,
                 r.path,
                 r.digest,
+                r.signed_by,
                 r.files,
                 human_size(r.bytes),
                 r.chunks,
@@ -97,7 +111,10 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
 /// registry, network, credentials or I/O failure ends the command (2).
 fn failed(message: String, e: &RegistryError) -> Outcome {
     match e {
-        RegistryError::Damaged(_) | RegistryError::Invalid(_) | RegistryError::Artifact(_) => {
+        RegistryError::Damaged(_)
+        | RegistryError::Invalid(_)
+        | RegistryError::Untrusted(_)
+        | RegistryError::Artifact(_) => {
             crate::warn(&message);
             Ok(FAILED)
         }

@@ -12,6 +12,9 @@ pub enum RegistryError {
     /// A blob's bytes do not match its digest (or size).
     #[error("damaged: {0}")]
     Damaged(String),
+    /// Not signed by a trusted fleet key (says which, and why).
+    #[error("{0}")]
+    Untrusted(String),
     /// The runtime config's credentials cannot be used.
     #[error("{0}")]
     Credentials(String),

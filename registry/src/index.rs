@@ -174,7 +174,8 @@ mod tests {
         // host and workload: whatever their defaults serialize to.
         let mut m: serde_json::Value = v;
         let key_dir = tempfile::tempdir().unwrap();
-        let key = vsnap_artifact::HostKey::load_or_create(key_dir.path()).unwrap();
+        vsnap_artifact::HostKey::load_or_create(key_dir.path()).unwrap();
+        let key = vsnap_artifact::FingerprintKey::load(key_dir.path(), None).unwrap();
         m["host"] = serde_json::to_value(vsnap_artifact::HostIdentity::probe(
             &vsnap_artifact::Tools::default(),
             "test",

@@ -21,6 +21,7 @@ pub mod index;
 pub mod pull;
 pub mod push;
 pub mod remote;
+pub mod signature;
 
 pub use error::{RegistryError, Result};
 pub use pull::{pull, PullOptions, PullReport};

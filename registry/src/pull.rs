@@ -19,6 +19,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde::Serialize;
 use vsnap_artifact::layout::Staging;
+use vsnap_artifact::manifest::Origin;
+use vsnap_artifact::signature::TrustedKeys;
 use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
 
 use crate::cache::{BlobCache, BlobProblem};
@@ -34,15 +36,9 @@ pub struct PullOptions {
     pub jobs: usize,
     /// Threads checking the reassembled files' content digests.
     pub verify_threads: usize,
-}
-
-impl Default for PullOptions {
-    fn default() -> Self {
-        PullOptions {
-            jobs: 4,
-            verify_threads: 2,
-        }
-    }
+    /// The fleet keys a pulled artifact must be signed by
+    /// (`fleet_trusted_keys`); none configured refuses every pull.
+    pub trusted: TrustedKeys,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +57,8 @@ pub struct PullReport {
     pub fetched_bytes: u64,
     pub reused: usize,
     pub reused_bytes: u64,
+    /// The trusted fleet key whose signature verified.
+    pub signed_by: String,
 }
 
 /// Most bytes an OCI manifest may hold (4 MiB, as registries limit them).
@@ -78,6 +76,15 @@ pub async fn pull(
     vsnap_artifact::ensure_root(root)?;
     remote.login(oci_client::RegistryOperation::Pull).await?;
     let (oci, digest) = resolve(remote).await?;
+    // Trust before content: nothing of an unsigned or untrusted artifact is
+    // fetched, not even its config.
+    let signature = crate::signature::fetch(remote, &digest).await?;
+    let signed_by = opts
+        .trusted
+        .verify(&crate::signature::payload(&digest), signature.as_ref())
+        .map_err(|e| {
+            RegistryError::Untrusted(format!("pull: {} ({digest}): {e}", remote.name()))
+        })?;
     let layers: BTreeMap<String, u64> = oci
         .layers
         .iter()
@@ -123,6 +130,7 @@ pub async fn pull(
         fetched_bytes: 0,
         reused: 0,
         reused_bytes: 0,
+        signed_by: signed_by.clone(),
     };
     for (was_fetched, len) in fetched {
         if was_fetched {
@@ -135,6 +143,14 @@ pub async fn pull(
     }
 
     manifest.name = name.clone();
+    manifest.origin = Some(Origin {
+        reference: remote.name(),
+        manifest_digest: report.digest.clone(),
+        signed_by: Some(signed_by),
+        pulled_at: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("a time formats"),
+    });
     let root = root.to_path_buf();
     let threads = opts.verify_threads;
     tokio::task::spawn_blocking(move || {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde::Serialize;
+use vsnap_artifact::signature::FleetSigner;
 use vsnap_artifact::{content, ArtifactLock, Manifest};
 
 use crate::chunking::{chunk_file, PARAMS};
@@ -27,6 +28,9 @@ pub struct PushOptions {
     pub jobs: usize,
     /// Threads hashing the artifact's files before anything is sent.
     pub verify_threads: usize,
+    /// The fleet key that signs the pushed manifest (`fleet_signing_key`);
+    /// None pushes it unsigned (hosts that require a signature refuse it).
+    pub signer: Option<FleetSigner>,
 }
 
 impl Default for PushOptions {
@@ -34,6 +38,7 @@ impl Default for PushOptions {
         PushOptions {
             jobs: 4,
             verify_threads: 2,
+            signer: None,
         }
     }
 }
@@ -56,6 +61,9 @@ pub struct PushReport {
     pub uploaded_bytes: u64,
     pub skipped: usize,
     pub skipped_bytes: u64,
+    /// The fleet key id that signed it, and the tag holding the signature.
+    pub signed_by: Option<String>,
+    pub signature_tag: Option<String>,
 }
 
 /// Where one layer's bytes are read from.
@@ -100,6 +108,8 @@ pub async fn push(
         uploaded_bytes: 0,
         skipped: 0,
         skipped_bytes: 0,
+        signed_by: None,
+        signature_tag: None,
     };
     remote.login(oci_client::RegistryOperation::Push).await?;
 
@@ -158,7 +168,16 @@ pub async fn push(
         ),
     };
     let body = serde_json::to_vec(&oci).expect("a manifest serializes");
+    let size = body.len();
     report.digest = sha256_digest(&body);
+    // The signature goes first: a host that pulls the tag the moment it
+    // moves finds the signature already there.
+    if let Some(signer) = &opts.signer {
+        let signature = signer.sign(&crate::signature::payload(&report.digest));
+        crate::signature::attach(remote, &report.digest, size, &signature).await?;
+        report.signed_by = Some(signature.key_id);
+        report.signature_tag = Some(crate::signature::tag(&report.digest));
+    }
     remote
         .client
         .push_manifest_raw(

@@ -40,11 +40,49 @@ fn allow(env: &Env, host: &str) {
     std::fs::write(&env.config, config).unwrap();
 }
 
+/// Puts top-level keys first in `env`'s runtime config (before any table).
+fn configure(env: &Env, lines: &str) {
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
+}
+
+/// A fleet key pair made with `vsnap key generate` in `env`'s folder:
+/// (private, public).
+fn key_pair(env: &Env, tag: &str) -> (String, String) {
+    let private = env.c.dir.join(format!("{tag}.key")).display().to_string();
+    let public = env.c.dir.join(format!("{tag}.pub")).display().to_string();
+    let out = vsnap(
+        env,
+        &[
+            "key",
+            "generate",
+            "--private",
+            &private,
+            "--public",
+            &public,
+        ],
+    );
+    assert!(out.ok(), "{out:?}");
+    (private, public)
+}
+
 /// Two hosts and the registry between them (dropped first: declared last).
+/// A signs what it pushes with the fleet key, B trusts it; both key the
+/// workload fingerprints with the fleet's shared fingerprint key.
 fn fleet(tag: &str) -> (Env, Env, Registry) {
     let a = setup(&format!("{tag}-a"));
     let b = setup(&format!("{tag}-b"));
     let registry = Registry::start(&a.c.dir);
+    let (private, public) = key_pair(&a, "fleet");
+    let shared = a.c.dir.join("fleet-fingerprint.key");
+    std::fs::write(&shared, [0x5au8; 32]).unwrap();
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let shared = format!("fleet_fingerprint_key = \"{}\"\n", shared.display());
+    configure(&a, &format!("fleet_signing_key = \"{private}\"\n{shared}"));
+    configure(
+        &b,
+        &format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"),
+    );
     allow(&a, &registry.host());
     allow(&b, &registry.host());
     (a, b, registry)
@@ -68,7 +106,10 @@ fn unsealed(bytes: &[u8]) -> Value {
 
 #[test]
 fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
-    let (a, b, registry) = fleet("fleet");
+    let (a, mut b, registry) = fleet("fleet");
+    // The same root filesystem path on both hosts (it is part of the
+    // workload's identity).
+    b.rootfs = a.rootfs.clone();
     let cold = HostEngine::start();
     let reference = answers(cold.port);
     let captured = a.create_good("donor", "ref", &[]);
@@ -76,24 +117,93 @@ fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
     let r = format!("{}/fleet/ref:v1", registry.host());
     let pushed = vsnap_json(&a, &["push", "ref", &r]);
     assert_eq!(pushed["uploaded"], pushed["unique_chunks"], "{pushed}");
+    assert!(pushed["signed_by"].is_string(), "{pushed}");
     let pulled = vsnap_json(&b, &["pull", &r]);
     assert_eq!(pulled["digest"], pushed["digest"], "{pulled}");
     assert_eq!(pulled["name"], "ref");
     assert_eq!(pulled["fetched"], pushed["unique_chunks"], "{pulled}");
+    assert_eq!(pulled["signed_by"], pushed["signed_by"], "{pulled}");
 
-    // The same artifact, sealed with B's key instead of A's.
+    // The same artifact, sealed with B's key instead of A's, and saying
+    // where it came from.
     let copied = std::fs::read(b.manifest("ref")).unwrap();
-    assert_eq!(unsealed(&copied), unsealed(&captured));
-    assert_ne!(copied, captured, "sealed with another key");
+    let mut origin = unsealed(&copied);
+    let origin = origin.as_object_mut().unwrap().remove("origin").unwrap();
+    assert_eq!(origin["manifest_digest"], pushed["digest"], "{origin}");
+    assert_eq!(origin["signed_by"], pushed["signed_by"], "{origin}");
+    assert_eq!(origin["reference"], r.as_str(), "{origin}");
+    let mut without_origin = unsealed(&copied);
+    without_origin.as_object_mut().unwrap().remove("origin");
+    assert_eq!(without_origin, unsealed(&captured));
     let verify = vsnap(&b, &["verify", "ref"]);
     assert!(
         verify.ok(),
         "B's own key verifies the pulled artifact: {verify:?}"
     );
     assert_eq!(cached_blobs(&b), 0, "the download cache is emptied");
-    // The restore on B comes with the fleet fingerprint key (fleet-trust):
-    // until then B's env HMACs (keyed with B's host key) differ from A's.
-    let _ = (reference, free_port);
+
+    let port = free_port();
+    let out = b.run("copy", "restore", "ref", port, &[]);
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(
+        answers(port),
+        reference,
+        "B's copy answers like a cold start"
+    );
+    b.remove("copy");
+}
+
+#[test]
+fn unsigned_and_untrusted_artifacts_are_refused_before_any_chunk_is_fetched() {
+    let (a, b, registry) = fleet("fleet-trust");
+    a.create_good("donor", "t", &[]);
+    let host = registry.host();
+    // A's config with another signing key line (or none).
+    let config = std::fs::read_to_string(&a.config).unwrap();
+    let signing = config.lines().next().unwrap().to_string();
+    let push_with = |tag: &str, signing_line: &str, r: &str| {
+        let path = a.c.dir.join(format!("{tag}.toml"));
+        std::fs::write(&path, config.replace(&signing, signing_line)).unwrap();
+        let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+        cmd.arg("--config")
+            .arg(&path)
+            .args(["push", "t", r, "--json"]);
+        let out = run(cmd, None, Duration::from_secs(300));
+        assert!(out.ok(), "{out:?}");
+        out.stdout
+    };
+
+    // Not signed at all. (A signature is of a manifest digest, so every tag
+    // of one manifest finds it: the unsigned push comes first.)
+    let r = format!("{host}/fleet/t:unsigned");
+    let pushed = push_with("unsigned", "", &r);
+    assert!(pushed.contains("\"signed_by\": null"), "{pushed}");
+    let out = vsnap(&b, &["pull", &r]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_has(&out.stderr, &["fleet signature", "not signed"]);
+
+    // Signed by a key B does not trust.
+    let (other, _) = key_pair(&a, "other");
+    let r = format!("{host}/fleet/t:rogue");
+    push_with("rogue", &format!("fleet_signing_key = \"{other}\""), &r);
+    let out = vsnap(&b, &["pull", &r]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["fleet signature", "which is not among the trusted keys"],
+    );
+
+    assert_eq!(
+        b.artifact_names(),
+        Vec::<String>::new(),
+        "nothing published"
+    );
+    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+    // Signed by the fleet key: the same artifact pulls.
+    let r = format!("{host}/fleet/t:good");
+    vsnap_json(&a, &["push", "t", &r]);
+    vsnap_json(&b, &["pull", &r]);
+    assert_eq!(b.artifact_names(), ["t"]);
 }
 
 #[test]

@@ -1,0 +1,171 @@
+//! Fleet signatures in a registry: where the signature of an artifact's OCI
+//! manifest lives, for a registry without the referrers API (a plain
+//! docker-registry 2.8 has none). The OCI tag-schema fallback: a manifest
+//! tagged `sha256-<hex of the signed digest>.sig` in the same repository,
+//! `artifactType` [`SIGNATURE_ARTIFACT_TYPE`], an empty config, one layer
+//! holding the [`FleetSignature`] JSON, and `subject` naming the signed
+//! manifest (for registries that do index referrers).
+//!
+//! What is signed is the OCI manifest's digest (`sha256:<hex>`): it fixes
+//! the config blob (the artifact's manifest, file index and chunk digests)
+//! and every chunk, so one signature covers every byte a pull accepts.
+
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use vsnap_artifact::signature::FleetSignature;
+
+use crate::error::{RegistryError, Result};
+use crate::push::{blob_exists, send_blob};
+use crate::remote::Remote;
+use crate::{sha256_digest, sha256_hex, OCI_MANIFEST};
+
+pub const SIGNATURE_ARTIFACT_TYPE: &str = "application/vnd.vsnap.signature.v1";
+pub const SIGNATURE_MEDIA_TYPE: &str = "application/vnd.vsnap.signature.v1+json";
+/// The OCI empty descriptor's media type and content.
+const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+const EMPTY: &[u8] = b"{}";
+/// A signature blob is a few hundred bytes.
+const SIGNATURE_LIMIT: u64 = 64 << 10;
+
+/// The bytes signed for the OCI manifest `digest`.
+pub fn payload(digest: &str) -> Vec<u8> {
+    digest.as_bytes().to_vec()
+}
+
+/// `sha256-<hex>.sig`: the tag holding the signature of `digest`.
+pub fn tag(digest: &str) -> String {
+    format!(
+        "sha256-{}.sig",
+        sha256_hex(digest).expect("a sha256 digest")
+    )
+}
+
+/// Stores `signature` of the manifest (`digest`, `size` bytes) beside it.
+pub async fn attach(
+    remote: &Remote,
+    digest: &str,
+    size: usize,
+    signature: &FleetSignature,
+) -> Result<()> {
+    let sig_bytes = serde_json::to_vec(signature).expect("a signature serializes");
+    let sig_digest = sha256_digest(&sig_bytes);
+    let empty_digest = sha256_digest(EMPTY);
+    for (d, bytes, what) in [
+        (&empty_digest, EMPTY.to_vec(), "the empty config"),
+        (&sig_digest, sig_bytes.clone(), "the signature"),
+    ] {
+        if !blob_exists(remote, d).await? {
+            send_blob(remote, d, bytes, what).await?;
+        }
+    }
+    let manifest = OciImageManifest {
+        schema_version: 2,
+        media_type: Some(OCI_MANIFEST.into()),
+        artifact_type: Some(SIGNATURE_ARTIFACT_TYPE.into()),
+        config: OciDescriptor {
+            media_type: EMPTY_MEDIA_TYPE.into(),
+            digest: empty_digest,
+            size: EMPTY.len() as i64,
+            ..Default::default()
+        },
+        layers: vec![OciDescriptor {
+            media_type: SIGNATURE_MEDIA_TYPE.into(),
+            digest: sig_digest,
+            size: sig_bytes.len() as i64,
+            ..Default::default()
+        }],
+        subject: Some(OciDescriptor {
+            media_type: OCI_MANIFEST.into(),
+            digest: digest.to_string(),
+            size: size as i64,
+            ..Default::default()
+        }),
+        annotations: None,
+    };
+    let at = at_tag(remote, digest);
+    remote
+        .client
+        .push_manifest_raw(
+            &at,
+            serde_json::to_vec(&manifest).expect("a manifest serializes"),
+            OCI_MANIFEST.parse().expect("a header value"),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| RegistryError::registry(format!("push: signature {}", at.whole()), e))
+}
+
+/// The signature stored for the manifest `digest`, or None when there is
+/// none. Anything at the signature's tag that is not one is an error.
+pub async fn fetch(remote: &Remote, digest: &str) -> Result<Option<FleetSignature>> {
+    let at = at_tag(remote, digest);
+    let what = format!("pull: signature {}", at.whole());
+    let bytes = match remote
+        .client
+        .pull_manifest_raw(&at, &remote.auth, &[OCI_MANIFEST])
+        .await
+    {
+        Ok((bytes, _)) => bytes,
+        Err(e) if not_found(&e) => return Ok(None),
+        Err(e) => return Err(RegistryError::registry(what, e)),
+    };
+    let manifest: OciImageManifest = serde_json::from_slice(&bytes)
+        .map_err(|e| RegistryError::Invalid(format!("{what}: not an OCI manifest: {e}")))?;
+    let layer = match manifest.layers.as_slice() {
+        [l] if manifest.artifact_type.as_deref() == Some(SIGNATURE_ARTIFACT_TYPE)
+            && l.media_type == SIGNATURE_MEDIA_TYPE =>
+        {
+            l
+        }
+        _ => {
+            return Err(RegistryError::Invalid(format!(
+                "{what}: not a vsnap signature (artifactType {:?})",
+                manifest.artifact_type.as_deref().unwrap_or("")
+            )))
+        }
+    };
+    if sha256_hex(&layer.digest).is_none() {
+        return Err(RegistryError::Invalid(format!(
+            "{what}: blob {} is not sha256",
+            layer.digest
+        )));
+    }
+    let blob = crate::pull::fetch_small(remote, layer, SIGNATURE_LIMIT, "signature blob").await?;
+    let signature: FleetSignature = serde_json::from_slice(&blob)
+        .map_err(|e| RegistryError::Invalid(format!("{what}: {e}")))?;
+    Ok(Some(signature))
+}
+
+/// The reference of the signature of `digest`, in REF's repository.
+fn at_tag(remote: &Remote, digest: &str) -> oci_client::Reference {
+    oci_client::Reference::with_tag(
+        remote.reference.registry().to_string(),
+        remote.reference.repository().to_string(),
+        tag(digest),
+    )
+}
+
+/// A 404: the manifest (or the whole repository) is not there.
+fn not_found(e: &OciDistributionError) -> bool {
+    match e {
+        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
+            )
+        }),
+        OciDistributionError::ServerError { code, .. } => *code == 404,
+        OciDistributionError::ImageManifestNotFoundError(_) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_signature_tag_follows_the_oci_tag_schema() {
+        let d = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(super::tag(&d), format!("sha256-{}.sig", "ab".repeat(32)));
+        assert_eq!(super::payload(&d), d.as_bytes());
+    }
+}
