@@ -238,12 +238,12 @@ mod tests {
         assert!(m.mac.is_empty());
     }
 
+    /// One damage done to a good description and its layers.
+    type Edit = Box<dyn Fn(&mut ArtifactConfig, &mut BTreeMap<String, u64>)>;
+
     #[test]
     fn escaping_paths_foreign_chunks_and_wrong_sizes_are_refused() {
-        let cases: Vec<(
-            &str,
-            Box<dyn Fn(&mut ArtifactConfig, &mut BTreeMap<String, u64>)>,
-        )> = vec![
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "not one of",
                 Box::new(|c, _| c.files[0].path = "work/x".into()),

@@ -1,0 +1,145 @@
+//! Benchmark: `vsnap pull` from a loopback registry against a raw copy of
+//! the same bytes, side by side in one run. One private containerd (host A)
+//! captures the reference engine with `BENCH_RESIDENT_MB` of memory (512 by
+//! default), `vsnap push` sends it to a docker-registry 2.8 on 127.0.0.1;
+//! then, alternating (ABAB), B pulls it (HTTP, sha256 of every chunk while it
+//! streams, the download cache, reassembly, the BLAKE3 content check, fsync
+//! and publish) and `cat` copies the registry's stored chunk files (the same
+//! bytes) into one file followed by `sync` of that file. Page cache warm for
+//! both (the registry's files were just written or read).
+//!
+//! Run by `scripts/bench-fleet.sh` (release builds). Environment:
+//! BENCH_RUNS (pairs, default 3), BENCH_RESIDENT_MB.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use vsnap_e2e::cmd::run;
+use vsnap_e2e::containerd::shim_binary;
+use vsnap_e2e::registry::Registry;
+use vsnap_e2e::snapshot_env::{setup, Env};
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn vsnap(env: &Env, args: &[&str]) -> serde_json::Value {
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config")
+        .arg(&env.config)
+        .args(args)
+        .arg("--json");
+    let out = run(cmd, None, Duration::from_secs(600));
+    assert!(out.ok(), "vsnap {args:?}: {out:?}");
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let runs = env_num("BENCH_RUNS", 3);
+    let resident = env_num("BENCH_RESIDENT_MB", 512);
+    let a = setup("bench-fleet-a");
+    let b = setup("bench-fleet-b");
+    let registry = Registry::start(&a.c.dir);
+    for e in [&a, &b] {
+        let mut config = std::fs::read_to_string(&e.config).unwrap();
+        config.push_str(&format!(
+            "[registries.\"{}\"]\nplain_http = true\n",
+            registry.host()
+        ));
+        std::fs::write(&e.config, config).unwrap();
+    }
+    // Signed as in a fleet: A signs, B trusts A's key.
+    let (private, public) = (a.c.dir.join("k"), a.c.dir.join("k.pub"));
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.args(["key", "generate", "--private"])
+        .arg(&private)
+        .arg("--public")
+        .arg(&public);
+    assert!(run(cmd, None, Duration::from_secs(30)).ok());
+    for (e, line) in [
+        (
+            &a,
+            format!("fleet_signing_key = \"{}\"\n", private.display()),
+        ),
+        (
+            &b,
+            format!("fleet_trusted_keys = [\"{}\"]\n", public.display()),
+        ),
+    ] {
+        let config = std::fs::read_to_string(&e.config).unwrap();
+        std::fs::write(&e.config, format!("{line}{config}")).unwrap();
+    }
+
+    let env = format!("VSNAP_ENGINE_RESIDENT_MB={resident}");
+    a.create_good("donor", "big", &[&env]);
+    let r = format!("{}/bench/big:v1", registry.host());
+    let t = Instant::now();
+    let pushed = vsnap(&a, &["push", "big", &r]);
+    let push_s = t.elapsed().as_secs_f64();
+    let bytes = pushed["bytes"].as_u64().unwrap();
+    eprintln!("pushed {bytes} bytes in {push_s:.2} s: {pushed}");
+
+    // The registry's chunk files: what a raw copy reads.
+    let blobs: Vec<String> =
+        std::fs::read_dir(registry.dir.join("data/docker/registry/v2/blobs/sha256"))
+            .unwrap()
+            .flatten()
+            .flat_map(|p| std::fs::read_dir(p.path()).unwrap().flatten())
+            .map(|d| d.path().join("data").display().to_string())
+            .collect();
+    let copy_to = b.c.dir.join("raw-copy");
+
+    let (mut pulls, mut copies) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        let name = format!("p{i}");
+        let t = Instant::now();
+        let pulled = vsnap(&b, &["pull", &r, &name]);
+        pulls.push(t.elapsed().as_secs_f64());
+        assert_eq!(pulled["reused"], 0, "{pulled}");
+        vsnap(&b, &["rm", &name]);
+
+        let t = Instant::now();
+        let script = format!(
+            "cat {} > {} && sync {}",
+            blobs.join(" "),
+            copy_to.display(),
+            copy_to.display()
+        );
+        assert!(Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap()
+            .success());
+        copies.push(t.elapsed().as_secs_f64());
+        std::fs::remove_file(&copy_to).unwrap();
+    }
+    let mb = bytes as f64 / (1 << 20) as f64;
+    println!(
+        "| {mb:.0} MiB artifact, {} chunks ({} distinct) | median of {runs} | MiB/s |",
+        pushed["chunks"], pushed["unique_chunks"]
+    );
+    println!("|---|---|---|");
+    let (p, c) = (median(pulls.clone()), median(copies.clone()));
+    println!(
+        "| `vsnap pull` (loopback registry, 4 parallel) | {p:.2} s | {:.0} |",
+        mb / p
+    );
+    println!(
+        "| `cat` of the registry's chunk files + `sync` | {c:.2} s | {:.0} |",
+        mb / c
+    );
+    println!("| pull / raw copy | {:.2}x | |", p / c);
+    println!(
+        "| `vsnap push` (first, every chunk sent) | {push_s:.2} s | {:.0} |",
+        mb / push_s
+    );
+    eprintln!("pull runs: {pulls:?}; copy runs: {copies:?}");
+}
