@@ -20,8 +20,8 @@ use crate::chunking::Params;
 use crate::error::{RegistryError, Result};
 
 pub const CONFIG_SCHEMA: u32 = 1;
-/// Most bytes a config blob may hold (a 1 TiB artifact in 4 MiB chunks
-/// indexes in about 20 MiB; a larger blob is not ours).
+/// Most bytes a config blob may hold (a 1 TiB artifact in 2 MiB chunks
+/// indexes in about 40 MiB; a larger blob is not ours).
 pub const CONFIG_LIMIT: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
