@@ -87,7 +87,7 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         }
         Ok(r) => {
             emit(&format!(
-                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\n",
+                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\ntime:    resolve {} ms, fetch {} ms, assemble {} ms, verify {} ms, publish {} ms\n",
                 r.reference,
                 r.name,
                 r.path,
@@ -100,6 +100,11 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
                 human_size(r.fetched_bytes),
                 r.reused,
                 human_size(r.reused_bytes),
+                r.timings_ms.resolve,
+                r.timings_ms.fetch,
+                r.timings_ms.assemble,
+                r.timings_ms.verify,
+                r.timings_ms.publish,
             ));
             Ok(OK)
         }

@@ -24,7 +24,7 @@ pub mod remote;
 pub mod signature;
 
 pub use error::{RegistryError, Result};
-pub use pull::{pull, PullOptions, PullReport};
+pub use pull::{pull, PullOptions, PullReport, PullTimings};
 pub use push::{push, PushOptions, PushReport};
 pub use remote::Remote;
 

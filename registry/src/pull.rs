@@ -59,6 +59,27 @@ pub struct PullReport {
     pub reused_bytes: u64,
     /// The trusted fleet key whose signature verified.
     pub signed_by: String,
+    /// Where the time went.
+    pub timings_ms: PullTimings,
+}
+
+/// Milliseconds of each phase of a pull.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PullTimings {
+    /// Manifest, signature and config.
+    pub resolve: u64,
+    /// Chunks into the download cache (and cached ones hashed again).
+    pub fetch: u64,
+    /// Files written in the staging folder from the cache.
+    pub assemble: u64,
+    /// The content digests of every file.
+    pub verify: u64,
+    /// fsync, seal, rename.
+    pub publish: u64,
+}
+
+fn ms(since: std::time::Instant) -> u64 {
+    since.elapsed().as_millis() as u64
 }
 
 /// Most bytes an OCI manifest may hold (4 MiB, as registries limit them).
@@ -74,6 +95,8 @@ pub async fn pull(
         vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
     }
     vsnap_artifact::ensure_root(root)?;
+    let started = std::time::Instant::now();
+    let mut timings = PullTimings::default();
     remote.login(oci_client::RegistryOperation::Pull).await?;
     let (oci, digest) = resolve(remote).await?;
     // Trust before content: nothing of an unsigned or untrusted artifact is
@@ -107,6 +130,8 @@ pub async fn pull(
         }
     }
     let cache = BlobCache::open(root)?;
+    timings.resolve = ms(started);
+    let fetching = std::time::Instant::now();
     let fetched: Vec<(bool, u64)> = futures_util::stream::iter(oci.layers.iter())
         .map(|layer| {
             let files = owners
@@ -131,7 +156,9 @@ pub async fn pull(
         reused: 0,
         reused_bytes: 0,
         signed_by: signed_by.clone(),
+        timings_ms: PullTimings::default(),
     };
+    timings.fetch = ms(fetching);
     for (was_fetched, len) in fetched {
         if was_fetched {
             report.fetched += 1;
@@ -153,15 +180,15 @@ pub async fn pull(
     });
     let root = root.to_path_buf();
     let threads = opts.verify_threads;
-    tokio::task::spawn_blocking(move || {
-        assemble_and_publish(&root, &cache, &config, manifest, threads)?;
+    report.timings_ms = tokio::task::spawn_blocking(move || {
+        assemble_and_publish(&root, &cache, &config, manifest, threads, &mut timings)?;
         // The artifact holds every byte now: the cache gives them back.
         for f in &config.files {
             for c in &f.chunks {
                 let _ = std::fs::remove_file(cache.path(c));
             }
         }
-        Ok::<_, RegistryError>(())
+        Ok::<_, RegistryError>(timings)
     })
     .await
     .expect("the assembling thread does not panic")?;
@@ -334,7 +361,9 @@ fn assemble_and_publish(
     config: &ArtifactConfig,
     mut manifest: Manifest,
     threads: usize,
+    timings: &mut PullTimings,
 ) -> Result<()> {
+    let phase = std::time::Instant::now();
     let name = manifest.name.clone();
     let _lock = ArtifactLock::exclusive(root, &name)?;
     let staging = Staging::new(root, &name)?;
@@ -366,9 +395,14 @@ fn assemble_and_publish(
         std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(f.mode & 0o755))
             .map_err(|e| RegistryError::io(format!("pull: chmod {}", dest.display()), e))?;
     }
+    timings.assemble = ms(phase);
+    let phase = std::time::Instant::now();
     content::verify(&staging.dir, &manifest.contents, threads)?;
+    timings.verify = ms(phase);
+    let phase = std::time::Instant::now();
     let key = HostKey::load_or_create(root)?;
     manifest.seal(&key);
     staging.publish(root, &manifest)?;
+    timings.publish = ms(phase);
     Ok(())
 }

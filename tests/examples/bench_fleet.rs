@@ -11,6 +11,7 @@
 //! Run by `scripts/bench-fleet.sh` (release builds). Environment:
 //! BENCH_RUNS (pairs, default 3), BENCH_RESIDENT_MB.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -96,14 +97,34 @@ fn main() {
             .map(|d| d.path().join("data").display().to_string())
             .collect();
     let copy_to = b.c.dir.join("raw-copy");
+    // The same chunks over HTTP from the registry, 4 at a time, into
+    // /dev/null: what the registry and loopback allow, with no hashing or
+    // writing on the client's side. (The two manifests are stored as blobs
+    // too but served only as manifests: their 404s are expected.)
+    let urls: Vec<String> = blobs
+        .iter()
+        .map(|p| {
+            let hex = Path::new(p).parent().unwrap().file_name().unwrap();
+            format!(
+                "http://{}/v2/bench/big/blobs/sha256:{}",
+                registry.host(),
+                hex.to_string_lossy()
+            )
+        })
+        .collect();
+    let curl = format!(
+        "printf '%s\\n' {} | xargs -P4 -n1 curl -s -o /dev/null -w \"%{{http_code}} \"",
+        urls.join(" ")
+    );
 
-    let (mut pulls, mut copies) = (Vec::new(), Vec::new());
+    let (mut pulls, mut copies, mut curls) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..runs {
         let name = format!("p{i}");
         let t = Instant::now();
         let pulled = vsnap(&b, &["pull", &r, &name]);
         pulls.push(t.elapsed().as_secs_f64());
         assert_eq!(pulled["reused"], 0, "{pulled}");
+        eprintln!("pull {i}: {}", pulled["timings_ms"]);
         vsnap(&b, &["rm", &name]);
 
         let t = Instant::now();
@@ -120,6 +141,16 @@ fn main() {
             .success());
         copies.push(t.elapsed().as_secs_f64());
         std::fs::remove_file(&copy_to).unwrap();
+
+        let t = Instant::now();
+        let out = Command::new("sh").args(["-c", &curl]).output().unwrap();
+        curls.push(t.elapsed().as_secs_f64());
+        let codes = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && codes.split_whitespace().all(|c| c == "200" || c == "404"),
+            "curl: {codes} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mb = bytes as f64 / (1 << 20) as f64;
     println!(
@@ -137,6 +168,11 @@ fn main() {
         mb / c
     );
     println!("| pull / raw copy | {:.2}x | |", p / c);
+    let h = median(curls.clone());
+    println!(
+        "| `curl` of every chunk from the registry to /dev/null, 4 parallel | {h:.2} s | {:.0} |",
+        mb / h
+    );
     println!(
         "| `vsnap push` (first, every chunk sent) | {push_s:.2} s | {:.0} |",
         mb / push_s
