@@ -44,9 +44,30 @@ impl RegistryError {
         context: impl Into<String>,
         e: oci_client::errors::OciDistributionError,
     ) -> Self {
+        let mut message = e.to_string();
+        if unauthorized(&e) {
+            message.push_str(
+                " (the registry wants credentials: username and password_file in the runtime config's [registries.\"host:port\"])",
+            );
+        }
         RegistryError::Registry {
             context: context.into(),
-            message: e.to_string(),
+            message,
         }
+    }
+}
+
+/// Whether the registry answered 401 (or refused the credentials).
+fn unauthorized(e: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match e {
+        E::UnauthorizedError { .. } => true,
+        E::RequestError(r) => r.status().map(|s| s.as_u16()) == Some(401),
+        E::ServerError { code, .. } => *code == 401,
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| matches!(e.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
+        _ => false,
     }
 }

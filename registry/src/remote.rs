@@ -32,6 +32,14 @@ impl std::fmt::Debug for Remote {
 
 /// Parses `reference` (`host[:port]/repository[:tag][@digest]`).
 pub fn parse_reference(reference: &str) -> Result<Reference> {
+    // `user:password@host/...` would put a secret in process listings and
+    // shell history; it is refused without echoing the reference.
+    let host = reference.split('/').next().unwrap_or_default();
+    if host.contains('@') {
+        return Err(RegistryError::Credentials(
+            "a reference with credentials (user[:password]@host) is refused and not shown: credentials come from the runtime config's [registries.\"host:port\"]".into(),
+        ));
+    }
     if reference.contains('@') && !reference.contains("@sha256:") {
         return Err(RegistryError::Invalid(format!(
             "{reference}: only sha256 digests are supported"
@@ -169,5 +177,9 @@ mod tests {
         assert_eq!(r.tag(), Some("v1"));
         assert!(parse_reference("r:1/x@sha512:abcd").is_err());
         assert!(parse_reference("NOT A REF").is_err());
+        let e = parse_reference("ci:hunter2@r:1/x:y")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refused") && !e.contains("hunter2"), "{e}");
     }
 }

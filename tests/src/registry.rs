@@ -23,18 +23,30 @@ pub struct Registry {
 impl Registry {
     /// Starts `docker-registry serve` with its storage in `dir/registry`.
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, None)
+    }
+
+    /// As [`Registry::start`], requiring HTTP basic authentication as
+    /// `user` with `password` (an htpasswd file, bcrypt) when given.
+    pub fn start_with(dir: &Path, auth: Option<(&str, &str)>) -> Self {
         let dir = dir.join("registry");
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let port = free_port();
         let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut yaml = format!(
+            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.join("data").display()
+        );
+        if let Some((user, password)) = auth {
+            let htpasswd = dir.join("htpasswd");
+            let hash = bcrypt::hash(password, 4).unwrap();
+            std::fs::write(&htpasswd, format!("{user}:{hash}\n")).unwrap();
+            yaml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: vsnap-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        std::fs::write(&config, yaml).unwrap();
         let log = std::fs::File::create(dir.join("registry.log")).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
@@ -57,14 +69,15 @@ impl Registry {
         r
     }
 
-    /// `GET /v2/` answers 200.
+    /// `GET /v2/` answers (200, or 401 when it wants credentials).
     fn answers(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
         let _ = s.write_all(b"GET /v2/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
         let mut head = [0u8; 12];
-        s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+        s.read_exact(&mut head).is_ok()
+            && (head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.1 401"))
     }
 
     /// `127.0.0.1:<port>`, as a reference names it.

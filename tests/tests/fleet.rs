@@ -70,9 +70,18 @@ fn key_pair(env: &Env, tag: &str) -> (String, String) {
 /// A signs what it pushes with the fleet key, B trusts it; both key the
 /// workload fingerprints with the fleet's shared fingerprint key.
 fn fleet(tag: &str) -> (Env, Env, Registry) {
+    let (a, b, registry) = fleet_with(tag, None);
+    allow(&a, &registry.host());
+    allow(&b, &registry.host());
+    (a, b, registry)
+}
+
+/// As [`fleet`], with a registry that wants `auth` and no registry entry
+/// in the hosts' configs yet.
+fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Registry) {
     let a = setup(&format!("{tag}-a"));
     let b = setup(&format!("{tag}-b"));
-    let registry = Registry::start(&a.c.dir);
+    let registry = Registry::start_with(&a.c.dir, auth);
     let (private, public) = key_pair(&a, "fleet");
     let shared = a.c.dir.join("fleet-fingerprint.key");
     std::fs::write(&shared, [0x5au8; 32]).unwrap();
@@ -340,4 +349,87 @@ fn two_artifacts_of_one_engine_share_chunks_in_the_registry() {
         "the registry grew {grown} bytes for a {size}-byte artifact: {second}"
     );
     assert!(second["skipped"].as_u64().unwrap() > 0, "{second}");
+}
+
+#[test]
+fn registry_credentials_come_only_from_the_runtime_config_and_never_show() {
+    const PASSWORD: &str = "s3cret-fleet-pw";
+    let (a, b, registry) = fleet_with("fleet-auth", Some(("fleet", PASSWORD)));
+    a.create_good("donor", "c", &[]);
+    let host = registry.host();
+    let r = format!("{host}/fleet/c:v1");
+    let mut outputs = Vec::new();
+
+    // The registry's entry in a host's runtime config, replaced each time.
+    let entry = |env: &Env, credentials: &str| {
+        let config = std::fs::read_to_string(&env.config).unwrap();
+        let base = config.split("[registries.").next().unwrap().to_string();
+        std::fs::write(
+            &env.config,
+            format!("{base}[registries.\"{host}\"]\nplain_http = true\n{credentials}"),
+        )
+        .unwrap();
+    };
+    // No credentials: anonymous, which the registry refuses.
+    entry(&a, "");
+    let out = vsnap(&a, &["push", "c", &r]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert_has(&out.stderr, &["the registry wants credentials"]);
+    outputs.push(out);
+    let password_file = a.c.dir.join("registry.password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(
+        &password_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let credentials = format!(
+        "username = \"fleet\"\npassword_file = \"{}\"\n",
+        password_file.display()
+    );
+    entry(&a, &credentials);
+    // A password file others can read is refused, naming the file only.
+    let out = vsnap(&a, &["push", "c", &r]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["password_file", "not readable by group or others"],
+    );
+    outputs.push(out);
+    std::fs::set_permissions(
+        &password_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+
+    // Credentials in the reference are refused without echoing them.
+    let out = vsnap(
+        &a,
+        &["push", "c", &format!("fleet:{PASSWORD}@{host}/fleet/c:v1")],
+    );
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert_has(&out.stderr, &["credentials", "refused"]);
+    outputs.push(out);
+
+    let pushed = vsnap(&a, &["push", "c", &r, "--json"]);
+    assert!(pushed.ok(), "{pushed:?}");
+    outputs.push(pushed);
+    // B without the entry is refused by the registry, then pulls with it.
+    entry(&b, "");
+    let out = vsnap(&b, &["pull", &r]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert_has(&out.stderr, &["the registry wants credentials"]);
+    outputs.push(out);
+    entry(&b, &credentials);
+    let pulled = vsnap(&b, &["pull", &r]);
+    assert!(pulled.ok(), "{pulled:?}");
+    outputs.push(pulled);
+    assert_eq!(b.artifact_names(), ["c"]);
+    for out in &outputs {
+        assert!(
+            !out.stdout.contains(PASSWORD) && !out.stderr.contains(PASSWORD),
+            "the password shows: {out:?}"
+        );
+    }
+    assert!(!registry.log().contains(PASSWORD), "the registry's log");
 }
