@@ -65,6 +65,10 @@ impl Remote {
         };
         let client = Client::try_from(ClientConfig {
             protocol,
+            // A registry that stops answering fails the transfer instead of
+            // hanging it (an interrupted pull resumes from its cache).
+            connect_timeout: Some(std::time::Duration::from_secs(30)),
+            read_timeout: Some(std::time::Duration::from_secs(120)),
             // The client's own fan-out is not used: push and pull bound
             // their own parallelism.
             ..Default::default()
