@@ -68,6 +68,9 @@ pub struct RuntimeConfig {
     /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
     /// one thread). GPU restores always use `criu`.
     pub page_placement: PagePlacement,
+    /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
+    /// when the artifact is not here (inside the container's create).
+    pub pull_timeout_s: u64,
     /// The fleet's ed25519 private key (`vsnap key generate`), with which
     /// this host signs the artifacts it pushes. Unset: it pushes none.
     pub fleet_signing_key: Option<PathBuf>,
@@ -164,6 +167,7 @@ impl Default for RuntimeConfig {
             gpu_activation_timeout_s: 600,
             checkpoint_timeout_s: 600,
             page_placement: PagePlacement::Parallel,
+            pull_timeout_s: 900,
             fleet_signing_key: None,
             fleet_trusted_keys: Vec::new(),
             fleet_fingerprint_key: None,

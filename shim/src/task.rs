@@ -256,6 +256,9 @@ impl TaskService {
             criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
         };
         let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
+        // A restore from a registry reference whose artifact is not here
+        // pulls it first (fetch.rs), so the preflight sees a local artifact.
+        crate::snapshot::fetch::ensure_local(&req.id, &config, &settings).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
         // the runtime thread. The version probes and nvidia-smi spawned there

@@ -434,3 +434,91 @@ fn registry_credentials_come_only_from_the_runtime_config_and_never_show() {
     }
     assert!(!registry.log().contains(PASSWORD), "the registry's log");
 }
+
+#[test]
+fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() {
+    let (a, mut b, registry) = fleet("fleet-ref");
+    b.rootfs = a.rootfs.clone();
+    a.create_good("donor", "ref", &[]);
+    let cold = HostEngine::start();
+    let reference = answers(cold.port);
+    let host = registry.host();
+
+    // Pushed unsigned first (a signature is per manifest digest, so the
+    // signed push of the same manifest must come after).
+    let config = std::fs::read_to_string(&a.config).unwrap();
+    let signing = config.lines().next().unwrap().to_string();
+    assert!(signing.starts_with("fleet_signing_key"), "{signing}");
+    let unsigned_config = a.c.dir.join("unsigned.toml");
+    std::fs::write(&unsigned_config, config.replace(&signing, "")).unwrap();
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config").arg(&unsigned_config).args([
+        "push",
+        "ref",
+        &format!("{host}/fleet/ref:unsigned"),
+    ]);
+    assert!(run(cmd, None, Duration::from_secs(300)).ok());
+    let from = |tag: &str| format!("vsnap.io/artifact-ref={host}/fleet/ref:{tag}");
+
+    // A restore from the unsigned reference on B, which lacks the artifact:
+    // refused at create, naming the reference and the signature; nothing
+    // published, nothing fetched, nothing left.
+    let port = free_port();
+    let out = b.run(
+        "fr-unsigned",
+        "restore",
+        "ref",
+        port,
+        &["--annotation", &from("unsigned")],
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["restore: pull", "fleet/ref:unsigned", "not signed"],
+    );
+    b.remove("fr-unsigned");
+    assert_eq!(b.artifact_names(), Vec::<String>::new());
+    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+
+    // Signed by the fleet key: the restore pulls the artifact, then restores
+    // it, and the copy answers like a cold start.
+    vsnap_json(&a, &["push", "ref", &format!("{host}/fleet/ref:v1")]);
+    let port = free_port();
+    let out = b.run(
+        "fr-copy1",
+        "restore",
+        "ref",
+        port,
+        &["--annotation", &from("v1")],
+    );
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(
+        answers(port),
+        reference,
+        "the pulled copy answers like a cold start"
+    );
+    b.remove("fr-copy1");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(b.manifest("ref")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["origin"]["reference"],
+        format!("{host}/fleet/ref:v1").as_str(),
+        "{manifest}"
+    );
+
+    // The artifact is here now: the next restore uses it as it is, even with
+    // the registry gone.
+    drop(registry);
+    let port = free_port();
+    let out = b.run(
+        "fr-copy2",
+        "restore",
+        "ref",
+        port,
+        &["--annotation", &from("v1")],
+    );
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(answers(port), reference);
+    b.remove("fr-copy2");
+    b.assert_nothing_left();
+}

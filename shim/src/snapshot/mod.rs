@@ -9,6 +9,7 @@ pub mod capture;
 pub mod criu;
 pub mod criu_image;
 pub mod cuda;
+pub mod fetch;
 pub mod inventory;
 pub mod listener;
 pub mod pages;

@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 
 pub const PLAN: &str = "vsnap.io/plan";
 pub const ARTIFACT: &str = "vsnap.io/artifact";
+/// An OCI reference (`registry/repo:tag` or `@sha256:...`) a restore pulls
+/// the artifact from when the artifact root does not hold it (fetch.rs).
+pub const ARTIFACT_REF: &str = "vsnap.io/artifact-ref";
 pub const LISTEN: &str = "vsnap.io/listen";
 pub const AFTER_CAPTURE: &str = "vsnap.io/after-capture";
 pub const CAPTURE_TIMEOUT: &str = "vsnap.io/capture-timeout";
@@ -45,6 +48,8 @@ pub struct Plan {
     pub activation_timeout: Option<Duration>,
     /// The engine protocol annotation, resolved against the argv at create.
     pub engine_protocol: Option<String>,
+    /// Where to pull the artifact from when it is not here (restore, auto).
+    pub artifact_ref: Option<String>,
 }
 
 /// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).
@@ -78,6 +83,26 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
                 ARTIFACT,
                 "required with the create and restore plans".into(),
             ))
+        }
+    };
+    let artifact_ref = match (a.get(ARTIFACT_REF), mode, &artifact) {
+        (None, ..) => None,
+        (Some(_), Mode::Create, _) => {
+            return Err(invalid(
+                ARTIFACT_REF,
+                "only with the restore and auto plans (a create makes the artifact)".into(),
+            ))
+        }
+        (Some(_), _, None) => {
+            return Err(invalid(
+                ARTIFACT_REF,
+                format!("needs {ARTIFACT}: the name the pulled artifact gets here"),
+            ))
+        }
+        (Some(r), ..) => {
+            vsnap_registry::remote::parse_reference(r)
+                .map_err(|e| invalid(ARTIFACT_REF, e.to_string()))?;
+            Some(r.clone())
         }
     };
     let listen = a
@@ -115,13 +140,15 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
         capture_timeout: seconds(CAPTURE_TIMEOUT)?,
         activation_timeout: seconds(ACTIVATION_TIMEOUT)?,
         engine_protocol: a.get(ENGINE_PROTOCOL).cloned(),
+        artifact_ref,
     }))
 }
 
 /// Every `vsnap.io/` key vsnap reads.
-pub const KNOWN: [&str; 7] = [
+pub const KNOWN: [&str; 8] = [
     PLAN,
     ARTIFACT,
+    ARTIFACT_REF,
     LISTEN,
     AFTER_CAPTURE,
     CAPTURE_TIMEOUT,
@@ -314,6 +341,58 @@ mod tests {
         assert_eq!(p.port, 8000);
         assert_eq!(p.after_capture, AfterCapture::Exit);
         assert_eq!(p.capture_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(p.artifact_ref, None);
+    }
+
+    #[test]
+    fn an_artifact_reference_goes_with_a_named_restore_or_auto() {
+        let r = "registry.example:5000/fleet/qwen3:v1";
+        for plan in ["restore", "auto"] {
+            let a = ann(&[
+                (PLAN, plan),
+                (ARTIFACT, "q"),
+                (LISTEN, ":8000"),
+                (ARTIFACT_REF, r),
+            ]);
+            let p = from_annotations(&a).unwrap().unwrap();
+            assert_eq!(p.artifact_ref.as_deref(), Some(r));
+        }
+        let refused = |pairs: &[(&str, &str)], why: &str| {
+            let e = from_annotations(&ann(pairs)).unwrap_err().to_string();
+            assert!(e.contains(ARTIFACT_REF) && e.contains(why), "{e}");
+        };
+        refused(
+            &[
+                (PLAN, "create"),
+                (ARTIFACT, "q"),
+                (LISTEN, ":1"),
+                (ARTIFACT_REF, r),
+            ],
+            "only with the restore and auto plans",
+        );
+        refused(
+            &[(PLAN, "auto"), (LISTEN, ":1"), (ARTIFACT_REF, r)],
+            "needs vsnap.io/artifact",
+        );
+        refused(
+            &[
+                (PLAN, "restore"),
+                (ARTIFACT, "q"),
+                (LISTEN, ":1"),
+                (ARTIFACT_REF, "Not A Ref"),
+            ],
+            "not an OCI reference",
+        );
+        // Credentials never come from an annotation, and are not echoed.
+        let e = from_annotations(&ann(&[
+            (PLAN, "restore"),
+            (ARTIFACT, "q"),
+            (LISTEN, ":1"),
+            (ARTIFACT_REF, "bob:hunter2@registry.example/fleet/q:v1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("refused") && !e.contains("hunter2"), "{e}");
     }
 
     #[test]
