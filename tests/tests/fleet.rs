@@ -2,6 +2,11 @@
 //! containerd (host A, its own artifact root and host key) pushed with
 //! `vsnap push` to a real registry (docker-registry 2.8 on loopback), pulled
 //! with `vsnap pull` into another root (host B) and restored there.
+//!
+//! Container ids are unique across the tests of this file: runc puts a
+//! container in the cgroup `<namespace>/<id>`, the same path for every
+//! private containerd, so two parallel tests with one id share a cgroup
+//! and removing one kills the other's engine.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -117,7 +122,7 @@ fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
     // The same root filesystem path on both hosts (it is part of the
     // workload's identity).
     b.rootfs = a.rootfs.clone();
-    let captured = a.create_good("donor", "ref", &[]);
+    let captured = a.create_good("fleet-ref-donor", "ref", &[]);
     // The cold-start reference only after the capture: on two busy cores a
     // second engine starting beside a dump made CRIU lose a thread of the
     // donor ("Unable to detach from <pid>: No such process").
@@ -153,20 +158,20 @@ fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
     assert_eq!(cached_blobs(&b), 0, "the download cache is emptied");
 
     let port = free_port();
-    let out = b.run("copy", "restore", "ref", port, &[]);
+    let out = b.run("fleet-ref-copy", "restore", "ref", port, &[]);
     assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
     assert_eq!(
         answers(port),
         reference,
         "B's copy answers like a cold start"
     );
-    b.remove("copy");
+    b.remove("fleet-ref-copy");
 }
 
 #[test]
 fn unsigned_and_untrusted_artifacts_are_refused_before_any_chunk_is_fetched() {
     let (a, b, registry) = fleet("fleet-trust");
-    a.create_good("donor", "t", &[]);
+    a.create_good("fleet-trust-donor", "t", &[]);
     let host = registry.host();
     // A's config with another signing key line (or none).
     let config = std::fs::read_to_string(&a.config).unwrap();
@@ -219,7 +224,7 @@ fn unsigned_and_untrusted_artifacts_are_refused_before_any_chunk_is_fetched() {
 #[test]
 fn a_damaged_blob_in_the_registry_is_refused_at_pull_and_nothing_is_published() {
     let (a, b, registry) = fleet("fleet-dmg");
-    a.create_good("donor", "dmg", &[]);
+    a.create_good("fleet-dmg-donor", "dmg", &[]);
     let r = format!("{}/fleet/dmg:v1", registry.host());
     vsnap_json(&a, &["push", "dmg", &r]);
     vsnap_json(&b, &["pull", &r]);
@@ -275,7 +280,11 @@ fn a_damaged_blob_in_the_registry_is_refused_at_pull_and_nothing_is_published() 
 #[test]
 fn an_interrupted_pull_resumes_and_fetches_only_what_is_missing() {
     let (a, b, registry) = fleet("fleet-resume");
-    a.create_good("donor", "big", &["VSNAP_ENGINE_RESIDENT_MB=96"]);
+    a.create_good(
+        "fleet-resume-donor",
+        "big",
+        &["VSNAP_ENGINE_RESIDENT_MB=96"],
+    );
     let r = format!("{}/fleet/big:v1", registry.host());
     vsnap_json(&a, &["push", "big", &r]);
 
@@ -334,8 +343,8 @@ fn an_interrupted_pull_resumes_and_fetches_only_what_is_missing() {
 fn two_artifacts_of_one_engine_share_chunks_in_the_registry() {
     let (a, _b, registry) = fleet("fleet-share");
     let env = ["VSNAP_ENGINE_RESIDENT_MB=64"];
-    a.create_good("d1", "one", &env);
-    a.create_good("d2", "two", &env);
+    a.create_good("fleet-share-1", "one", &env);
+    a.create_good("fleet-share-2", "two", &env);
     let host = registry.host();
     // One repository per engine, a tag per capture: the registry answers
     // whether it has a blob per repository.
@@ -356,7 +365,7 @@ fn two_artifacts_of_one_engine_share_chunks_in_the_registry() {
 fn registry_credentials_come_only_from_the_runtime_config_and_never_show() {
     const PASSWORD: &str = "s3cret-fleet-pw";
     let (a, b, registry) = fleet_with("fleet-auth", Some(("fleet", PASSWORD)));
-    a.create_good("donor", "c", &[]);
+    a.create_good("fleet-auth-donor", "c", &[]);
     let host = registry.host();
     let r = format!("{host}/fleet/c:v1");
     let mut outputs = Vec::new();
