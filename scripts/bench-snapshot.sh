@@ -13,9 +13,11 @@
 #      buffer (every page faulted in, as a restore must place them);
 #   3. BENCH_RUNS pairs of cold start (no plan; `ctr run -d` until /health answers) and
 #      restore (`ctr run -d` with plan=restore: it returns once the copy validated its
-#      canary and listens; then /health is confirmed), in ABBA order; per restore the
-#      shim's phase timings (vsnap-restore.json in the bundle: preflight, CRIU restore,
-#      activation + canary, listener); restore throughput = image bytes / CRIU restore;
+#      canary and listens; then /health is confirmed), in ABBA order, each pair with one
+#      more restore under `page_placement = "criu"` (CRIU placing the pages itself) beside
+#      the default page server; per restore the shim's phase timings (vsnap-restore.json in
+#      the bundle: preflight, CRIU restore incl. the page server's fill, activation +
+#      canary, listener); restore throughput = image bytes / CRIU restore phase;
 #   4. BENCH_COLD_RUNS restores right after dropping the page cache, reported apart;
 #   2b. the machine's fresh-memory fill rate (the pages pread into a fresh mapping by 1
 #      and 2 threads, 4 KiB pages and MADV_HUGEPAGE: tests/examples/fill_rate.rs);

@@ -448,7 +448,7 @@ fn registry_credentials_come_only_from_the_runtime_config_and_never_show() {
 fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() {
     let (a, mut b, registry) = fleet("fleet-ref");
     b.rootfs = a.rootfs.clone();
-    a.create_good("donor", "ref", &[]);
+    a.create_good("fleet-fr-donor", "ref", &[]);
     let cold = HostEngine::start();
     let reference = answers(cold.port);
     let host = registry.host();
@@ -474,7 +474,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     // published, nothing fetched, nothing left.
     let port = free_port();
     let out = b.run(
-        "fr-unsigned",
+        "fleet-fr-unsigned",
         "restore",
         "ref",
         port,
@@ -485,7 +485,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
         &out.stderr,
         &["restore: pull", "fleet/ref:unsigned", "not signed"],
     );
-    b.remove("fr-unsigned");
+    b.remove("fleet-fr-unsigned");
     assert_eq!(b.artifact_names(), Vec::<String>::new());
     assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
 
@@ -494,7 +494,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     vsnap_json(&a, &["push", "ref", &format!("{host}/fleet/ref:v1")]);
     let port = free_port();
     let out = b.run(
-        "fr-copy1",
+        "fleet-fr-copy1",
         "restore",
         "ref",
         port,
@@ -506,7 +506,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
         reference,
         "the pulled copy answers like a cold start"
     );
-    b.remove("fr-copy1");
+    b.remove("fleet-fr-copy1");
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(b.manifest("ref")).unwrap()).unwrap();
     assert_eq!(
@@ -520,7 +520,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     drop(registry);
     let port = free_port();
     let out = b.run(
-        "fr-copy2",
+        "fleet-fr-copy2",
         "restore",
         "ref",
         port,
@@ -528,6 +528,6 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     );
     assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
     assert_eq!(answers(port), reference);
-    b.remove("fr-copy2");
+    b.remove("fleet-fr-copy2");
     b.assert_nothing_left();
 }
