@@ -591,8 +591,7 @@ git diff --quiet HEAD -- shim engine artifact config protocol 2>/dev/null || git
     echo "|---|---:|---:|---:|"
     echo "| stock \`runc restore --detach\` (no hooks, no verification), 3 x | $(med "${STOCK_MS[@]}") | $(minmax "${STOCK_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_MS[@]}")") |"
     echo "| stock \`runc restore --detach\` with vsnap's CRIU config (ghost-limit, libdir, leave-stopped; not lazy-pages), 3 x | $(med "${STOCK_CONF_MS[@]}") | $(minmax "${STOCK_CONF_MS[@]}") | $(gbps "$IMAGE_BYTES" "$(med "${STOCK_CONF_MS[@]}")") |"
-    echo "| vsnap's CRIU phase (runc restore + hooks + verification beside it), $RUNS x | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
-    echo
+    echo "| vsnap's CRIU phase (runc restore + hooks + verification; page server placing and hashing the pages), $RUNS x | $CRIU_MED | $(minmax "${REST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$CRIU_MED") |"
     echo "| vsnap's CRIU phase with \`page_placement = \"criu\"\`, $RUNS x | $SCRIU_MED | $(minmax "${SREST_CRIU[@]}") | $(gbps "$IMAGE_BYTES" "$SCRIU_MED") |"
     echo
     echo "vsnap CRIU phase / stock runc restore: $(ratio "$CRIU_MED" "$(med "${STOCK_MS[@]}")") (page server); $(ratio "$SCRIU_MED" "$(med "${STOCK_MS[@]}")") (CRIU's own placement)."
