@@ -561,3 +561,61 @@ fn dev_shm_files_in_a_host_mounted_dev_shm_are_carried_too() {
         .join("named/dev-shm/vsnap-ref-engine-shm")
         .is_file());
 }
+
+/// The slow path kept beside the page server: `page_placement = "criu"`
+/// restores with CRIU placing the pages and the verification thread hashing
+/// every file, damage still refused before anything runs.
+#[test]
+fn criu_s_own_page_placement_restores_and_verifies_too() {
+    let e = setup("snap-criu-placed");
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str("page_placement = \"criu\"\n");
+    std::fs::write(&e.config, config).unwrap();
+    e.create_good("scp-donor", "cp", &[]);
+    let cold = HostEngine::start();
+    let reference = answers(cold.port);
+
+    let port = free_port();
+    let out = e.run("scp-copy", "restore", "cp", port, &[]);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    assert_eq!(
+        answers(port),
+        reference,
+        "the copy answers like a cold start"
+    );
+    let phases: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(e.bundle("scp-copy").join("vsnap-restore.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        phases["pages_placed_bytes"].is_null(),
+        "no page server: {phases}"
+    );
+    let conf = std::fs::read_to_string(e.bundle("scp-copy").join("vsnap-criu.conf")).unwrap();
+    assert!(conf.ends_with("leave-stopped\n"), "{conf}");
+    e.remove("scp-copy");
+
+    // One flipped byte of the memory image: refused by the verification
+    // beside CRIU, naming the file; nothing of the copy runs.
+    let images = e.artifact("cp").join("images");
+    let pages = vsnap_e2e::containerd::list(&images)
+        .into_iter()
+        .find(|n| n.starts_with("pages-"))
+        .expect("a pages image");
+    let path = images.join(&pages);
+    let original = std::fs::read(&path).unwrap();
+    let mut bytes = original.clone();
+    bytes[original.len() / 2] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let port = free_port();
+    let out = e.run("scp-damaged", "restore", "cp", port, &[]);
+    assert!(!out.ok(), "{out:?}");
+    vsnap_e2e::snapshot_env::assert_has(
+        &out.stderr,
+        &["restore: verify: damaged", &format!("images/{pages}")],
+    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    e.remove("scp-damaged");
+    std::fs::write(&path, &original).unwrap();
+    e.assert_nothing_left();
+}
