@@ -71,6 +71,10 @@ pub struct RuntimeConfig {
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
+    /// After an `auto` plan with `vsnap.io/artifact-ref` created and
+    /// published its artifact, push it to that reference (signed with
+    /// `fleet_signing_key`), in the background. Off by default.
+    pub push_created: bool,
     /// The fleet's ed25519 private key (`vsnap key generate`), with which
     /// this host signs the artifacts it pushes. Unset: it pushes none.
     pub fleet_signing_key: Option<PathBuf>,
@@ -168,6 +172,7 @@ impl Default for RuntimeConfig {
             checkpoint_timeout_s: 600,
             page_placement: PagePlacement::Parallel,
             pull_timeout_s: 900,
+            push_created: false,
             fleet_signing_key: None,
             fleet_trusted_keys: Vec::new(),
             fleet_fingerprint_key: None,

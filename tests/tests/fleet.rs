@@ -531,3 +531,49 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     b.remove("fleet-fr-copy2");
     b.assert_nothing_left();
 }
+
+#[test]
+fn an_auto_create_pushes_what_it_published_when_the_config_asks() {
+    let (a, mut b, registry) = fleet("fleet-autopush");
+    b.rootfs = a.rootfs.clone();
+    configure(&a, "push_created = true\n");
+    let r = format!("{}/fleet/autopush:v1", registry.host());
+    // Not in the registry yet: `auto` starts cold, captures, publishes, and
+    // then pushes to its reference in the background, signed.
+    let port = free_port();
+    let with_ref = format!("vsnap.io/artifact-ref={r}");
+    let out = a.run(
+        "fleet-ap-donor",
+        "auto",
+        "autopush",
+        port,
+        &[
+            "--annotation",
+            &with_ref,
+            "--annotation",
+            "vsnap.io/after-capture=exit",
+        ],
+    );
+    assert!(out.ok(), "{out:?}\n{}", a.c.log_tail());
+    a.wait_manifest("autopush");
+    poll(
+        Duration::from_secs(120),
+        "A's push to reach the registry",
+        || vsnap(&b, &["pull", &r]).ok(),
+    );
+    assert_eq!(b.artifact_names(), ["autopush"]);
+    a.wait_stopped("fleet-ap-donor");
+    a.remove("fleet-ap-donor");
+
+    let cold = HostEngine::start();
+    let reference = answers(cold.port);
+    let port = free_port();
+    let out = b.run("fleet-ap-copy", "restore", "autopush", port, &[]);
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(
+        answers(port),
+        reference,
+        "the pushed artifact restores on B"
+    );
+    b.remove("fleet-ap-copy");
+}

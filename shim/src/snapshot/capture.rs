@@ -40,7 +40,15 @@ impl Capture {
     /// Runs the capture to the end; on failure records it and kills the task.
     pub async fn run(self) {
         match self.capture().await {
-            Ok(path) => info!("{}: artifact published at {}", self.id, path.display()),
+            Ok(path) => {
+                info!("{}: artifact published at {}", self.id, path.display());
+                if let Some(target) = self.snapshot.push_to.clone() {
+                    // After this capture (and its lock) is gone.
+                    let id = self.id.clone();
+                    drop(self);
+                    target.push_in_background(id);
+                }
+            }
             Err(e) => {
                 error!("{}: {e}", self.id);
                 super::record_error(&self.bundle, &self.id, &e);

@@ -13,12 +13,17 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use vsnap_artifact::signature::TrustedKeys;
-use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
-use vsnap_config::RuntimeConfig;
-use vsnap_registry::{PullOptions, RegistryError, Remote};
 
-use super::plan::{self, Mode};
+use vsnap_artifact::signature::FleetSigner;
+use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
+use vsnap_config::runtime::RegistryConfig;
+use vsnap_config::RuntimeConfig;
+use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
+
+use super::plan::{self, Mode, Plan};
 use crate::error::{Error, Result};
 
 /// Pulls the plan's artifact when it has a reference and the root lacks
@@ -108,6 +113,86 @@ async fn pull_if_missing(config: &RuntimeConfig, reference: &str, name: &str) ->
             // Another pull took the lock between the look and the pull.
             Err(RegistryError::Artifact(ArtifactError::Locked(_))) => continue,
             Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+}
+
+/// Where and how an `auto` create pushes what it published: the runtime
+/// config's `push_created`, the plan's reference, the registries' settings
+/// and the fleet signing key.
+#[derive(Clone, Debug)]
+pub struct PushTarget {
+    pub reference: String,
+    pub root: PathBuf,
+    pub name: String,
+    registries: BTreeMap<String, RegistryConfig>,
+    signing_key: Option<PathBuf>,
+}
+
+impl PushTarget {
+    /// For an `auto` plan resolved to create, with a reference, when the
+    /// runtime config asks for it.
+    pub fn of(config: &RuntimeConfig, plan: &Plan, mode: Mode) -> Option<Self> {
+        if !config.push_created || plan.mode != Mode::Auto || mode != Mode::Create {
+            return None;
+        }
+        Some(PushTarget {
+            reference: plan.artifact_ref.clone()?,
+            root: config.artifact_root.clone(),
+            name: plan.artifact.clone()?,
+            registries: config.registries.clone(),
+            signing_key: config.fleet_signing_key.clone(),
+        })
+    }
+
+    /// Pushes in the background, once the capture let go of the artifact's
+    /// lock; the outcome is logged (the artifact stays here either way).
+    pub fn push_in_background(self, id: String) {
+        std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return log::warn!("{id}: push {}: runtime: {e}", self.reference),
+            };
+            match rt.block_on(self.push()) {
+                Ok(r) => log::info!(
+                    "{id}: pushed {} to {} ({}): {} chunks uploaded, {} already there, signed by {}",
+                    self.name,
+                    self.reference,
+                    r.digest,
+                    r.uploaded,
+                    r.skipped,
+                    r.signed_by.as_deref().unwrap_or("nobody (no fleet_signing_key)")
+                ),
+                Err(e) => log::warn!("{id}: push {} to {}: {e}", self.name, self.reference),
+            }
+        });
+    }
+
+    async fn push(&self) -> std::result::Result<vsnap_registry::PushReport, String> {
+        let remote = Remote::new(&self.reference, &self.registries).map_err(|e| e.to_string())?;
+        let signer = match &self.signing_key {
+            Some(p) => Some(FleetSigner::load(p).map_err(|e| format!("fleet_signing_key: {e}"))?),
+            None => None,
+        };
+        let opts = PushOptions {
+            jobs: 4,
+            verify_threads: std::thread::available_parallelism().map_or(1, usize::from),
+            signer,
+        };
+        // The capture's exclusive lock may still be held for a moment.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match vsnap_registry::push(&self.root, &self.name, &remote, &opts).await {
+                Err(RegistryError::Artifact(ArtifactError::Locked(_)))
+                    if Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                r => return r.map_err(|e| e.to_string()),
+            }
         }
     }
 }

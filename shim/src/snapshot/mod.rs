@@ -80,6 +80,9 @@ pub struct Snapshot {
     pub contents: Option<vsnap_artifact::Contents>,
     /// vsnap's page server places the restore's memory (pages.rs).
     pub place_pages: bool,
+    /// Where an `auto` create pushes its artifact once published
+    /// (`push_created` and `vsnap.io/artifact-ref`; fetch.rs).
+    pub push_to: Option<fetch::PushTarget>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -243,6 +246,7 @@ impl Snapshot {
         let place_pages = mode == Mode::Restore
             && gpus.is_empty()
             && config.page_placement == PagePlacement::Parallel;
+        let push_to = fetch::PushTarget::of(config, &plan, mode);
         let s = Snapshot {
             capture_timeout: plan
                 .capture_timeout
@@ -271,6 +275,7 @@ impl Snapshot {
             oracle,
             contents,
             place_pages,
+            push_to,
         };
         let prepared = (|| {
             if s.mode == Mode::Restore {
