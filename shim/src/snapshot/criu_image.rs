@@ -281,11 +281,13 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Builders of CRIU images as CRIU writes them, for tests here and of the
+/// page server.
 #[cfg(test)]
-mod tests {
+pub mod testing {
     use super::*;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
+    pub fn varint(mut v: u64, out: &mut Vec<u8>) {
         loop {
             let b = (v & 0x7f) as u8;
             v >>= 7;
@@ -297,12 +299,14 @@ mod tests {
         }
     }
 
-    fn field(n: u64, v: u64, out: &mut Vec<u8>) {
+    /// A varint field `n` of value `v`.
+    pub fn field(n: u64, v: u64, out: &mut Vec<u8>) {
         varint(n << 3, out);
         varint(v, out);
     }
 
-    fn image(magic: u32, messages: &[Vec<u8>]) -> Vec<u8> {
+    /// The two magics, then each message with its u32 size.
+    pub fn image(magic: u32, messages: &[Vec<u8>]) -> Vec<u8> {
         let mut out = IMG_COMMON_MAGIC.to_le_bytes().to_vec();
         out.extend(magic.to_le_bytes());
         for m in messages {
@@ -312,7 +316,8 @@ mod tests {
         out
     }
 
-    fn entry(vaddr: u64, pages: u64, flags: Option<u32>) -> Vec<u8> {
+    /// A `pagemap_entry` (flags left out: an old image's entry).
+    pub fn entry(vaddr: u64, pages: u64, flags: Option<u32>) -> Vec<u8> {
         let mut m = Vec::new();
         field(1, vaddr, &mut m);
         field(2, pages, &mut m);
@@ -321,6 +326,24 @@ mod tests {
         }
         m
     }
+
+    /// An `mm_entry` holding one VMA `[start, end)`.
+    pub fn mm(start: u64, end: u64) -> Vec<u8> {
+        let mut vma = Vec::new();
+        field(1, start, &mut vma);
+        field(2, end, &mut vma);
+        let mut mm = Vec::new();
+        varint((14 << 3) | 2, &mut mm);
+        varint(vma.len() as u64, &mut mm);
+        mm.extend(vma);
+        mm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
 
     #[test]
     fn a_pagemap_is_read_with_offsets_and_split_at_vmas() {

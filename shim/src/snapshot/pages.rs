@@ -724,6 +724,7 @@ mod tests {
     //! The server against this process's own memory: a region registered
     //! with a real userfaultfd, images written as CRIU writes them, and the
     //! descriptor handed over as CRIU's restore does.
+    use super::criu_image::testing::{entry, image, mm};
     use super::*;
     use std::io::{IoSlice, Write};
 
@@ -780,64 +781,26 @@ mod tests {
         }
     }
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        loop {
-            let b = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(b);
-                return;
-            }
-            out.push(b | 0x80);
-        }
-    }
-
-    fn image(magic: u32, messages: &[Vec<u8>]) -> Vec<u8> {
-        let mut out = criu_image::IMG_COMMON_MAGIC.to_le_bytes().to_vec();
-        out.extend(magic.to_le_bytes());
-        for m in messages {
-            out.extend((m.len() as u32).to_le_bytes());
-            out.extend(m);
-        }
-        out
-    }
-
     /// Images of task `pid`: one present, not lazy page elsewhere first (so
     /// the region's bytes start one page into the pages file), then the
     /// region, lazy. Returns the region's expected bytes.
     fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
         let data: Vec<u8> = (0..r.len).map(|i| (i * 7 + i / 4096) as u8).collect();
-        let entry = |vaddr: u64, pages: u64, flags: u32| {
-            let mut m = Vec::new();
-            for (n, v) in [(1u64, vaddr), (2, pages), (4, u64::from(flags))] {
-                varint(n << 3, &mut m);
-                varint(v, &mut m);
-            }
-            m
-        };
         let start = r.addr as u64;
         let pagemap = image(
             criu_image::PAGEMAP_MAGIC,
             &[
                 vec![8, 1],
-                entry(0x1000, 1, criu_image::PE_PRESENT),
+                entry(0x1000, 1, Some(criu_image::PE_PRESENT)),
                 entry(
                     start,
                     (r.len as u64) / PAGE_SIZE,
-                    criu_image::PE_PRESENT | criu_image::PE_LAZY,
+                    Some(criu_image::PE_PRESENT | criu_image::PE_LAZY),
                 ),
             ],
         );
         std::fs::write(dir.join(format!("pagemap-{pid}.img")), pagemap).unwrap();
-        let mut vma = Vec::new();
-        for (n, v) in [(1u64, start), (2, start + r.len as u64)] {
-            varint(n << 3, &mut vma);
-            varint(v, &mut vma);
-        }
-        let mut mm = Vec::new();
-        varint((14 << 3) | 2, &mut mm);
-        varint(vma.len() as u64, &mut mm);
-        mm.extend(vma);
+        let mm = mm(start, start + r.len as u64);
         std::fs::write(
             dir.join(format!("mm-{pid}.img")),
             image(criu_image::MM_MAGIC, &[mm]),
