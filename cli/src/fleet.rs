@@ -2,7 +2,6 @@
 //! vsnap-registry (docs/fleet.md). Credentials come from the runtime
 //! config's `[registries."host:port"]`, never from the command line.
 
-use vsnap_artifact::signature::{FleetSigner, TrustedKeys};
 use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
 
 use crate::units::human_size;
@@ -26,15 +25,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> Outcome {
     crate::store::check_name(name)?;
     let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
-    let signer = match &ctx.config.fleet_signing_key {
-        Some(path) => Some(FleetSigner::load(path).map_err(|e| format!("fleet_signing_key: {e}"))?),
-        None => None,
-    };
-    let opts = PushOptions {
-        jobs,
-        verify_threads: hashing_threads(),
-        signer,
-    };
+    let opts = PushOptions::from_config(&ctx.config, jobs, hashing_threads())?;
     let result = runtime()?.block_on(vsnap_registry::push(&ctx.root, name, &remote, &opts));
     match result {
         Ok(r) if json => {
@@ -72,13 +63,7 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         crate::store::check_name(name)?;
     }
     let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
-    let trusted = TrustedKeys::load(&ctx.config.fleet_trusted_keys)
-        .map_err(|e| format!("fleet_trusted_keys: {e}"))?;
-    let opts = PullOptions {
-        jobs,
-        verify_threads: hashing_threads(),
-        trusted,
-    };
+    let opts = PullOptions::from_config(&ctx.config, jobs, hashing_threads())?;
     let result = runtime()?.block_on(vsnap_registry::pull(&ctx.root, name, &remote, &opts));
     match result {
         Ok(r) if json => {

@@ -41,6 +41,23 @@ pub struct PullOptions {
     pub trusted: TrustedKeys,
 }
 
+impl PullOptions {
+    /// With the runtime config's `fleet_trusted_keys`.
+    pub fn from_config(
+        config: &vsnap_config::RuntimeConfig,
+        jobs: usize,
+        verify_threads: usize,
+    ) -> std::result::Result<Self, String> {
+        let trusted = TrustedKeys::load(&config.fleet_trusted_keys)
+            .map_err(|e| format!("fleet_trusted_keys: {e}"))?;
+        Ok(PullOptions {
+            jobs,
+            verify_threads,
+            trusted,
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PullReport {
     pub name: String,

@@ -33,6 +33,27 @@ pub struct PushOptions {
     pub signer: Option<FleetSigner>,
 }
 
+impl PushOptions {
+    /// Signed with the runtime config's `fleet_signing_key`, when it has one.
+    pub fn from_config(
+        config: &vsnap_config::RuntimeConfig,
+        jobs: usize,
+        verify_threads: usize,
+    ) -> std::result::Result<Self, String> {
+        let signer = match &config.fleet_signing_key {
+            Some(path) => {
+                Some(FleetSigner::load(path).map_err(|e| format!("fleet_signing_key: {e}"))?)
+            }
+            None => None,
+        };
+        Ok(PushOptions {
+            jobs,
+            verify_threads,
+            signer,
+        })
+    }
+}
+
 impl Default for PushOptions {
     fn default() -> Self {
         PushOptions {

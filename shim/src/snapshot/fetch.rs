@@ -13,13 +13,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use vsnap_artifact::signature::TrustedKeys;
-
-use vsnap_artifact::signature::FleetSigner;
 use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
-use vsnap_config::runtime::RegistryConfig;
 use vsnap_config::RuntimeConfig;
 use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
 
@@ -89,13 +83,7 @@ async fn pull_if_missing(config: &RuntimeConfig, reference: &str, name: &str) ->
             continue;
         }
         let remote = Remote::new(reference, &config.registries).map_err(|e| fail(e.to_string()))?;
-        let trusted = TrustedKeys::load(&config.fleet_trusted_keys)
-            .map_err(|e| fail(format!("fleet_trusted_keys: {e}")))?;
-        let opts = PullOptions {
-            jobs: 4,
-            verify_threads: std::thread::available_parallelism().map_or(1, usize::from),
-            trusted,
-        };
+        let opts = PullOptions::from_config(config, 4, cores()).map_err(fail)?;
         let started = Instant::now();
         match vsnap_registry::pull(root, Some(name), &remote, &opts).await {
             Ok(r) => {
@@ -117,16 +105,14 @@ async fn pull_if_missing(config: &RuntimeConfig, reference: &str, name: &str) ->
     }
 }
 
-/// Where and how an `auto` create pushes what it published: the runtime
-/// config's `push_created`, the plan's reference, the registries' settings
-/// and the fleet signing key.
+/// Where an `auto` create pushes what it published (the runtime config's
+/// `push_created`, the plan's reference), with the config it pushes by
+/// (registries, `fleet_signing_key`).
 #[derive(Clone, Debug)]
 pub struct PushTarget {
     pub reference: String,
-    pub root: PathBuf,
     pub name: String,
-    registries: BTreeMap<String, RegistryConfig>,
-    signing_key: Option<PathBuf>,
+    config: RuntimeConfig,
 }
 
 impl PushTarget {
@@ -138,10 +124,8 @@ impl PushTarget {
         }
         Some(PushTarget {
             reference: plan.artifact_ref.clone()?,
-            root: config.artifact_root.clone(),
             name: plan.artifact.clone()?,
-            registries: config.registries.clone(),
-            signing_key: config.fleet_signing_key.clone(),
+            config: config.clone(),
         })
     }
 
@@ -172,20 +156,14 @@ impl PushTarget {
     }
 
     async fn push(&self) -> std::result::Result<vsnap_registry::PushReport, String> {
-        let remote = Remote::new(&self.reference, &self.registries).map_err(|e| e.to_string())?;
-        let signer = match &self.signing_key {
-            Some(p) => Some(FleetSigner::load(p).map_err(|e| format!("fleet_signing_key: {e}"))?),
-            None => None,
-        };
-        let opts = PushOptions {
-            jobs: 4,
-            verify_threads: std::thread::available_parallelism().map_or(1, usize::from),
-            signer,
-        };
+        let remote =
+            Remote::new(&self.reference, &self.config.registries).map_err(|e| e.to_string())?;
+        let opts = PushOptions::from_config(&self.config, 4, cores())?;
         // The capture's exclusive lock may still be held for a moment.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            match vsnap_registry::push(&self.root, &self.name, &remote, &opts).await {
+            match vsnap_registry::push(&self.config.artifact_root, &self.name, &remote, &opts).await
+            {
                 Err(RegistryError::Artifact(ArtifactError::Locked(_)))
                     if Instant::now() < deadline =>
                 {
@@ -195,4 +173,8 @@ impl PushTarget {
             }
         }
     }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
