@@ -27,7 +27,7 @@ use crate::error::{ArtifactError, Result};
 /// Bytes per digested chunk.
 pub const CHUNK: u64 = 64 << 20;
 /// The folders of an artifact whose files a restore reads.
-pub const COVERED: [&str; 3] = ["images", "control", "dev-shm"];
+pub const COVERED: [&str; 4] = ["images", "control", "dev-shm", "rootfs"];
 
 /// One file's size and the BLAKE3 digest (hex) of each of its chunks, in
 /// order.
@@ -287,6 +287,39 @@ pub fn verify_except(
         let rel = &files[file].0;
         let want = contents[rel].chunks.get(chunk).map(String::as_str);
         if want == Some(digest.as_str()) {
+            return Ok(());
+        }
+        Err(chunk_mismatch(dir, rel, chunk, files[file].2))
+    })
+}
+
+/// Checks only the files `only` of `dir` (each must be in `contents`, of
+/// its size): for a file used before the rest is verified (a restore
+/// unpacks the carried writable layer at create).
+pub fn verify_only(dir: &Path, contents: &Contents, threads: usize, only: &[String]) -> Result<()> {
+    for rel in only {
+        if !contents.contains_key(rel) {
+            return Err(damaged(
+                dir,
+                rel,
+                "is not part of the artifact as captured".into(),
+            ));
+        }
+    }
+    let files = open_all(dir, only)?;
+    for (rel, _, size) in &files {
+        let want = contents[rel].size;
+        if *size != want {
+            return Err(damaged(
+                dir,
+                rel,
+                format!("holds {size} bytes, the manifest says {want}"),
+            ));
+        }
+    }
+    hash_chunks(dir, &files, threads, &|file, chunk, digest| {
+        let rel = &files[file].0;
+        if contents[rel].chunks.get(chunk).map(String::as_str) == Some(digest.as_str()) {
             return Ok(());
         }
         Err(chunk_mismatch(dir, rel, chunk, files[file].2))

@@ -14,6 +14,7 @@ pub mod key;
 pub mod layout;
 pub mod lock;
 pub mod manifest;
+pub mod rootfs;
 pub mod signature;
 pub mod tool_cache;
 

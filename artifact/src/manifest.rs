@@ -40,6 +40,10 @@ pub struct Manifest {
     /// it cannot be changed after the pull re-sealed the manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// How the container's writable layer travels and which volume files
+    /// the tree held open (rootfs.rs); absent in artifacts made before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<crate::rootfs::Rootfs>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
@@ -182,6 +186,7 @@ mod tests {
                 &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
             ),
             origin: None,
+            rootfs: None,
             mac: String::new(),
         };
         assert!(!m.mac_verifies(&key), "an unsealed manifest");

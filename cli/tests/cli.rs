@@ -115,6 +115,7 @@ impl Fixture {
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
             origin: None,
+            rootfs: None,
             mac: String::new(),
         };
         m.seal(&key);

@@ -64,6 +64,14 @@ pub struct RuntimeConfig {
     /// inside it). Past it runc and CRIU are killed, the tree is thawed and
     /// the capture fails: a hung dump never leaves an engine frozen.
     pub checkpoint_timeout_s: u64,
+    /// The most bytes of the container's writable layer a capture carries
+    /// into the artifact; a larger layer fails the capture naming its
+    /// largest paths (mount caches and scratch space as volumes instead).
+    pub rootfs_diff_limit_bytes: u64,
+    /// How long a donor stopped after its capture (`after-capture=exit`)
+    /// gets at each step (the barrier's abort marker, then SIGTERM) before
+    /// the next; past the last, SIGKILL.
+    pub donor_stop_grace_s: u64,
     /// Who places a CPU restore's memory: `parallel` (vsnap's page server,
     /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
     /// one thread). GPU restores always use `criu`.
@@ -170,6 +178,8 @@ impl Default for RuntimeConfig {
             activation_timeout_s: 120,
             gpu_activation_timeout_s: 600,
             checkpoint_timeout_s: 600,
+            rootfs_diff_limit_bytes: 4 << 30,
+            donor_stop_grace_s: 10,
             page_placement: PagePlacement::Parallel,
             pull_timeout_s: 900,
             push_created: false,
@@ -257,6 +267,7 @@ impl RuntimeConfig {
             ("activation_timeout_s", self.activation_timeout_s),
             ("gpu_activation_timeout_s", self.gpu_activation_timeout_s),
             ("checkpoint_timeout_s", self.checkpoint_timeout_s),
+            ("donor_stop_grace_s", self.donor_stop_grace_s),
         ] {
             if value == 0 {
                 return Err(invalid(format!("{key}: must be at least 1 second")));

@@ -170,6 +170,7 @@ impl Host {
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
             origin: None,
+            rootfs: None,
             mac: String::new(),
         };
         m.seal(&key);

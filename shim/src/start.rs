@@ -22,7 +22,7 @@ use crate::snapshot::capture::Capture;
 use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
-use crate::snapshot::{artifact_error, barrier, criu, cuda, listener, pages};
+use crate::snapshot::{artifact_error, barrier, criu, cuda, listener, pages, shm};
 use crate::snapshot::{record_error, RestoreTimings, Snapshot};
 use crate::task::{ContainerRef, Shared};
 use vsnap_artifact::{content, ArtifactError, Contents};
@@ -53,7 +53,7 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
                 dir: s.artifact_dir(),
                 contents: s.contents.clone()?,
                 beside_criu: s.holds_stopped(),
-                hashed_by_page_server: Vec::new(),
+                hashed_elsewhere: s.verified_at_create.clone(),
             })
         });
     // The page server hashes the pages files as it places them.
@@ -62,11 +62,12 @@ pub async fn init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i3
         .as_mut()
         .filter(|_| places_pages)
         .and_then(take_pages_files);
+    let host_shm = c.snapshot.as_ref().and_then(|s| s.host_shm.clone());
     let mut job = c.begin_restore(deadline)?;
     job.page_verification = page_verification;
     drop(c);
     // Owned by the shim: a dropped Start call does not stop it.
-    tokio::spawn(restore(shared, handle, job, mark, verify))
+    tokio::spawn(restore(shared, handle, job, mark, verify, host_shm))
         .await
         .map_err(|e| Error::Other(format!("restore: {e}")))?
 }
@@ -118,8 +119,9 @@ struct Verify {
     dir: PathBuf,
     contents: Contents,
     beside_criu: bool,
-    /// Files the page server hashes as it places them (pages.rs).
-    hashed_by_page_server: Vec<String>,
+    /// Files hashed already (the carried writable layer, at create) or by
+    /// the page server as it places them (pages.rs).
+    hashed_elsewhere: Vec<String>,
 }
 
 /// The tasks' pages files of `v`, with their digests, for the page server
@@ -137,7 +139,8 @@ fn take_pages_files(v: &mut Verify) -> Option<pages::Verification> {
         .into_iter()
         .filter_map(|rel| v.contents.get(&rel).map(|d| (rel, d.clone())))
         .collect::<Vec<_>>();
-    v.hashed_by_page_server = files.iter().map(|(rel, _)| rel.clone()).collect();
+    v.hashed_elsewhere
+        .extend(files.iter().map(|(rel, _)| rel.clone()));
     Some(pages::Verification {
         dir: v.dir.clone(),
         files,
@@ -151,6 +154,7 @@ async fn restore(
     mut job: RestoreJob,
     mark: Mark,
     verify: Option<Verify>,
+    host_shm: Option<PathBuf>,
 ) -> Result<i32> {
     let deadline = job.deadline.clone();
     let t = Instant::now();
@@ -168,7 +172,7 @@ async fn restore(
                 DIGEST_THREADS
             };
             let verified =
-                content::verify_except(&v.dir, &v.contents, threads, &v.hashed_by_page_server);
+                content::verify_except(&v.dir, &v.contents, threads, &v.hashed_elsewhere);
             if verified.is_err() {
                 cancel.cancel();
             }
@@ -199,6 +203,10 @@ async fn restore(
         (Err(_), Err(e)) => (Err(e), Duration::ZERO),
     };
     let restored_in = t.elapsed();
+    if let Some(shm) = &host_shm {
+        // CRIU has opened what it needed of them.
+        shm::remove_link_remaps(shm);
+    }
     let placed = job.placed;
     let (id, pid, snapshot, bundle) = {
         let mut c = handle.lock().await;

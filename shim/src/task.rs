@@ -266,6 +266,16 @@ impl TaskService {
         let snapshot = {
             let (bundle, id, ns) = (bundle.clone(), req.id.clone(), self.namespace.clone());
             let config = config.clone();
+            let layer = crate::snapshot::rootfs::WritableLayer::of(
+                &req.rootfs
+                    .iter()
+                    .map(|m| crate::snapshot::rootfs::RootMount {
+                        kind: m.type_.clone(),
+                        source: m.source.clone(),
+                        options: m.options.to_vec(),
+                    })
+                    .collect::<Vec<_>>(),
+            );
             tokio::task::spawn_blocking(move || {
                 Snapshot::prepare(
                     &bundle,
@@ -274,6 +284,7 @@ impl TaskService {
                     &config,
                     &settings,
                     image_digest.as_deref(),
+                    layer,
                 )
             })
             .await

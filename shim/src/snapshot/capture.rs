@@ -14,9 +14,10 @@ use super::inventory;
 use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
-use super::{artifact_error, barrier, criu, cuda, shm};
+use super::{artifact_error, barrier, criu, cuda, rootfs, shm};
 use crate::error::{Error, Result};
 use crate::runc::{CheckpointFlags, Deadline, Runc};
+use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{
     ensure_root, layout, HostIdentity, HostKey, Manifest, Staging, Timings, SCHEMA_VERSION,
 };
@@ -118,6 +119,10 @@ impl Capture {
             })
             .await?;
         }
+        let volume_files = {
+            let (pids, spec) = (pids.clone(), s.spec.clone());
+            blocking(move || rootfs::open_volume_files(&pids, &spec, super::CONTROL_MOUNT)).await?
+        };
         let inventory_time = t.elapsed();
 
         ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
@@ -171,6 +176,25 @@ impl Capture {
             let to = staging.dir.join(shm::ARTIFACT_DIR);
             blocking(move || shm::carry(&host_shm, &to)).await?;
         }
+        let layer = match (&s.layer, s.layer.record_without_carry()) {
+            (_, Some(record)) => record,
+            (rootfs::WritableLayer::Upper(upper), None) => {
+                let (upper, dir, limit) = (
+                    upper.clone(),
+                    staging.dir.join(artifact_rootfs::DIR),
+                    s.layer_limit,
+                );
+                blocking(move || {
+                    std::fs::create_dir(&dir).map_err(|e| {
+                        Error::io(format!("capture: rootfs: create {}", dir.display()), e)
+                    })?;
+                    rootfs::pack(&upper, &dir.join(artifact_rootfs::UPPER_TAR), limit)
+                })
+                .await?
+            }
+            (_, None) => unreachable!("only an upper dir is carried"),
+        };
+        info!("{}: writable layer: {layer:?}", self.id);
         let checkpoint_time = t.elapsed();
 
         let t = Instant::now();
@@ -205,6 +229,10 @@ impl Capture {
             },
             workload: s.workload.clone(),
             origin: None,
+            rootfs: Some(artifact_rootfs::Rootfs {
+                layer,
+                open_files: volume_files,
+            }),
             mac: String::new(),
         };
         manifest.seal(&key);
@@ -254,15 +282,51 @@ impl Capture {
                 .await?;
                 info!("{}: donor serving", self.id);
             }
-            AfterCapture::Exit => {
-                self.runc.kill(&self.id, libc::SIGTERM as u32, true).await?;
-            }
+            AfterCapture::Exit => self.stop_donor().await?,
         }
         Ok(published)
     }
 }
 
 impl Capture {
+    /// `after-capture=exit`: the donor asked to stop the way its protocol
+    /// allows, then told, then made to. The barrier gets its abort marker
+    /// first (vLLM's server exits without binding: it installs no SIGTERM
+    /// handler, and as PID 1 of its namespace the kernel drops SIGTERM);
+    /// then every process gets SIGTERM; past `donor_stop_grace_s` after
+    /// each step, SIGKILL. The task reports the donor's own exit.
+    async fn stop_donor(&self) -> Result<()> {
+        let s = &self.snapshot;
+        let grace = s.donor_stop_grace;
+        if let Some(release) = s.profile.release_path(&s.control_dir) {
+            if let Err(e) = vsnap_protocol::abort_release(&release) {
+                info!("{}: donor: abort marker: {e}", self.id);
+            } else if exits_within(self.pid, grace).await {
+                info!("{}: donor exited after the abort marker", self.id);
+                return Ok(());
+            }
+        }
+        if let Err(e) = self.runc.kill(&self.id, libc::SIGTERM as u32, true).await {
+            if !is_alive(self.pid) {
+                return Ok(());
+            }
+            return Err(e);
+        }
+        if exits_within(self.pid, grace).await {
+            info!("{}: donor exited after SIGTERM", self.id);
+            return Ok(());
+        }
+        info!(
+            "{}: donor still running {}s after SIGTERM (donor_stop_grace_s): SIGKILL",
+            self.id,
+            grace.as_secs()
+        );
+        match self.runc.kill(&self.id, libc::SIGKILL as u32, true).await {
+            Err(_) if !is_alive(self.pid) => Ok(()),
+            r => r,
+        }
+    }
+
     /// After a dump killed past its deadline: the tree thawed (CRIU froze
     /// its cgroup), every process continued, and for GPUs every process
     /// cuda-checkpoint reports locked or checkpointed resumed. Best effort.
@@ -286,6 +350,18 @@ impl Capture {
             }
         }
     }
+}
+
+/// Whether `pid` is gone (reaped by the shim) within `grace`.
+async fn exits_within(pid: i32, grace: Duration) -> bool {
+    let until = Instant::now() + grace;
+    while is_alive(pid) {
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
 }
 
 fn ms(d: Duration) -> u64 {

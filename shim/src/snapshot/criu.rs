@@ -67,6 +67,11 @@ pub fn config_text(
     body.push_str("# vsnap's options for this container (they override the ones above)\n");
     body.push_str(&format!("ghost-limit {GHOST_LIMIT_BYTES}\n"));
     body.push_str(&format!("libdir {}\n", plugin_dir.display()));
+    // A file open or mapped under a name it no longer has while another
+    // name still links it (a spawn-context multiprocessing semaphore in
+    // /dev/shm) is linked back as `link_remap.N` for the restore (shm.rs
+    // carries those and removes them from the donor's folder).
+    body.push_str("link-remap\n");
     if leave_stopped {
         body.push_str("leave-stopped\n");
     }
@@ -182,6 +187,7 @@ mod tests {
                 "libdir /old",
                 "ghost-limit 68719476736",
                 "libdir /opt/criu/plugins",
+                "link-remap",
                 "leave-stopped",
                 "lazy-pages"
             ]

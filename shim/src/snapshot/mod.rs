@@ -16,6 +16,7 @@ pub mod pages;
 pub mod plan;
 pub mod profile;
 pub mod restore;
+pub mod rootfs;
 pub mod shm;
 pub mod spec;
 
@@ -83,6 +84,17 @@ pub struct Snapshot {
     /// Where an `auto` create pushes its artifact once published
     /// (`push_created` and `vsnap.io/artifact-ref`; fetch.rs).
     pub push_to: Option<fetch::PushTarget>,
+    /// The container's writable layer (rootfs.rs): what a capture carries.
+    pub layer: rootfs::WritableLayer,
+    /// `rootfs_diff_limit_bytes`.
+    pub layer_limit: u64,
+    /// `donor_stop_grace_s`.
+    pub donor_stop_grace: Duration,
+    /// The spec as read at create (its mounts: the volumes).
+    pub spec: serde_json::Value,
+    /// Files of the artifact checked at create already (the carried layer,
+    /// unpacked before Start): Start's verification skips them.
+    pub verified_at_create: Vec<String>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -131,6 +143,7 @@ impl Snapshot {
         config: &RuntimeConfig,
         settings: &HashMap<String, String>,
         image_digest: Option<&str>,
+        layer: rootfs::WritableLayer,
     ) -> Result<Option<Self>> {
         let started = Instant::now();
         let Some(mut plan) = plan::from_annotations(settings)? else {
@@ -190,6 +203,8 @@ impl Snapshot {
         };
         let mut oracle = None;
         let mut contents = None;
+        let mut carried = None;
+        let mut manifest_contents = None;
         let lock = match mode {
             Mode::Restore => {
                 let lock = ArtifactLock::shared(&root, &name).map_err(preflight)?;
@@ -221,7 +236,12 @@ impl Snapshot {
                 if config.verify_contents {
                     contents = Some(manifest.contents.clone());
                 }
+                if let Some(r) = &manifest.rootfs {
+                    rootfs::check_volume_files(&r.open_files, &spec)?;
+                    carried = Some(r.layer.clone());
+                }
                 oracle = Some(manifest.oracle);
+                manifest_contents = Some(manifest.contents);
                 lock
             }
             _ => match ArtifactLock::exclusive(&root, &name) {
@@ -276,12 +296,21 @@ impl Snapshot {
             contents,
             place_pages,
             push_to,
+            layer,
+            layer_limit: config.rootfs_diff_limit_bytes,
+            donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
+            spec: spec.clone(),
+            verified_at_create: Vec::new(),
         };
-        let prepared = (|| {
+        let mut s = s;
+        let prepared = (|| -> Result<()> {
             if s.mode == Mode::Restore {
                 // The copy sees only what was there at capture time.
                 layout::copy_files(&s.artifact_dir().join("control"), &s.control_dir)
                     .map_err(|e| artifact_error("restore", e))?;
+                if let (Some(layer), Some(all)) = (&carried, &manifest_contents) {
+                    s.verified_at_create = s.put_back_layer(layer, all)?;
+                }
             }
             let startup = s.profile == Profile::Startup;
             let timeout = s.capture_timeout.as_secs();
@@ -336,6 +365,39 @@ impl Snapshot {
                 self.activation_timeout.as_secs()
             ),
         )
+    }
+
+    /// A restore: the carried writable layer, its bytes checked first,
+    /// unpacked into the new container's upper dir. Returns the files it
+    /// verified. A layer the new container cannot take is an error.
+    fn put_back_layer(
+        &self,
+        layer: &vsnap_artifact::rootfs::RootfsLayer,
+        contents: &vsnap_artifact::Contents,
+    ) -> Result<Vec<String>> {
+        use vsnap_artifact::rootfs::{RootfsLayer, DIR, UPPER_TAR};
+        let RootfsLayer::OverlayUpper { .. } = layer else {
+            return Ok(Vec::new());
+        };
+        let rootfs::WritableLayer::Upper(upper) = &self.layer else {
+            return Err(Error::FailedPrecondition(format!(
+                "restore: rootfs: artifact {} carries the writable layer of an overlay snapshot, and this container has {}: restore it on an overlay snapshotter (containerd's default)",
+                self.artifact,
+                match &self.layer {
+                    rootfs::WritableLayer::Shared => "a rootfs folder of its own (--rootfs)".to_string(),
+                    rootfs::WritableLayer::ReadOnly => "a read-only rootfs".to_string(),
+                    rootfs::WritableLayer::Unknown(why) => why.clone(),
+                    rootfs::WritableLayer::Upper(_) => unreachable!(),
+                }
+            )));
+        };
+        let rel = format!("{DIR}/{UPPER_TAR}");
+        let dir = self.artifact_dir();
+        let checked = [rel.clone()];
+        vsnap_artifact::content::verify_only(&dir, contents, capture::DIGEST_THREADS, &checked)
+            .map_err(|e| artifact_error("restore: rootfs", e))?;
+        rootfs::unpack(&dir.join(&rel), upper)?;
+        Ok(checked.to_vec())
     }
 
     pub fn artifact_dir(&self) -> PathBuf {

@@ -18,7 +18,34 @@ pub const ARTIFACT_DIR: &str = "dev-shm";
 pub fn carry(host_shm: &Path, to: &Path) -> Result<()> {
     fs::create_dir_all(to)
         .map_err(|e| Error::io(format!("capture: create {}", to.display()), e))?;
-    copy_regular_files(host_shm, to, "capture: /dev/shm")
+    copy_regular_files(host_shm, to, "capture: /dev/shm")?;
+    remove_link_remaps(host_shm);
+    Ok(())
+}
+
+/// What CRIU's `link-remap` names the links it makes for files open under
+/// a name they lost (criu/files-reg.c: `link_remap.<id>`).
+pub const LINK_REMAP_PREFIX: &str = "link_remap.";
+
+/// Removes CRIU's link-remap files from a `/dev/shm` folder: after the
+/// dump they are in the artifact (and the donor holds its files open);
+/// after a restore CRIU opened them. Nothing of them stays on the host.
+pub fn remove_link_remaps(host_shm: &Path) {
+    let Ok(entries) = fs::read_dir(host_shm) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(LINK_REMAP_PREFIX)
+        {
+            if let Err(err) = fs::remove_file(e.path()) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("remove {}: {err}", e.path().display());
+                }
+            }
+        }
+    }
 }
 
 /// Copies the carried files into the new container's `/dev/shm` folder,
@@ -74,10 +101,16 @@ mod tests {
         fs::create_dir_all(&shm).unwrap();
         fs::create_dir_all(&new).unwrap();
         fs::write(shm.join("psm_1"), b"shared").unwrap();
+        fs::write(shm.join("link_remap.3"), b"sem").unwrap();
         carry(&shm, &art).unwrap();
+        assert!(!shm.join("link_remap.3").exists(), "left on the host");
+        assert!(shm.join("psm_1").exists());
         put_back(&art, &new).unwrap();
         assert_eq!(fs::read(new.join("psm_1")).unwrap(), b"shared");
+        assert_eq!(fs::read(new.join("link_remap.3")).unwrap(), b"sem");
         let err = put_back(&art, &new).unwrap_err().to_string();
         assert!(err.contains("already exists"), "{err}");
+        remove_link_remaps(&new);
+        assert!(!new.join("link_remap.3").exists() && new.join("psm_1").exists());
     }
 }
