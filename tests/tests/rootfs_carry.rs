@@ -1,0 +1,207 @@
+//! The container's root filesystem across a capture, with the reference
+//! engine run from an OCI image (a real overlay snapshot per container, as
+//! under ctr or CRI with a real image): a file the cold start wrote into
+//! its writable layer and keeps open travels with the artifact; a tampered
+//! carried layer and a changed volume file are refused before CRIU runs.
+
+use std::time::Duration;
+
+use vsnap_e2e::cmd::CmdOutput;
+use vsnap_e2e::engine::{engine_rootfs, free_port, wait_listening};
+use vsnap_e2e::image::import_image;
+use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env, RT};
+
+const IMAGE: &str = "localhost/vsnap-ref-engine:rootfs";
+
+/// The cold start writes a compiled-cache-like file into its writable
+/// layer and keeps it open on fd 3 for its whole life (as Triton keeps
+/// its launcher `.so` mapped), then becomes the engine.
+const WRITES_ITS_ROOTFS: &str = "busybox mkdir -p /root/.triton/cache/ab12 && \
+     echo launcher > /root/.triton/cache/ab12/cuda_utils.so && \
+     busybox rm -f /etc/deleted-by-engine && \
+     exec 3</root/.triton/cache/ab12/cuda_utils.so && exec /vsnap-ref-engine";
+
+fn run_image(e: &Env, id: &str, plan: &str, port: u16, extra: &[&str], script: &str) -> CmdOutput {
+    let (plan, artifact, listen) = (
+        format!("vsnap.io/plan={plan}"),
+        "vsnap.io/artifact=layer".to_string(),
+        format!("vsnap.io/listen=127.0.0.1:{port}"),
+    );
+    let mut args = vec![
+        "run",
+        "-d",
+        "--net-host",
+        "--runtime",
+        RT,
+        "--runtime-config-path",
+        &e.config,
+        "--annotation",
+        &plan,
+        "--annotation",
+        &artifact,
+        "--annotation",
+        &listen,
+        "--annotation",
+        "vsnap.io/after-capture=exit",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[IMAGE, id, "/bin/sh", "-c", script]);
+    vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+}
+
+fn image_env(tag: &str) -> Env {
+    let e = setup(tag);
+    let work = e.c.dir.join("engine-image");
+    let root = engine_rootfs(&work);
+    std::fs::create_dir_all(root.join("root")).unwrap();
+    std::fs::write(root.join("etc/deleted-by-engine"), b"in the image").unwrap();
+    import_image(&e.c, &work, &root, IMAGE, serde_json::json!({}));
+    e
+}
+
+fn create(e: &Env, id: &str, extra: &[&str], script: &str) -> serde_json::Value {
+    let out = run_image(e, id, "create", free_port(), extra, script);
+    assert!(out.ok(), "{out:?}");
+    let manifest = e.wait_manifest("layer");
+    e.wait_stopped(id);
+    e.remove(id);
+    manifest
+}
+
+#[test]
+fn the_writable_layer_travels_and_a_tampered_one_is_refused() {
+    let e = image_env("rootfs-carry");
+    let manifest = create(&e, "layer-donor", &[], WRITES_ITS_ROOTFS);
+    let layer = &manifest["rootfs"]["layer"];
+    assert_eq!(layer["kind"], "overlay-upper", "{manifest}");
+    assert!(layer["bytes"].as_u64().unwrap() >= 9, "{layer}");
+    assert!(
+        manifest["contents"]["rootfs/upper.tar"]["size"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "the layer is under the digests: {}",
+        manifest["contents"]
+    );
+
+    // Each restore gets a fresh snapshot of the image: the layer is put back.
+    let mut reference = None;
+    for copy in ["layer-copy1", "layer-copy2"] {
+        let port = free_port();
+        let out = run_image(&e, copy, "restore", port, &[], WRITES_ITS_ROOTFS);
+        assert!(out.ok(), "{copy}: {out:?}\n{}", e.c.log_tail());
+        wait_listening(port, Duration::from_secs(30));
+        let a = answers(port);
+        assert_eq!(reference.get_or_insert_with(|| a.clone()), &a);
+        let cat = |path: &str| {
+            e.c.ctr(&["task", "exec", "--exec-id", "cat", copy, "/bin/cat", path])
+        };
+        let so = cat("/root/.triton/cache/ab12/cuda_utils.so");
+        assert_eq!(so.stdout, "launcher\n", "{copy}: {so:?}");
+        // A file the cold start deleted from the image stays deleted.
+        let gone = cat("/etc/deleted-by-engine");
+        assert!(!gone.ok(), "{copy}: the whiteout travelled: {gone:?}");
+        e.remove(copy);
+    }
+
+    // One byte of the carried layer changed: refused at create, naming it.
+    let tar = e.artifact("layer").join("rootfs/upper.tar");
+    let mut bytes = std::fs::read(&tar).unwrap();
+    let at = bytes
+        .windows(8)
+        .position(|w| w == b"launcher")
+        .expect("the file's bytes");
+    bytes[at] = b'L';
+    std::fs::write(&tar, &bytes).unwrap();
+    let out = run_image(
+        &e,
+        "layer-tampered",
+        "restore",
+        free_port(),
+        &[],
+        WRITES_ITS_ROOTFS,
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &[
+            "restore: rootfs",
+            "rootfs/upper.tar",
+            "does not match its digest",
+        ],
+    );
+    let _ = e.c.ctr(&["c", "rm", "layer-tampered"]);
+    e.assert_nothing_left();
+}
+
+#[test]
+fn a_changed_volume_file_is_refused_before_criu() {
+    let e = image_env("rootfs-volume");
+    let data = e.c.dir.join("volume");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("weights.bin"), b"the weights").unwrap();
+    let mount = format!(
+        "type=bind,src={},dst=/data,options=rbind:ro",
+        data.display()
+    );
+    let holds_volume_file = "exec 4</data/weights.bin && exec /vsnap-ref-engine";
+    let extra = ["--mount", mount.as_str()];
+    let manifest = create(&e, "vol-donor", &extra, holds_volume_file);
+    let files = manifest["rootfs"]["open_files"].as_array().unwrap();
+    assert!(
+        files
+            .iter()
+            .any(|f| f["path"] == "/data/weights.bin" && f["volume"] == "/data"),
+        "{manifest}"
+    );
+    // Unchanged: restores.
+    let port = free_port();
+    let out = run_image(&e, "vol-copy", "restore", port, &extra, holds_volume_file);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("vol-copy");
+    // Changed (same size): refused in the preflight, naming the file.
+    std::fs::write(data.join("weights.bin"), b"THE weights").unwrap();
+    let out = run_image(
+        &e,
+        "vol-changed",
+        "restore",
+        free_port(),
+        &extra,
+        holds_volume_file,
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &[
+            "restore: preflight: volume file /data/weights.bin",
+            "changed since the capture",
+        ],
+    );
+    let _ = e.c.ctr(&["c", "rm", "vol-changed"]);
+    // The same volume from a folder without the file: it vanished.
+    let other = e.c.dir.join("volume2");
+    std::fs::create_dir_all(&other).unwrap();
+    let mount2 = format!(
+        "type=bind,src={},dst=/data,options=rbind:ro",
+        other.display()
+    );
+    let extra2 = ["--mount", mount2.as_str()];
+    let out = run_image(
+        &e,
+        "vol-missing",
+        "restore",
+        free_port(),
+        &extra2,
+        holds_volume_file,
+    );
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &[
+            "volume file /data/weights.bin",
+            "vanished since the capture",
+        ],
+    );
+    let _ = e.c.ctr(&["c", "rm", "vol-missing"]);
+    e.assert_nothing_left();
+}
