@@ -74,6 +74,9 @@ pub struct Timings {
     pub cold_start_to_capture_ready: u64,
     pub inventory: u64,
     pub checkpoint: u64,
+    /// Packing the writable layer (inside `checkpoint`).
+    #[serde(default)]
+    pub rootfs: u64,
 }
 
 impl Manifest {

@@ -107,6 +107,7 @@ impl Fixture {
                 cold_start_to_capture_ready: 1500,
                 inventory: 3,
                 checkpoint: 250,
+                rootfs: 0,
             },
             host: host().clone(),
             workload: Workload::from_spec(

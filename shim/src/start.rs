@@ -361,6 +361,7 @@ async fn activate(
         criu_restore: restored_in,
         activation: validated,
         listener: woken.elapsed().saturating_sub(validated),
+        rootfs: s.rootfs_unpack,
         pages: None,
     })
 }

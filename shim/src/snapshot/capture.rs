@@ -176,6 +176,7 @@ impl Capture {
             let to = staging.dir.join(shm::ARTIFACT_DIR);
             blocking(move || shm::carry(&host_shm, &to)).await?;
         }
+        let packing = Instant::now();
         let layer = match (&s.layer, s.layer.record_without_carry()) {
             (_, Some(record)) => record,
             (rootfs::WritableLayer::Upper(upper), None) => {
@@ -194,7 +195,8 @@ impl Capture {
             }
             (_, None) => unreachable!("only an upper dir is carried"),
         };
-        info!("{}: writable layer: {layer:?}", self.id);
+        let rootfs_time = packing.elapsed();
+        info!("{}: writable layer in {rootfs_time:?}: {layer:?}", self.id);
         let checkpoint_time = t.elapsed();
 
         let t = Instant::now();
@@ -222,6 +224,7 @@ impl Capture {
                 cold_start_to_capture_ready: ms(cold_start),
                 inventory: ms(inventory_time),
                 checkpoint: ms(checkpoint_time),
+                rootfs: ms(rootfs_time),
             },
             host: HostIdentity {
                 gpus: s.gpus.clone(),

@@ -95,6 +95,8 @@ pub struct Snapshot {
     /// Files of the artifact checked at create already (the carried layer,
     /// unpacked before Start): Start's verification skips them.
     pub verified_at_create: Vec<String>,
+    /// How long checking and unpacking the carried layer took.
+    pub rootfs_unpack: Duration,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as
@@ -107,6 +109,8 @@ pub struct RestoreTimings {
     pub criu_restore: Duration,
     pub activation: Duration,
     pub listener: Duration,
+    /// Checking and unpacking the carried writable layer (at create).
+    pub rootfs: Duration,
     /// What vsnap's page server placed (inside `criu_restore`).
     pub pages: Option<pages::Placed>,
 }
@@ -120,6 +124,7 @@ impl RestoreTimings {
             "criu_restore_ms": ms(self.criu_restore),
             "activation_ms": ms(self.activation),
             "listener_ms": ms(self.listener),
+            "rootfs_ms": ms(self.rootfs),
             "page_fill_ms": self.pages.map(|p| ms(p.fill)),
             "pages_placed_bytes": self.pages.map(|p| p.bytes),
             "page_faults_served": self.pages.map(|p| p.faults),
@@ -301,6 +306,7 @@ impl Snapshot {
             donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
             spec: spec.clone(),
             verified_at_create: Vec::new(),
+            rootfs_unpack: Duration::ZERO,
         };
         let mut s = s;
         let prepared = (|| -> Result<()> {
@@ -309,7 +315,9 @@ impl Snapshot {
                 layout::copy_files(&s.artifact_dir().join("control"), &s.control_dir)
                     .map_err(|e| artifact_error("restore", e))?;
                 if let (Some(layer), Some(all)) = (&carried, &manifest_contents) {
+                    let t = Instant::now();
                     s.verified_at_create = s.put_back_layer(layer, all)?;
+                    s.rootfs_unpack = t.elapsed();
                 }
             }
             let startup = s.profile == Profile::Startup;
