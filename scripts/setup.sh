@@ -13,6 +13,10 @@
 #   * Debian's docker-registry (the CNCF distribution registry 2.8) for the fleet tests,
 #     which start their own on a free loopback port; the packaged service is kept from
 #     starting and disabled, so it never holds port 5000;
+#   * the vLLM test fixture (scripts/vllm-fixture.sh): a root filesystem under
+#     /var/cache/vsnap/vllm/rootfs in which vLLM 0.33.0's own vllm/snapshot package (from
+#     its wheel on PyPI) runs on vsnap's stand-in for the rest of vLLM
+#     (tests/vllm-standin/README.md);
 #   * /opt/vsnap/versions.txt with the installed versions.
 # It checks that the Rust toolchain (cargo) exists but does not install it.
 # The system's apt sources and sysctl settings are left as they are. Downloads and the
@@ -332,6 +336,16 @@ else
     log "versions: wrote $PREFIX/versions.txt"
 fi
 sed 's/^/setup:   /' "$PREFIX/versions.txt"
+
+# ---------------------------------------------------------------------------------------
+STEP=vllm-fixture
+# The vLLM test engine: the real vllm/snapshot package of the vLLM 0.33.0 wheel on the
+# stand-in in tests/vllm-standin/, as a root filesystem (cached; rebuilt only when an
+# input changes). Its own log goes to stderr; it prints the rootfs path.
+vllm_rootfs=$(bash "$(dirname "${BASH_SOURCE[0]}")/vllm-fixture.sh") ||
+    die "scripts/vllm-fixture.sh failed (see its messages above)"
+[ -x "$vllm_rootfs/usr/bin/python3.11" ] || die "scripts/vllm-fixture.sh printed '$vllm_rootfs', not a rootfs"
+log "vllm-fixture: rootfs $vllm_rootfs ($(du -sh "$vllm_rootfs" | cut -f1))"
 
 STEP=done
 log "done"

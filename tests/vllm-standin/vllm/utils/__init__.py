@@ -1,0 +1,1 @@
+# vsnap stand-in for vLLM (see tests/vllm-standin/README.md).
