@@ -13,6 +13,7 @@ pub mod events;
 pub mod image;
 pub mod registry;
 pub mod snapshot_env;
+pub mod vllm;
 
 pub use cmd::{run, CmdOutput};
 pub use containerd::Containerd;

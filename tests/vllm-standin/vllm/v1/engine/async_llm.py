@@ -4,9 +4,12 @@ It spawns the EngineCore (``vllm.v1.engine.core``) through
 ``multiprocessing.get_context("spawn")`` and talks to it over a spawn-context Pipe,
 read from the event loop (``add_reader``), so calls from several requests can be in
 flight. The spawn-context Queue the EngineCore reports ready on is held for the life
-of the engine; its POSIX named semaphores (``/dev/shm/sem.mp-*``) are unlinked once
-the EngineCore has opened them, so both processes keep them mapped with no name left
-in /dev/shm.
+of the engine; its POSIX named semaphores (``/dev/shm/sem.mp-*``) keep their names,
+as multiprocessing leaves them until the Queue is finalized: both processes map each
+through the name glibc created it under (now unlinked) while the final name still
+links it, which CRIU can dump only with ``link-remap``.
+``VSNAP_STANDIN_UNLINK_SEMAPHORES=1`` unlinks the names once the EngineCore opened them
+(CRIU then dumps them as ghost files).
 """
 
 import asyncio
@@ -113,7 +116,11 @@ class AsyncLLM:
                 f"Engine core initialization failed: {status[1]}\n{status[2]}"
             )
         self.core_pid = status[1]["pid"]
-        self.semaphores = _unlink_queue_semaphores(self._status_queue)
+        self.semaphores = (
+            _unlink_queue_semaphores(self._status_queue)
+            if os.environ.get("VSNAP_STANDIN_UNLINK_SEMAPHORES") == "1"
+            else []
+        )
         self._loop.add_reader(self._conn.fileno(), self._on_readable)
         logger.info(
             "EngineCore_DP0 (pid %d) ready in %.3f s", self.core_pid, time.monotonic() - t0
