@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use vsnap_protocol::Oracle;
 
+use crate::clocks::Clocks;
 use crate::error::{ArtifactError, Result};
 use crate::fingerprint::{HostIdentity, Workload};
 use crate::key::HostKey;
@@ -35,6 +36,13 @@ pub struct Manifest {
     pub host: HostIdentity,
     /// What was captured (secrets redacted, env as fingerprints only).
     pub workload: Workload,
+    /// The capturing host's boot id and clocks right before the dump
+    /// (clocks.rs): information, not a compatibility field; what a restore
+    /// on a kernel without time namespaces is checked against. Absent in
+    /// manifests made before it was recorded (their MAC stays valid: an
+    /// absent field is not serialized).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clocks: Option<Clocks>,
     /// Where a pulled artifact came from and who signed it; absent for one
     /// captured on this host. Covered by the MAC like every other field, so
     /// it cannot be changed after the pull re-sealed the manifest.
@@ -188,6 +196,7 @@ mod tests {
                 "/run/vsnap/control",
                 &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
             ),
+            clocks: None,
             origin: None,
             rootfs: None,
             mac: String::new(),
@@ -219,5 +228,58 @@ mod tests {
             o.signed_by = Some("ed25519:ffffffffffffffff".into());
         }
         assert!(!m.mac_verifies(&key), "who signed it cannot be edited");
+    }
+
+    #[test]
+    fn the_capture_clocks_are_sealed_and_a_manifest_without_them_still_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = Manifest {
+            schema_version: SCHEMA_VERSION,
+            name: "a".into(),
+            created_at: "2025-01-01T00:00:00Z".into(),
+            capture_id: "c".into(),
+            oracle: Oracle {
+                sampled_token_logprob: -0.5,
+                text: "t".into(),
+                token_ids: vec![1],
+            },
+            source_container: "s".into(),
+            image_bytes: 1,
+            contents: Default::default(),
+            timings_ms: Timings::default(),
+            host: HostIdentity::probe(&Tools::default(), "test"),
+            workload: Workload::from_spec(
+                &serde_json::json!({}),
+                "/run/vsnap/control",
+                &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
+            ),
+            clocks: None,
+            origin: None,
+            mac: String::new(),
+        };
+        // A manifest sealed before clocks were recorded: no `clocks` key in
+        // its JSON, and it parses and verifies as it did.
+        m.seal(&key);
+        let old = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!old.contains("clocks"), "{old}");
+        let back = Manifest::parse(old.as_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back.clocks, None);
+        assert!(back.mac_verifies(&key));
+        // Recorded, they are sealed with the rest.
+        m.clocks = Some(Clocks {
+            boot_id: "aee2904a-36f4-4c08-b9c8-3b3bdf64c4a2".into(),
+            monotonic_ns: 1_000_219_100_000_000,
+            boottime_ns: 1_000_219_200_000_000,
+        });
+        assert!(!m.mac_verifies(&key), "the clocks are covered");
+        m.seal(&key);
+        let back = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back, m);
+        assert!(back.mac_verifies(&key));
+        if let Some(c) = m.clocks.as_mut() {
+            c.monotonic_ns = 1;
+        }
+        assert!(!m.mac_verifies(&key), "a captured clock cannot be edited");
     }
 }

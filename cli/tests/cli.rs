@@ -115,6 +115,7 @@ impl Fixture {
                 "/run/vsnap/control",
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
+            clocks: None,
             origin: None,
             rootfs: None,
             mac: String::new(),

@@ -169,6 +169,7 @@ impl Host {
                 CONTROL_MOUNT,
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
+            clocks: None,
             origin: None,
             rootfs: None,
             mac: String::new(),
