@@ -142,6 +142,9 @@ impl Capture {
                 s.checkpoint_timeout.as_secs()
             ),
         );
+        // Right before the dump: CRIU freezes the tree within moments of
+        // runc starting it, so the engine's timers were set on these clocks.
+        let clocks = vsnap_artifact::Clocks::now();
         let dumped = self
             .runc
             .checkpoint(
@@ -231,6 +234,7 @@ impl Capture {
                 ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
             },
             workload: s.workload.clone(),
+            clocks: Some(clocks),
             origin: None,
             rootfs: Some(artifact_rootfs::Rootfs {
                 layer,

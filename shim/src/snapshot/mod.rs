@@ -225,6 +225,9 @@ impl Snapshot {
                 if !diff.is_empty() {
                     return Err(preflight(ArtifactError::Mismatch(diff.join("; "))));
                 }
+                if let Some(captured) = &manifest.clocks {
+                    check_clocks(id, captured)?;
+                }
                 if !host.tolerated.is_empty() {
                     log::info!(
                         "{id}: artifact {name}: host differences a restore allows: {}",
@@ -426,6 +429,24 @@ impl Snapshot {
 
     pub fn cleanup(&self) {
         remove_control_dir(&self.control_dir);
+    }
+}
+
+/// Before CRIU runs: a restore whose engine would wait for this host's
+/// clocks to catch up with the capture's is refused (artifact/src/clocks.rs).
+fn check_clocks(id: &str, captured: &artifact::Clocks) -> Result<()> {
+    let live = artifact::Clocks::now();
+    match artifact::clocks::check_restore(captured, &live, artifact::clocks::has_time_namespaces())
+    {
+        Ok(note) => {
+            if let Some(note) = note {
+                log::info!("{id}: {note}");
+            }
+            Ok(())
+        }
+        Err(e) => Err(Error::FailedPrecondition(format!(
+            "restore: preflight: {e}"
+        ))),
     }
 }
 
