@@ -10,6 +10,10 @@
 //! argv secrets are redacted and environment values appear only as
 //! fingerprints.
 //!
+//! Where this kernel has no time namespaces, this host's clocks must not be
+//! behind the capture's (vsnap_artifact::clocks): the restored engine's
+//! timers would wait for them.
+//!
 //! When the manifest records GPUs, the live ones come from `nvidia-smi`
 //! (`--nvidia-smi P`), as the shim takes them, narrowed to the container's
 //! own (`--gpu-uuids U1,U2`, which the shim passes).
@@ -90,7 +94,32 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
         }
     }
     let key = flags.abs_path("--fingerprint-key")?;
-    compare(&root, key.as_deref(), &manifest, &live, &spec)
+    compare(&root, key.as_deref(), &manifest, &live, &spec)?;
+    check_clocks(&root, &manifest)
+}
+
+/// A restore whose engine would wait for this host's clocks to catch up
+/// with the capture's (a kernel without time namespaces, clocks behind)
+/// is refused, as the shim's preflight refuses it
+/// ([`vsnap_artifact::clocks::check_restore`]). Manifests from before
+/// clocks were recorded pass.
+pub fn check_clocks(root: &Path, manifest: &Manifest) -> Result<(), Failure> {
+    let Some(captured) = &manifest.clocks else {
+        return Ok(());
+    };
+    let live = vsnap_artifact::Clocks::now();
+    vsnap_artifact::clocks::check_restore(
+        captured,
+        &live,
+        vsnap_artifact::clocks::has_time_namespaces(),
+    )
+    .map(drop)
+    .map_err(|e| {
+        Failure::Check(format!(
+            "artifact {}: {e}",
+            root.join(&manifest.name).display()
+        ))
+    })
 }
 
 /// The `name uuid driver` lines of `gpus` whose UUID is in the

@@ -11,8 +11,10 @@
 //! - `ownership`: the artifact and control-dir paths are root-owned, free of
 //!   symlinks and not group/world-writable; the artifact's own layout.
 //! - `fingerprint`: the manifest's MAC verifies with this host's key, this
-//!   host is compatible with the one it was captured on, and the workload it
-//!   was made for is this container.
+//!   host is compatible with the one it was captured on, its clocks do not
+//!   leave the restored engine's timers waiting (no time namespaces, clocks
+//!   behind the capture's), and the workload it was made for is this
+//!   container.
 //!
 //! The container state (OCI runtime spec, "State") arrives on stdin; it is
 //! read only by the checks that need it (the bundle's `config.json`, the
