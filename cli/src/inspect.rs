@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use vsnap_artifact::{ArtifactLock, Manifest, Origin};
+use vsnap_artifact::clocks::seconds;
+use vsnap_artifact::{ArtifactLock, Clocks, Manifest, Origin};
 
 use crate::store::{self, MacStatus};
 use crate::table::{row, table};
@@ -70,6 +71,7 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         row(&["Capture ID:", or_dash(&m.capture_id)]),
         row(&["Source:", or_dash(&m.source_container)]),
         row(&["Origin:", &origin(m.origin.as_ref())]),
+        row(&["Clocks:", &clocks(m.clocks.as_ref())]),
         row(&["MAC:", &mac.describe(&ctx.root)]),
         row(&[
             "In use:",
@@ -143,6 +145,19 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
     out.push_str(&indented_by(&security, 4));
     emit(&out);
     Ok(OK)
+}
+
+/// The capturing host's boot id and clocks right before the dump.
+fn clocks(c: Option<&Clocks>) -> String {
+    match c {
+        Some(c) => format!(
+            "boot id {}, CLOCK_MONOTONIC {}, CLOCK_BOOTTIME {} (the capturing host's, right before the dump)",
+            json_text(&c.boot_id),
+            seconds(c.monotonic_ns),
+            seconds(c.boottime_ns)
+        ),
+        None => "- (not recorded: captured by an older vsnap)".into(),
+    }
 }
 
 /// Where the artifact came from: captured here, or pulled (reference,

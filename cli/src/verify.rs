@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use vsnap_artifact::layout::check_layout;
-use vsnap_artifact::{compat, content, HostIdentity, Manifest};
+use vsnap_artifact::{clocks, compat, content, Clocks, HostIdentity, Manifest};
 
 use crate::store::{self, MacStatus};
 use crate::table::{row, table};
@@ -116,9 +116,10 @@ pub fn run(ctx: &Ctx, name: &str, quick: bool, json: bool) -> Outcome {
             checks.push(check_mac(root, m));
             checks.push(check_contents(&dir, m, quick));
             checks.push(check_host(ctx, m));
+            checks.push(check_clocks(m));
         }
         None => {
-            for c in ["mac", "contents", "host"] {
+            for c in ["mac", "contents", "host", "clocks"] {
                 checks.push(Check::skipped(c, "no readable manifest"));
             }
         }
@@ -289,6 +290,23 @@ fn check_contents(dir: &Path, m: &Manifest, quick: bool) -> Check {
                 size_and_bytes(bytes)
             ),
         ),
+    }
+}
+
+/// This host's clocks against the capture's, as a restore's preflight
+/// holds them (vsnap_artifact::clocks): behind on a kernel without time
+/// namespaces, the restored engine's timers would wait.
+fn check_clocks(m: &Manifest) -> Check {
+    let Some(captured) = &m.clocks else {
+        return Check::ok(
+            "clocks",
+            "not recorded (captured by an older vsnap): not checked",
+        );
+    };
+    match clocks::check_restore(captured, &Clocks::now(), clocks::has_time_namespaces()) {
+        Ok(None) => Check::ok("clocks", "this host's clocks are ahead of the capture's"),
+        Ok(Some(note)) => Check::ok("clocks", note),
+        Err(e) => Check::failed("clocks", vec![e]),
     }
 }
 

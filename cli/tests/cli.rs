@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 use vsnap_artifact::layout::bytes_under;
 use vsnap_artifact::{
-    ensure_root, ArtifactLock, FingerprintKey, HostIdentity, HostKey, Manifest, Origin, Staging,
-    Timings, Tools, Workload, SCHEMA_VERSION,
+    ensure_root, ArtifactLock, Clocks, FingerprintKey, HostIdentity, HostKey, Manifest, Origin,
+    Staging, Timings, Tools, Workload, SCHEMA_VERSION,
 };
 use vsnap_protocol::Oracle;
 
@@ -115,7 +115,7 @@ impl Fixture {
                 "/run/vsnap/control",
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
             ),
-            clocks: None,
+            clocks: Some(Clocks::now()),
             origin: None,
             rootfs: None,
             mac: String::new(),
@@ -328,8 +328,82 @@ fn verify_passes_for_a_fresh_artifact() {
         .collect();
     assert_eq!(
         checks,
-        ["layout", "files", "manifest", "mac", "contents", "host"]
+        ["layout", "files", "manifest", "mac", "contents", "host", "clocks"]
     );
+}
+
+#[test]
+fn inspect_shows_the_capture_clocks_and_verify_holds_this_hosts_to_them() {
+    let Some(f) = Fixture::new() else { return };
+    let mut m = f.make("clocked", Duration::ZERO, 100);
+    let captured = m.clocks.clone().unwrap();
+    let (stdout, _) = text(&f.vsnap(&["inspect", "clocked"]));
+    assert!(
+        stdout.contains(&format!(
+            "Clocks:        boot id \"{}\", CLOCK_MONOTONIC ",
+            captured.boot_id
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(the capturing host's, right before the dump)"),
+        "{stdout}"
+    );
+    let (_, v) = f.json(&["inspect", "clocked", "--json"]);
+    assert_eq!(
+        v["manifest"]["clocks"]["boot_id"],
+        captured.boot_id.as_str()
+    );
+    let (code, v) = f.json(&["verify", "clocked", "--json"]);
+    assert_eq!(code, 0, "{v}");
+    let check = |v: &Value| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "clocks")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        check(&v)["detail"],
+        "this host's clocks are ahead of the capture's"
+    );
+
+    // Captured on a host up 10^6 s longer than this one: this kernel has
+    // time namespaces, in which CRIU continues the captured clocks.
+    m.clocks = Some(Clocks {
+        boot_id: "another-boot".into(),
+        monotonic_ns: captured.monotonic_ns + 1_000_000_000_000_000,
+        boottime_ns: captured.boottime_ns + 1_000_000_000_000_000,
+    });
+    m.seal(&HostKey::load(&f.root).unwrap());
+    fs::write(f.manifest_path("clocked"), m.to_bytes()).unwrap();
+    let (code, v) = f.json(&["verify", "clocked", "--json"]);
+    if vsnap_artifact::clocks::has_time_namespaces() {
+        assert_eq!(code, 0, "{v}");
+        let detail = check(&v)["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains("boot id another-boot"), "{detail}");
+        assert!(
+            detail.contains("time namespace that continues the captured clocks"),
+            "{detail}"
+        );
+    } else {
+        assert_eq!(code, 1, "{v}");
+        assert_eq!(check(&v)["status"], "failed");
+    }
+
+    // A manifest from before clocks were recorded.
+    m.clocks = None;
+    m.seal(&HostKey::load(&f.root).unwrap());
+    fs::write(f.manifest_path("clocked"), m.to_bytes()).unwrap();
+    let (stdout, _) = text(&f.vsnap(&["inspect", "clocked"]));
+    assert!(
+        stdout.contains("Clocks:        - (not recorded"),
+        "{stdout}"
+    );
+    let (code, v) = f.json(&["verify", "clocked", "--json"]);
+    assert_eq!(code, 0, "{v}");
 }
 
 #[test]
@@ -376,7 +450,7 @@ fn verify_fails_a_group_writable_artifact_folder() {
         .collect();
     assert_eq!(
         status,
-        ["failed", "ok", "skipped", "skipped", "skipped", "skipped"],
+        ["failed", "ok", "skipped", "skipped", "skipped", "skipped", "skipped"],
         "{v}"
     );
     // Inspect names the problem too, and reads nothing through it.
