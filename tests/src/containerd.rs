@@ -17,6 +17,10 @@ static INSTANCES: AtomicU32 = AtomicU32::new(0);
 pub struct Containerd {
     pub dir: PathBuf,
     child: Option<Child>,
+    /// Seconds this instance's CLOCK_MONOTONIC and CLOCK_BOOTTIME run ahead
+    /// of the host's: it runs in a time namespace of its own, which its
+    /// shims, runc and CRIU inherit. None: the host's time namespace.
+    clock_offset: Option<i64>,
 }
 
 /// The shim binary the tests run: `VSNAP_SHIM_BIN`, or the workspace build.
@@ -67,6 +71,28 @@ impl Containerd {
     /// after the top-level keys (its tables must not capture them); `extra`
     /// runs before containerd starts, so it can also put files there.
     pub fn start_with(tag: &str, extra: impl FnOnce(&Path) -> String) -> Self {
+        Self::start_full(tag, extra, None)
+    }
+
+    /// An instance with the CRI plugin off whose clocks (CLOCK_MONOTONIC,
+    /// CLOCK_BOOTTIME) read `offset_s` more than the host's, as on a host
+    /// that has been up that much longer. [`Containerd::restart_on_host_clocks`]
+    /// starts it again in the host's time namespace.
+    pub fn start_with_clock_offset(tag: &str, offset_s: i64) -> Self {
+        Self::start_full(
+            tag,
+            |_| {
+                "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\n".into()
+            },
+            Some(offset_s),
+        )
+    }
+
+    fn start_full(
+        tag: &str,
+        extra: impl FnOnce(&Path) -> String,
+        clock_offset: Option<i64>,
+    ) -> Self {
         let dir = scratch_dir(tag);
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::os::unix::fs::symlink(shim_binary(), dir.join("bin").join(SHIM_NAME)).unwrap();
@@ -76,7 +102,11 @@ impl Containerd {
             d = dir.display()
         );
         std::fs::write(dir.join("config.toml"), config).unwrap();
-        let mut c = Containerd { dir, child: None };
+        let mut c = Containerd {
+            dir,
+            child: None,
+            clock_offset,
+        };
         c.spawn();
         assert!(
             c.dir.join("root").is_dir() && c.dir.join("state").is_dir(),
@@ -96,7 +126,11 @@ impl Containerd {
             .append(true)
             .open(self.dir.join("containerd.log"))
             .unwrap();
-        let child = Command::new(format!("{CONTAINERD_BIN}/containerd"))
+        let mut command = Command::new(format!("{CONTAINERD_BIN}/containerd"));
+        if let Some(offset) = self.clock_offset {
+            in_time_namespace(&mut command, offset);
+        }
+        let child = command
             .arg("--config")
             .arg(self.dir.join("config.toml"))
             .env_clear()
@@ -137,6 +171,15 @@ impl Containerd {
     /// Starts containerd again on the same root and state.
     pub fn restart(&mut self) {
         self.crash();
+        self.spawn();
+    }
+
+    /// Starts containerd again on the same root and state, in the host's
+    /// time namespace: as the same artifacts seen from a host whose clocks
+    /// are behind the ones they were captured under (one that booted later).
+    pub fn restart_on_host_clocks(&mut self) {
+        self.crash();
+        self.clock_offset = None;
         self.spawn();
     }
 
@@ -286,6 +329,51 @@ impl Containerd {
                 .args(["delete", "--force", &id])
                 .status();
         }
+    }
+}
+
+/// Makes `command` run in a new time namespace whose CLOCK_MONOTONIC and
+/// CLOCK_BOOTTIME are `offset_s` ahead of the caller's (as `unshare --time
+/// --monotonic N --boottime N`, without a process in between): the child
+/// unshares, sets the offsets before any process is in the namespace, and
+/// enters it before it execs.
+fn in_time_namespace(command: &mut Command, offset_s: i64) {
+    use std::os::unix::process::CommandExt;
+    let offsets = format!(
+        "{} {offset_s} 0\n{} {offset_s} 0\n",
+        libc::CLOCK_MONOTONIC,
+        libc::CLOCK_BOOTTIME
+    );
+    let offsets_file = c"/proc/self/timens_offsets";
+    let for_children = c"/proc/self/ns/time_for_children";
+    // SAFETY: between fork and exec only system calls, on memory prepared
+    // before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            let fail = || Err(std::io::Error::last_os_error());
+            if libc::unshare(libc::CLONE_NEWTIME) != 0 {
+                return fail();
+            }
+            let fd = libc::open(offsets_file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return fail();
+            }
+            let written = libc::write(fd, offsets.as_ptr().cast(), offsets.len());
+            libc::close(fd);
+            if written != offsets.len() as isize {
+                return fail();
+            }
+            let ns = libc::open(for_children.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if ns < 0 {
+                return fail();
+            }
+            let entered = libc::setns(ns, libc::CLONE_NEWTIME);
+            libc::close(ns);
+            if entered != 0 {
+                return fail();
+            }
+            Ok(())
+        });
     }
 }
 
