@@ -228,8 +228,5 @@ mod tests {
         let b = Clocks::now();
         assert!(a.monotonic_ns > 0 && b.monotonic_ns >= a.monotonic_ns);
         assert_eq!(a.boot_id.len(), 36, "a uuid: {a:?}");
-        assert!(a
-            .describe()
-            .starts_with(&format!("boot id {}, CLOCK_MONOTONIC ", a.boot_id)));
     }
 }

@@ -256,6 +256,7 @@ mod tests {
             ),
             clocks: None,
             origin: None,
+            rootfs: None,
             mac: String::new(),
         };
         // A manifest sealed before clocks were recorded: no `clocks` key in

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{assert_has, exit_code, poll, setup, Env, RT};
+use vsnap_e2e::snapshot_env::{exit_code, setup, Env, RT};
 use vsnap_e2e::vllm::{self, BARRIER_FLAGS};
 
 struct Run<'a> {
