@@ -2,8 +2,11 @@
 //! (CRIU cannot dump them) and established TCP connections to peers outside
 //! the tree. Checked before CRIU runs, so the error names the process.
 
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::path::Path;
 
+use super::tcp_table::{self, TcpEntry, TcpState};
 use crate::error::{Error, Result};
 
 /// Fails naming the first process of `pids` that holds an io_uring fd.
@@ -31,19 +34,24 @@ pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
 /// whose other end is not a socket of the tree. A connection between two
 /// processes of the tree (vLLM's rendezvous store connects the engine to
 /// itself, on the host's address) is restored whole and is fine, whatever
-/// its addresses; one to anything else cannot be restored.
+/// its addresses and whichever table each end is in; one to anything else
+/// cannot be restored.
 pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
     // Every socket of the tree, with the process that holds it.
-    let ours: Vec<(u64, i32)> = pids
+    let ours: HashMap<u64, i32> = pids
         .iter()
-        .flat_map(|p| socket_inodes(*p).into_iter().map(move |i| (i, *p)))
+        .flat_map(|p| {
+            tcp_table::socket_inodes(*p)
+                .into_iter()
+                .map(move |i| (i, *p))
+        })
         .collect();
-    let holder = |inode: u64| ours.iter().find(|(i, _)| *i == inode).map(|(_, p)| *p);
     if ours.is_empty() {
         return Ok(());
     }
     // The tables are per network namespace: read each once.
     let mut seen_netns: Vec<std::path::PathBuf> = Vec::new();
+    let mut entries = Vec::new();
     for pid in pids {
         if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
             if seen_netns.contains(&ns) {
@@ -51,56 +59,32 @@ pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
             }
             seen_netns.push(ns);
         }
-        let entries = tcp_entries(*pid);
-        for e in &entries {
-            let Some(owner) = holder(e.inode) else {
-                continue;
-            };
-            let inside = entries.iter().any(|peer| {
-                peer.local == e.remote && peer.remote == e.local && holder(peer.inode).is_some()
-            });
-            if inside {
-                continue;
-            }
-            return Err(Error::FailedPrecondition(format!(
-                "capture: inventory: pid {owner} has an established TCP connection to {} outside the captured tree; close it before capture",
-                hex_addr(&e.remote)
-            )));
-        }
+        entries.extend(tcp_table::read(*pid));
     }
-    Ok(())
+    match outside_connection(&entries, &|inode| ours.get(&inode).copied()) {
+        None => Ok(()),
+        Some((owner, peer)) => Err(Error::FailedPrecondition(format!(
+            "capture: inventory: pid {owner} has an established TCP connection to {peer} outside the captured tree; close it before capture"
+        ))),
+    }
 }
 
-/// One ESTABLISHED row of `/proc/PID/net/tcp{,6}` (addresses in the
-/// kernel's hex form).
-struct TcpEntry {
-    local: String,
-    remote: String,
-    inode: u64,
-}
-
-/// The ESTABLISHED connections of the network namespace `pid` is in.
-fn tcp_entries(pid: i32) -> Vec<TcpEntry> {
-    let mut out = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 10 || f[3] != "01" {
-                continue; // not ESTABLISHED
-            }
-            if let Ok(inode) = f[9].parse::<u64>() {
-                out.push(TcpEntry {
-                    local: f[1].to_string(),
-                    remote: f[2].to_string(),
-                    inode,
-                });
-            }
-        }
-    }
-    out
+/// The first ESTABLISHED row held by the tree (`holder` names the process
+/// holding a socket inode, `None` outside the tree) whose reverse tuple is
+/// not also a row held by the tree: its holder and its peer.
+fn outside_connection(
+    entries: &[TcpEntry],
+    holder: &dyn Fn(u64) -> Option<i32>,
+) -> Option<(i32, SocketAddr)> {
+    let established = || entries.iter().filter(|e| e.state == TcpState::Established);
+    let held: HashSet<(SocketAddr, SocketAddr)> = established()
+        .filter(|e| holder(e.inode).is_some())
+        .map(|e| (e.local, e.remote))
+        .collect();
+    established().find_map(|e| {
+        let owner = holder(e.inode)?;
+        (!held.contains(&(e.remote, e.local))).then_some((owner, e.remote))
+    })
 }
 
 /// Character devices CRIU 4.2 dumps (criu/files.c `dump_chrdev`, tty.c
@@ -186,48 +170,71 @@ fn comm(pid: i32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn socket_inodes(pid: i32) -> Vec<u64> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-        for e in entries.flatten() {
-            if let Ok(t) = std::fs::read_link(e.path()) {
-                let t = t.to_string_lossy();
-                if let Some(n) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
-                    if let Ok(n) = n.parse() {
-                        out.push(n);
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-fn hex_addr(addr: &str) -> String {
-    let mut parts = addr.split(':');
-    let (ip, port) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let port = u16::from_str_radix(port, 16).unwrap_or(0);
-    if ip.len() == 8 {
-        if let Ok(v) = u32::from_str_radix(ip, 16) {
-            let b = v.to_le_bytes();
-            return format!("{}.{}.{}.{}:{port}", b[0], b[1], b[2], b[3]);
-        }
-    }
-    format!("[{ip}]:{port}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use super::super::tcp_table::fixtures;
+
+    /// The fixtures' rows in one table, as one network namespace shows them.
+    fn rows() -> Vec<TcpEntry> {
+        let mut rows = tcp_table::parse(fixtures::TCP);
+        rows.extend(tcp_table::parse(fixtures::TCP6));
+        rows
+    }
+
     #[test]
-    fn addresses_are_shown_as_written() {
-        assert_eq!(hex_addr("0200000A:0050"), "10.0.0.2:80");
+    fn a_connection_between_an_ipv4_client_and_a_dual_stack_listener_of_the_tree_is_inside() {
+        // The client's end (tcp, 41001) and the accepted end (tcp6,
+        // v4-mapped, 41002) both held by the tree; 41005 is not in the tree.
+        let tree = |inode: u64| matches!(inode, 41000..=41004).then_some(7);
+        assert_eq!(outside_connection(&rows(), &tree), None);
+    }
+
+    #[test]
+    fn a_connection_to_a_peer_outside_the_tree_is_named() {
+        let tree = |inode: u64| (41000..=41005).contains(&inode).then_some(7);
+        assert_eq!(
+            outside_connection(&rows(), &tree),
+            Some((7, "198.51.100.7:443".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn an_end_whose_peer_is_held_outside_the_tree_is_outside() {
+        // Only the client's end is the tree's: the listener's process is not.
+        let tree = |inode: u64| (inode == 41001).then_some(9);
+        assert_eq!(
+            outside_connection(&rows(), &tree),
+            Some((9, "192.0.2.2:29500".parse().unwrap()))
+        );
+        // Rows the tree does not hold are none of its business.
+        assert_eq!(outside_connection(&rows(), &|_| None), None);
+    }
+
+    /// The live tests below look at every connection of this process: one
+    /// holds a connection to a child while the other checks.
+    static LIVE_TCP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_dual_stack_listener_that_accepted_an_ipv4_client_of_this_process_is_inside() {
+        let _one_at_a_time = LIVE_TCP.lock().unwrap_or_else(|e| e.into_inner());
+        // Needs IPv6; a host without it has no dual-stack sockets either.
+        let Ok(l) = std::net::TcpListener::bind("[::]:0") else {
+            eprintln!("skipped: no IPv6 here");
+            return;
+        };
+        let port = l.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (_accepted, peer) = l.accept().unwrap();
+        assert!(peer.ip().to_canonical().is_ipv4(), "{peer}");
+        check_no_outside_tcp(&[std::process::id() as i32]).unwrap();
     }
 
     #[test]
     fn a_connection_between_two_sockets_of_the_tree_is_inside() {
         use std::io::Read;
+        let _one_at_a_time = LIVE_TCP.lock().unwrap_or_else(|e| e.into_inner());
         // Both ends held by this process: inside, whatever the address.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();

@@ -7,19 +7,16 @@
 //! engine's cgroup.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
-/// TCP state LISTEN in /proc/net/tcp.
-const LISTEN: &str = "0A";
+use super::tcp_table::{self, TcpEntry, TcpState};
 
 /// Ok when a socket listening on `addr` in the network namespace of `pid`
 /// is held by a process of `pid`'s container; else what holds it.
 pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
-    let mut inodes = HashSet::new();
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        inodes.extend(listening_inodes(&text, addr));
-    }
+    let inodes: HashSet<u64> = listening_inodes(&tcp_table::read(pid), addr)
+        .into_iter()
+        .collect();
     if inodes.is_empty() {
         return Err(format!(
             "no socket listens on {addr} in the container's network namespace"
@@ -46,43 +43,15 @@ pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
     ))
 }
 
-/// The inodes of sockets in LISTEN state on `addr`'s port whose local
-/// address is `addr`'s, the unspecified one, or (tcp6) its v4-mapped form.
-fn listening_inodes(table: &str, addr: SocketAddr) -> Vec<u64> {
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            if *state != LISTEN {
-                return None;
-            }
-            let (ip, port) = parse_local(local)?;
-            let covers = ip == addr.ip()
-                || ip.is_unspecified()
-                || matches!((ip, addr.ip()), (IpAddr::V6(v6), IpAddr::V4(v4)) if v6.to_ipv4_mapped() == Some(v4));
-            (port == addr.port() && covers).then(|| inode.parse().ok())?
-        })
+/// The inodes of the sockets in LISTEN state that take connections to
+/// `addr` (its own address, the wildcard, or its v4-mapped form: see
+/// [`tcp_table::covers`]).
+fn listening_inodes(entries: &[TcpEntry], addr: SocketAddr) -> Vec<u64> {
+    entries
+        .iter()
+        .filter(|e| e.state == TcpState::Listen && tcp_table::covers(e.local, addr))
+        .map(|e| e.inode)
         .collect()
-}
-
-/// `0100007F:1F40` (v4) or 32 hex digits (v6), in the kernel's byte order:
-/// each 32-bit word little-endian.
-fn parse_local(s: &str) -> Option<(IpAddr, u16)> {
-    let (ip, port) = s.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let words: Vec<u32> = (0..ip.len() / 8)
-        .map(|i| u32::from_str_radix(&ip[i * 8..i * 8 + 8], 16).map(u32::from_be))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
-    let ip = match bytes.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-        16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
-        _ => return None,
-    };
-    Some((ip, port))
 }
 
 /// The processes of `pid`'s container: its cgroup's members.
@@ -107,21 +76,9 @@ pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
 }
 
 fn holds_any(pid: i32, inodes: &HashSet<u64>) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .ok()
-            .and_then(|l| {
-                l.to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .is_some_and(|i| inodes.contains(&i))
-    })
+    tcp_table::socket_inodes(pid)
+        .iter()
+        .any(|i| inodes.contains(i))
 }
 
 fn all_pids() -> Vec<i32> {
@@ -144,20 +101,45 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
+    fn fixture_rows() -> Vec<TcpEntry> {
+        use super::super::tcp_table::fixtures;
+        let mut rows = tcp_table::parse(fixtures::TCP);
+        rows.extend(tcp_table::parse(fixtures::TCP6));
+        rows
+    }
+
+    fn listening_on(addr: &str) -> Vec<u64> {
+        listening_inodes(&fixture_rows(), addr.parse().unwrap())
+    }
+
     #[test]
-    fn local_addresses_parse_in_the_kernels_byte_order() {
-        assert_eq!(
-            parse_local("0100007F:1F40"),
-            Some(("127.0.0.1".parse().unwrap(), 8000))
+    fn a_listener_on_the_address_itself_is_found() {
+        assert_eq!(listening_on("127.0.0.1:8000"), [41003]);
+        assert_eq!(listening_on("[::1]:8003"), [41007]);
+    }
+
+    #[test]
+    fn wildcard_listeners_take_their_familys_connections() {
+        assert_eq!(listening_on("10.1.2.3:8001"), [41004], "0.0.0.0");
+        assert_eq!(listening_on("192.0.2.2:29500"), [41000], "[::], dual-stack");
+        assert_eq!(listening_on("[2001:db8::5]:29500"), [41000]);
+        assert!(
+            listening_on("[::1]:8001").is_empty(),
+            "0.0.0.0 takes no IPv6 connection"
         );
-        assert_eq!(
-            parse_local("00000000000000000000000001000000:0050"),
-            Some(("::1".parse().unwrap(), 80))
-        );
-        assert_eq!(
-            parse_local("0000000000000000FFFF00000100007F:0050"),
-            Some(("::ffff:127.0.0.1".parse().unwrap(), 80))
-        );
+    }
+
+    #[test]
+    fn a_v4_mapped_listener_takes_its_ipv4_address() {
+        assert_eq!(listening_on("127.0.0.1:8002"), [41006]);
+        assert_eq!(listening_on("[::ffff:127.0.0.1]:8002"), [41006]);
+        assert!(listening_on("127.0.0.2:8002").is_empty());
+    }
+
+    #[test]
+    fn connected_sockets_and_other_ports_are_not_listeners() {
+        assert!(listening_on("192.0.2.2:33029").is_empty());
+        assert!(listening_on("127.0.0.1:9000").is_empty());
     }
 
     #[test]
@@ -165,9 +147,9 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let me = std::process::id() as i32;
-        let text = std::fs::read_to_string(format!("/proc/{me}/net/tcp")).unwrap();
-        let inodes: HashSet<u64> = listening_inodes(&text, addr).into_iter().collect();
-        assert_eq!(inodes.len(), 1, "{text}");
+        let rows = tcp_table::read(me);
+        let inodes: HashSet<u64> = listening_inodes(&rows, addr).into_iter().collect();
+        assert_eq!(inodes.len(), 1, "{rows:?}");
         assert!(holds_any(me, &inodes));
         // This test process is in its own cgroup with its listener: owned.
         check_owned(me, addr).unwrap();

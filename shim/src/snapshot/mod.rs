@@ -19,6 +19,7 @@ pub mod restore;
 pub mod rootfs;
 pub mod shm;
 pub mod spec;
+pub mod tcp_table;
 
 /// Where the control dir appears inside the container.
 pub const CONTROL_MOUNT: &str = "/run/vsnap/control";
