@@ -3,6 +3,7 @@
 //! artifact; a container annotated for `restore` is restored from one and
 //! becomes visible only after its engine validated its canary and listens.
 
+pub mod argparse;
 pub mod barrier;
 pub mod canary;
 pub mod capture;
@@ -185,6 +186,7 @@ impl Snapshot {
                     .collect()
             })
             .unwrap_or_default();
+        profile::check_vllm_command(&argv)?;
         for missing in profile::check_vllm_env(&argv, &env)? {
             log::warn!("{id}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)");
         }

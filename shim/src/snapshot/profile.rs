@@ -11,13 +11,30 @@
 //!   after the release.
 //!
 //! Chosen by `vsnap.io/engine-protocol`, or detected from the argv: a
-//! `--ready-file` argument means barrier.
+//! `vllm.snapshot.server` command line, or a `--ready-file` argument, means
+//! barrier.
+//!
+//! The argv is read as the engine reads it. `python -m vllm.snapshot.server`
+//! parses its own flags with argparse's `parse_known_args`, so a unique
+//! prefix (`--ready`, `--release-f=R`) names a flag and an ambiguous one
+//! (`--release`) is an error; only what comes before a `--` is its own, and
+//! the rest (one leading `--` dropped) goes to vLLM's serve parser, which
+//! also takes unique prefixes. Other engines (the reference engine) are read
+//! by the exact flag names.
 
 use std::path::{Path, PathBuf};
 
+use super::argparse::{self, Arg};
 use super::plan::ENGINE_PROTOCOL;
 use super::CONTROL_MOUNT;
 use crate::error::{Error, Result};
+
+/// The module of released vLLM's barrier server.
+pub const SNAPSHOT_SERVER: &str = "vllm.snapshot.server";
+
+/// The flags of `vllm.snapshot.server` (its parser has no others, not even
+/// `--help`), which the reference engine takes too.
+const BARRIER_FLAGS: [&str; 3] = ["--ready-file", "--release-file", "--release-timeout-s"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -32,26 +49,36 @@ pub enum Profile {
 impl Profile {
     pub fn detect(annotation: Option<&str>, argv: &[String]) -> Result<Self> {
         let invalid = |m: String| Error::InvalidArgument(format!("create: {m}"));
-        let barrier_args = arg_value(argv, "--ready-file").is_some();
+        let flags = barrier_flags(argv).map_err(invalid)?;
+        let barrier_args = flags.ready_file.is_some()
+            || flags.release_file.is_some()
+            || snapshot_server_args(argv).is_some();
         match annotation {
             Some("startup") => Ok(Profile::Startup),
             None if !barrier_args => Ok(Profile::Startup),
             Some("barrier") | None => {
-                let file = |flag: &str| -> Result<String> {
-                    let value = arg_value(argv, flag).ok_or_else(|| {
+                let file = |flag: &str, value: &Option<String>| -> Result<String> {
+                    let value = value.as_deref().ok_or_else(|| {
                         invalid(format!(
                             "the barrier profile needs {flag} in the command line"
                         ))
                     })?;
-                    inside_control_dir(&value).ok_or_else(|| {
+                    inside_control_dir(value).ok_or_else(|| {
                         invalid(format!(
                             "{flag} {value}: must be a file directly in {CONTROL_MOUNT}"
                         ))
                     })
                 };
+                if let Some(t) = &flags.release_timeout_s {
+                    if !t.trim().parse::<f64>().is_ok_and(|s| s > 0.0) {
+                        return Err(invalid(format!(
+                            "--release-timeout-s {t}: must be a positive number of seconds"
+                        )));
+                    }
+                }
                 Ok(Profile::Barrier {
-                    ready: file("--ready-file")?,
-                    release: file("--release-file")?,
+                    ready: file("--ready-file", &flags.ready_file)?,
+                    release: file("--release-file", &flags.release_file)?,
                 })
             }
             Some(other) => Err(invalid(format!(
@@ -75,16 +102,75 @@ impl Profile {
     }
 }
 
-/// `--flag VALUE` or `--flag=VALUE`.
-fn arg_value(argv: &[String], flag: &str) -> Option<String> {
-    let prefix = format!("{flag}=");
-    argv.iter().enumerate().find_map(|(i, a)| {
-        if a == flag {
-            argv.get(i + 1).cloned()
-        } else {
-            a.strip_prefix(&prefix).map(str::to_string)
+/// The barrier flags of a command line, and what the engine passes on.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct BarrierFlags {
+    ready_file: Option<String>,
+    release_file: Option<String>,
+    release_timeout_s: Option<String>,
+    /// For `vllm.snapshot.server`: the arguments that are not its own, in
+    /// order (a `--` separator and all after it included), as
+    /// `parse_known_args` returns them.
+    rest: Vec<String>,
+}
+
+/// The arguments after `vllm.snapshot.server` in `python [opts] -m
+/// vllm.snapshot.server ARGS` (or a path to its `server.py`).
+fn snapshot_server_args(argv: &[String]) -> Option<&[String]> {
+    let at = argv.iter().position(|a| {
+        a == SNAPSHOT_SERVER
+            || a.strip_prefix("-m") == Some(SNAPSHOT_SERVER)
+            || a.ends_with("vllm/snapshot/server.py")
+    })?;
+    Some(&argv[at + 1..])
+}
+
+/// Reads the barrier flags: `vllm.snapshot.server`'s way (unique prefixes,
+/// its own part ending at `--`), else by the exact names anywhere in argv.
+/// An ambiguous prefix is an error, as it is to argparse.
+fn barrier_flags(argv: &[String]) -> std::result::Result<BarrierFlags, String> {
+    let (args, abbrev) = match snapshot_server_args(argv) {
+        Some(args) => (args, true),
+        None => (argv, false),
+    };
+    let mut flags = BarrierFlags::default();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" && abbrev {
+            flags.rest.extend_from_slice(&args[i..]);
+            break;
         }
-    })
+        i += 1;
+        let (name, inline) = match argparse::read(a, &BARRIER_FLAGS, abbrev) {
+            Arg::Option { name, inline } => (name, inline),
+            Arg::Ambiguous(names) => {
+                return Err(format!(
+                "{a}: {SNAPSHOT_SERVER} refuses an ambiguous flag (it could be {}); spell it out",
+                names.join(" or ")
+            ))
+            }
+            Arg::Positional | Arg::Unknown => {
+                flags.rest.push(a.clone());
+                continue;
+            }
+        };
+        let value = match inline {
+            Some(v) => Some(v.to_string()),
+            None => {
+                i += 1;
+                args.get(i - 1).cloned()
+            }
+        };
+        let slot = match name {
+            "--ready-file" => &mut flags.ready_file,
+            "--release-file" => &mut flags.release_file,
+            _ => &mut flags.release_timeout_s,
+        };
+        // argparse keeps the last of a flag given twice.
+        *slot = value;
+    }
+    Ok(flags)
 }
 
 /// The file name of `path` when it lies directly in the control mount.
@@ -122,17 +208,12 @@ pub const VLLM_CAPTURE_ENV: [(&str, &str); 3] = [
 /// For a vLLM command line: a value that contradicts [`VLLM_CAPTURE_ENV`] is
 /// an error naming the variable; a missing one is returned to be logged.
 pub fn check_vllm_env(argv: &[String], env: &[String]) -> Result<Vec<String>> {
-    let is_vllm = is_vllm_serve(argv) || argv.iter().any(|a| a == "vllm.snapshot.server");
-    if !is_vllm {
+    if !is_vllm(argv) {
         return Ok(Vec::new());
     }
     let mut missing = Vec::new();
     for (name, want) in VLLM_CAPTURE_ENV {
-        let value = env
-            .iter()
-            .rev()
-            .find_map(|e| e.strip_prefix(name).and_then(|r| r.strip_prefix('=')));
-        match value {
+        match env_value(env, name) {
             Some(v) if v == want => {}
             Some(v) => {
                 return Err(Error::InvalidArgument(format!(
@@ -143,6 +224,122 @@ pub fn check_vllm_env(argv: &[String], env: &[String]) -> Result<Vec<String>> {
         }
     }
     Ok(missing)
+}
+
+/// A vLLM command line: `vllm serve`, the OpenAI server module or the
+/// barrier server.
+fn is_vllm(argv: &[String]) -> bool {
+    is_vllm_serve(argv) || snapshot_server_args(argv).is_some()
+}
+
+/// The value of `name` in an OCI env list (the last one given wins).
+fn env_value<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
+    env.iter()
+        .rev()
+        .find_map(|e| e.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+}
+
+/// What vLLM's serve parser reads: for the barrier server, what its own
+/// parser passed on, one leading `--` dropped; for `vllm serve`, what
+/// follows `serve`; for the OpenAI server module, what follows it. `None`
+/// for any other command line.
+fn serve_args(argv: &[String]) -> std::result::Result<Option<Vec<String>>, String> {
+    if snapshot_server_args(argv).is_some() {
+        let mut rest = barrier_flags(argv)?.rest;
+        if rest.first().is_some_and(|a| a == "--") {
+            rest.remove(0);
+        }
+        return Ok(Some(rest));
+    }
+    if let Some(at) = argv.iter().position(|a| a.ends_with("openai.api_server")) {
+        return Ok(Some(argv[at + 1..].to_vec()));
+    }
+    if !is_vllm_serve(argv) {
+        return Ok(None);
+    }
+    Ok(argv
+        .iter()
+        .position(|a| a == "serve")
+        .map(|at| argv[at + 1..].to_vec()))
+}
+
+/// Long options of vLLM 0.33.0's serve parser that vsnap reads or refuses,
+/// each with the shortest prefix that names it alone among that parser's
+/// long options (argparse takes any prefix from there on). vLLM also reads
+/// `_` as `-` in option names.
+const SERVE_OPTIONS: [(&str, &str); 8] = [
+    ("--api-key", "--api-k"),
+    ("--uds", "--ud"),
+    ("--ssl-keyfile", "--ssl-k"),
+    ("--ssl-certfile", "--ssl-certf"),
+    ("--ssl-ca-certs", "--ssl-ca"),
+    ("--ssl-cert-reqs", "--ssl-cert-"),
+    ("--ssl-ciphers", "--ssl-ci"),
+    ("--enable-ssl-refresh", "--enable-ss"),
+];
+
+/// The options of [`SERVE_OPTIONS`] in `serve` (up to a `--`, after which
+/// vLLM reads only positionals), in order: the index of the argument, the
+/// option it names and its inline value.
+fn serve_options(serve: &[String]) -> Vec<(usize, &'static str, Option<&str>)> {
+    serve
+        .iter()
+        .enumerate()
+        .take_while(|(_, a)| *a != "--")
+        .filter_map(|(i, a)| {
+            let (key, inline) = match a.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (a.as_str(), None),
+            };
+            // `--name.field` sets a field of a JSON option: none of these.
+            let name = key.strip_prefix("--").filter(|n| !n.contains('.'))?;
+            // vLLM reads `_` as `-` in option names.
+            let key = format!("--{}", name.replace('_', "-"));
+            let (option, _) = SERVE_OPTIONS.iter().find(|(option, shortest)| {
+                key == *option || (option.starts_with(&key) && key.starts_with(shortest))
+            })?;
+            Some((i, *option, inline))
+        })
+        .collect()
+}
+
+/// For a vLLM command line: refuses at create what vsnap cannot serve.
+/// `--uds` and TLS: the listener check and the canary speak plain HTTP over
+/// TCP. `serve` as the first word of the barrier server's serve arguments:
+/// they are what follows `vllm serve`, so vLLM would take `serve` for the
+/// model.
+pub fn check_vllm_command(argv: &[String]) -> Result<()> {
+    let invalid = |m: String| Error::InvalidArgument(format!("create: {m}"));
+    let Some(serve) = serve_args(argv).map_err(invalid)? else {
+        return Ok(());
+    };
+    if snapshot_server_args(argv).is_some() {
+        // The first word that is not an option (or the word after `--`).
+        if serve
+            .iter()
+            .find(|a| !a.starts_with('-'))
+            .is_some_and(|a| a == "serve")
+        {
+            return Err(invalid(format!(
+                "{SNAPSHOT_SERVER} ... -- serve: what follows -- is what follows 'vllm serve': the model first; drop 'serve'"
+            )));
+        }
+    }
+    for (at, option, _) in serve_options(&serve) {
+        let given = serve[at].split('=').next().unwrap_or_default();
+        let named = if given == option {
+            option.to_string()
+        } else {
+            format!("{given} ({option})")
+        };
+        let why = match option {
+            "--api-key" => continue,
+            "--uds" => "vsnap's canary and listener check need TCP; serve on TCP (vsnap.io/listen) instead of a Unix socket",
+            _ => "vsnap's canary and listener check speak plain HTTP; terminate TLS in front of the engine instead",
+        };
+        return Err(invalid(format!("{named}: {why}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -167,7 +364,7 @@ mod tests {
             "/run/vsnap/control/ready.json",
             "--release-file=/run/vsnap/control/release.json",
             "--",
-            "serve",
+            "/models/qwen",
         ]);
         assert_eq!(
             Profile::detect(None, &barrier).unwrap(),
@@ -176,6 +373,189 @@ mod tests {
                 release: "release.json".into()
             }
         );
+    }
+
+    /// `python -m vllm.snapshot.server` with these arguments.
+    fn server(args: &[&str]) -> Vec<String> {
+        let mut a = argv(&["python3", "-m", SNAPSHOT_SERVER]);
+        a.extend(argv(args));
+        a
+    }
+
+    fn barrier(ready: &str, release: &str) -> Profile {
+        Profile::Barrier {
+            ready: ready.into(),
+            release: release.into(),
+        }
+    }
+
+    #[test]
+    fn the_barrier_servers_flags_may_be_abbreviated_as_argparse_allows() {
+        let a = server(&[
+            "--ready",
+            "/run/vsnap/control/r.json",
+            "--release-f=/run/vsnap/control/x.json",
+            "--release-t",
+            "60",
+            "--",
+            "/models/qwen",
+        ]);
+        assert_eq!(
+            Profile::detect(None, &a).unwrap(),
+            barrier("r.json", "x.json")
+        );
+        let a = server(&[
+            "--ready=/run/vsnap/control/r.json",
+            "--release-file",
+            "/run/vsnap/control/x.json",
+        ]);
+        assert_eq!(
+            Profile::detect(None, &a).unwrap(),
+            barrier("r.json", "x.json")
+        );
+    }
+
+    #[test]
+    fn an_ambiguous_prefix_is_refused_as_argparse_refuses_it() {
+        let a = server(&[
+            "--ready-file",
+            "/run/vsnap/control/r",
+            "--release",
+            "/run/vsnap/control/x",
+        ]);
+        let err = Profile::detect(None, &a).unwrap_err().to_string();
+        assert!(
+            err.contains("--release: ") && err.contains("--release-file or --release-timeout-s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn only_what_comes_before_the_separator_is_the_barrier_servers() {
+        // After `--` the flags are vLLM serve's (and unknown to it).
+        let a = server(&[
+            "--ready-file",
+            "/run/vsnap/control/r",
+            "--",
+            "/models/qwen",
+            "--release-file",
+            "/run/vsnap/control/x",
+        ]);
+        let err = Profile::detect(None, &a).unwrap_err().to_string();
+        assert!(err.contains("needs --release-file"), "{err}");
+        // A barrier server without its flags is still the barrier profile.
+        let err = Profile::detect(None, &server(&["--", "/models/qwen"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs --ready-file"), "{err}");
+    }
+
+    #[test]
+    fn other_engines_are_read_by_the_exact_flag_names() {
+        let a = argv(&[
+            "/vsnap-ref-engine",
+            "--ready",
+            "/run/vsnap/control/r",
+            "--release",
+            "/run/vsnap/control/x",
+        ]);
+        assert_eq!(Profile::detect(None, &a).unwrap(), Profile::Startup);
+        let a = argv(&[
+            "tini",
+            "--",
+            "/vsnap-ref-engine",
+            "--ready-file=/run/vsnap/control/r",
+            "--release-file",
+            "/run/vsnap/control/x",
+        ]);
+        assert_eq!(Profile::detect(None, &a).unwrap(), barrier("r", "x"));
+    }
+
+    #[test]
+    fn the_release_timeout_must_be_a_positive_number() {
+        for bad in ["0", "-5", "soon", "nan"] {
+            let a = server(&[
+                "--ready-file",
+                "/run/vsnap/control/r",
+                "--release-file",
+                "/run/vsnap/control/x",
+                &format!("--release-timeout-s={bad}"),
+            ]);
+            let err = Profile::detect(None, &a).unwrap_err().to_string();
+            assert!(err.contains("--release-timeout-s"), "{err}");
+        }
+    }
+
+    #[test]
+    fn serve_after_the_separator_is_refused_with_a_hint() {
+        let flags = [
+            "--ready-file",
+            "/run/vsnap/control/r",
+            "--release-file",
+            "/run/vsnap/control/x",
+        ];
+        let with = |rest: &[&str]| {
+            let mut a = flags.to_vec();
+            a.extend_from_slice(rest);
+            server(&a)
+        };
+        for a in [
+            with(&["--", "serve", "/models/qwen"]),
+            with(&["serve", "/models/qwen"]),
+            with(&["--", "--enforce-eager", "serve", "/models/qwen"]),
+        ] {
+            let err = check_vllm_command(&a).unwrap_err().to_string();
+            assert!(
+                err.contains("the model first; drop 'serve'"),
+                "{a:?}: {err}"
+            );
+        }
+        check_vllm_command(&with(&[
+            "--",
+            "/models/qwen",
+            "--served-model-name",
+            "serve",
+        ]))
+        .unwrap();
+        // `vllm serve` itself is what has `serve`.
+        check_vllm_command(&argv(&["vllm", "serve", "/models/qwen"])).unwrap();
+    }
+
+    #[test]
+    fn unix_sockets_and_tls_are_refused_naming_the_option() {
+        let a = server(&["--", "/m", "--uds", "/tmp/v.sock"]);
+        let err = check_vllm_command(&a).unwrap_err().to_string();
+        assert!(
+            err.starts_with("create: --uds: vsnap's canary and listener check need TCP"),
+            "{err}"
+        );
+        for (given, named) in [
+            ("--ssl-keyfile=/k.pem", "--ssl-keyfile"),
+            ("--ssl-certfile", "--ssl-certfile"),
+            ("--ssl-ca-certs", "--ssl-ca-certs"),
+            ("--ssl-cert-reqs", "--ssl-cert-reqs"),
+            ("--ssl-ciphers", "--ssl-ciphers"),
+            ("--enable-ssl-refresh", "--enable-ssl-refresh"),
+            ("--ssl_keyfile", "--ssl_keyfile (--ssl-keyfile)"),
+            ("--ssl-k", "--ssl-k (--ssl-keyfile)"),
+            ("--enable-ss", "--enable-ss (--enable-ssl-refresh)"),
+        ] {
+            for a in [
+                argv(&["vllm", "serve", "/m", given, "x"]),
+                server(&["--", "/m", given, "x"]),
+            ] {
+                let err = check_vllm_command(&a).unwrap_err().to_string();
+                assert!(
+                    err.starts_with(&format!("create: {named}: ")) && err.contains("TLS"),
+                    "{a:?}: {err}"
+                );
+            }
+        }
+        // Not a prefix that names one of them alone, or not vLLM's.
+        check_vllm_command(&argv(&["vllm", "serve", "/m", "--ssl-cert", "x"])).unwrap();
+        check_vllm_command(&argv(&["vllm", "serve", "/m", "--no-enable-ssl-refresh"])).unwrap();
+        check_vllm_command(&argv(&["/vsnap-ref-engine", "--uds", "/s"])).unwrap();
+        check_vllm_command(&server(&["--", "/m", "--", "--uds"])).unwrap();
     }
 
     #[test]
