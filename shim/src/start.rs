@@ -340,13 +340,14 @@ async fn activate(
         s.plan.port,
     );
     let (profile, deadline, oracle) = (s.profile.clone(), deadline.clone(), s.oracle.clone());
+    let api_key = s.api_key.clone();
     let woken = Instant::now();
     let validated = tokio::task::spawn_blocking(move || {
         match (profile.ready_path(&dir), profile.release_path(&dir)) {
             (Some(ready), Some(release)) => {
                 let started = Instant::now();
                 barrier::release_and_check(
-                    "restore", &ready, &release, host, port, pid, &deadline, oracle,
+                    "restore", &ready, &release, host, port, pid, &deadline, oracle, api_key,
                 )
                 .map(|()| started.elapsed())
             }

@@ -6,14 +6,15 @@ use std::path::Path;
 
 use vsnap_protocol::{abort_release, read_json, release, Oracle, ReadyFile};
 
-use super::canary;
+use super::canary::{self, ApiKey};
 use super::restore::{in_netns, probe_listener};
 use crate::error::{Error, Result};
 use crate::runc::Deadline;
 
 /// Releases the engine waiting behind `ready`/`release_file` and returns once
-/// it listens and reproduced its canary. On failure the abort marker is left
-/// behind (for an engine still waiting) and the error names `phase`.
+/// it listens and reproduced its canary (asked with `api_key` when its API
+/// requires one). On failure the abort marker is left behind (for an engine
+/// still waiting) and the error names `phase`.
 #[allow(clippy::too_many_arguments)]
 pub fn release_and_check(
     phase: &str,
@@ -24,6 +25,7 @@ pub fn release_and_check(
     pid: i32,
     deadline: &Deadline,
     trusted: Option<Oracle>,
+    api_key: Option<ApiKey>,
 ) -> Result<()> {
     let fail = |m: String| deadline.fail(format!("{phase}: {m}"));
     let oracle = match read_json::<ReadyFile>(ready) {
@@ -41,7 +43,10 @@ pub fn release_and_check(
     release(release_file, host.clone(), port).map_err(|e| fail(format!("release: {e}")))?;
     let addr = probe_listener(pid, host.as_deref(), port, deadline.at)
         .map_err(|e| fail(format!("listener: {e}")))?;
-    in_netns(pid, move || canary::check(addr, &oracle)).map_err(|e| fail(format!("canary: {e}")))
+    in_netns(pid, move || {
+        canary::check(addr, &oracle, api_key.as_ref().map(ApiKey::expose))
+    })
+    .map_err(|e| fail(format!("canary: {e}")))
 }
 
 /// Writes the abort marker (best effort) and passes `e` on.
@@ -72,6 +77,7 @@ mod tests {
             80,
             1,
             &deadline,
+            None,
             None,
         )
         .unwrap_err()

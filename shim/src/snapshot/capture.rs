@@ -261,7 +261,7 @@ impl Capture {
                     self.id.clone(),
                 );
                 let deadline = s.activation_deadline();
-                let profile = s.profile.clone();
+                let (profile, api_key) = (s.profile.clone(), s.api_key.clone());
                 blocking(move || match capture_ready {
                     Some(ready) => activate_and_probe(
                         "capture: donor",
@@ -284,6 +284,7 @@ impl Capture {
                         pid,
                         &deadline,
                         None,
+                        api_key,
                     ),
                 })
                 .await?;

@@ -69,6 +69,9 @@ pub struct Snapshot {
     pub fingerprint_key: Option<PathBuf>,
     /// How the engine speaks with vsnap.
     pub profile: Profile,
+    /// The key the engine's API requires (`--api-key`, `VLLM_API_KEY`),
+    /// for vsnap's HTTP canary of the barrier profile. Redacted in Debug.
+    pub api_key: Option<canary::ApiKey>,
     /// Time spent validating the artifact at create (a restore's preflight).
     pub preflight: Duration,
     /// `name uuid driver` of the GPUs, when the container has NVIDIA devices.
@@ -300,6 +303,7 @@ impl Snapshot {
             tools,
             fingerprint_key: config.fleet_fingerprint_key.clone(),
             profile,
+            api_key: profile::api_key(&argv, &env).map(canary::ApiKey::new),
             preflight: started.elapsed(),
             gpus,
             host_shm: spec::host_dev_shm(&spec),

@@ -303,6 +303,30 @@ fn serve_options(serve: &[String]) -> Vec<(usize, &'static str, Option<&str>)> {
         .collect()
 }
 
+/// The API key a vLLM command line makes its server require: the last
+/// `--api-key K [K2 ...]` (or `--api-key=K`) of the serve arguments, its
+/// first non-empty key; else `VLLM_API_KEY` from `env`. As vLLM does, the
+/// command line wins over the environment, and an empty key is none.
+pub fn api_key(argv: &[String], env: &[String]) -> Option<String> {
+    let serve = serve_args(argv).ok().flatten().unwrap_or_default();
+    let given = serve_options(&serve)
+        .into_iter()
+        .rev()
+        .find(|(_, option, _)| *option == "--api-key");
+    match given {
+        Some((_, _, Some(inline))) => Some(inline.to_string()).filter(|k| !k.is_empty()),
+        // nargs='+': the keys are the arguments up to the next option.
+        Some((at, _, None)) => serve[at + 1..]
+            .iter()
+            .take_while(|a| !a.starts_with('-'))
+            .find(|k| !k.is_empty())
+            .cloned(),
+        None => env_value(env, "VLLM_API_KEY")
+            .filter(|k| !k.is_empty())
+            .map(str::to_string),
+    }
+}
+
 /// For a vLLM command line: refuses at create what vsnap cannot serve.
 /// `--uds` and TLS: the listener check and the canary speak plain HTTP over
 /// TCP. `serve` as the first word of the barrier server's serve arguments:
@@ -556,6 +580,61 @@ mod tests {
         check_vllm_command(&argv(&["vllm", "serve", "/m", "--no-enable-ssl-refresh"])).unwrap();
         check_vllm_command(&argv(&["/vsnap-ref-engine", "--uds", "/s"])).unwrap();
         check_vllm_command(&server(&["--", "/m", "--", "--uds"])).unwrap();
+    }
+
+    #[test]
+    fn the_api_key_comes_from_the_serve_arguments_then_the_environment() {
+        let env = argv(&["VLLM_API_KEY=from-env"]);
+        let key = |a: &[String], env: &[String]| api_key(a, env);
+        assert_eq!(
+            key(&argv(&["vllm", "serve", "/m", "--api-key", "k1"]), &env).as_deref(),
+            Some("k1")
+        );
+        assert_eq!(
+            key(&server(&["--", "/m", "--api-key=k2", "--port", "1"]), &env).as_deref(),
+            Some("k2")
+        );
+        assert_eq!(
+            key(
+                &server(&["--", "/m", "--api-k", "k3", "k4", "--port", "1"]),
+                &[]
+            )
+            .as_deref(),
+            Some("k3"),
+            "a unique prefix; the first of several keys"
+        );
+        assert_eq!(
+            key(
+                &argv(&["vllm", "serve", "/m", "--api_key", "a", "--api-key", "b"]),
+                &[]
+            )
+            .as_deref(),
+            Some("b"),
+            "the last one given"
+        );
+        assert_eq!(
+            key(&argv(&["vllm", "serve", "/m"]), &env).as_deref(),
+            Some("from-env")
+        );
+        assert_eq!(
+            key(&argv(&["vllm", "serve", "/m", "--api-key="]), &env),
+            None,
+            "an empty key on the command line wins, and is none"
+        );
+        assert_eq!(
+            key(&argv(&["vllm", "serve", "/m"]), &argv(&["VLLM_API_KEY="])),
+            None
+        );
+        assert_eq!(
+            key(&argv(&["vllm", "serve", "/m", "--api", "x"]), &[]),
+            None,
+            "--api could be --api-server-count too"
+        );
+        assert_eq!(
+            key(&argv(&["/vsnap-ref-engine", "--api-key", "x"]), &env).as_deref(),
+            Some("from-env"),
+            "not vLLM's serve arguments"
+        );
     }
 
     #[test]
