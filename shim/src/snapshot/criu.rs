@@ -143,20 +143,42 @@ pub fn check_cuda_resume(restore_log: &str) -> std::result::Result<(), String> {
     ))
 }
 
-/// The last error lines of a CRIU log, as `; CRIU: ...` (empty without any).
+/// The error lines of a CRIU log that explain a failure, as `; CRIU: ...`
+/// (empty without any): see [`error_summary`].
 pub fn log_errors(log: &std::path::Path) -> String {
     let Ok(text) = std::fs::read_to_string(log) else {
         return String::new();
     };
-    let errors: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("Error ("))
-        .map(|l| l.split_once("): ").map_or(l, |(_, msg)| msg).trim())
-        .collect();
-    match errors.len() {
-        0 => String::new(),
-        n => format!("; CRIU: {}", errors[n.saturating_sub(3)..].join("; ")),
+    let errors = error_summary(&text);
+    if errors.is_empty() {
+        return String::new();
     }
+    format!("; CRIU: {}", errors.join("; "))
+}
+
+/// Most error lines [`error_summary`] keeps.
+const SUMMARY_LINES: usize = 12;
+
+/// The messages of CRIU's `Error (file.c:line): message` lines worth
+/// showing: every one that names a path (the file a restore could not open
+/// comes long before the "Unable to open fd" and "Restoring FAILED" that end
+/// the log), and the last three, each message once, in log order, at most
+/// [`SUMMARY_LINES`] (the first paths and the last three when there are more).
+fn error_summary(text: &str) -> Vec<&str> {
+    let mut errors: Vec<&str> = Vec::new();
+    for line in text.lines().filter(|l| l.contains("Error (")) {
+        let message = line.split_once("): ").map_or(line, |(_, m)| m).trim();
+        if !message.is_empty() && !errors.contains(&message) {
+            errors.push(message);
+        }
+    }
+    let last = errors.len().saturating_sub(3);
+    let with_path = errors[..last]
+        .iter()
+        .filter(|m| m.contains('/'))
+        .take(SUMMARY_LINES - 3)
+        .copied();
+    with_path.chain(errors[last..].iter().copied()).collect()
 }
 
 #[cfg(test)]
@@ -240,6 +262,51 @@ mod tests {
         );
         let none = check_cuda_plugin_ran("(00.01) Dumping finished successfully\n").unwrap_err();
         assert!(none.contains("did not load"), "{none}");
+    }
+
+    #[test]
+    fn the_error_naming_the_missing_file_is_kept_with_the_last_three() {
+        let log = "\
+(00.100000) 1: Warn  (criu/files-reg.c:1200): something /not/an/error
+(00.123456) 1: Error (criu/files-reg.c:2164): Can't open file root/.triton/cache/ab/cuda_utils.so on restore: No such file or directory
+(00.123460) 1: Error (criu/files-reg.c:2100): Can't open file root/.triton/cache/ab/cuda_utils.so on restore: No such file or directory
+(00.123470) 1: Error (criu/files.c:1228): Unable to open fd=7 id=0x1f
+(00.123480) 1: Error (criu/cr-restore.c:1480): Can't restore files
+(00.123490) 1: Error (criu/cr-restore.c:1500): Restore task 1 failed
+(00.200000) Error (criu/cr-restore.c:2460): Restoring FAILED.
+";
+        assert_eq!(
+            error_summary(log),
+            [
+                "Can't open file root/.triton/cache/ab/cuda_utils.so on restore: No such file or directory",
+                "Can't restore files",
+                "Restore task 1 failed",
+                "Restoring FAILED.",
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("restore.log");
+        std::fs::write(&path, log).unwrap();
+        assert!(log_errors(&path)
+            .starts_with("; CRIU: Can't open file root/.triton/cache/ab/cuda_utils.so"));
+        assert_eq!(log_errors(&dir.path().join("absent.log")), "");
+    }
+
+    #[test]
+    fn a_log_of_many_errors_gives_the_first_paths_and_the_last_three() {
+        let mut log: String = (0..20)
+            .map(|i| format!("(00.{i:06}) 1: Error (criu/files-reg.c:1): Can't open /f{i}\n"))
+            .collect();
+        log.push_str("(01.000000) Error (criu/cr-restore.c:2): Restoring FAILED.\n");
+        let summary = error_summary(&log);
+        assert_eq!(summary.len(), SUMMARY_LINES);
+        assert_eq!(summary[0], "Can't open /f0");
+        assert_eq!(summary[8], "Can't open /f8");
+        assert_eq!(
+            summary[9..],
+            ["Can't open /f18", "Can't open /f19", "Restoring FAILED."]
+        );
+        assert!(error_summary("(00.1) Dumping finished successfully\n").is_empty());
     }
 
     #[test]
