@@ -284,12 +284,24 @@ pub const CONTROL_FILE_LIMIT: u64 = 1 << 20;
 /// container can write) into `to`, each at most [`CONTROL_FILE_LIMIT`]
 /// bytes, skipping `*.tmp`: see [`copy_regular_nofollow`].
 pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
+    copy_files_owned_by(from, to, None)
+}
+
+/// [`copy_files`] into the control dir of an engine that runs as another
+/// user: each copy is given to `owner` (uid, gid) before it is written, so
+/// the engine can read it. Needs root (CAP_CHOWN).
+pub fn copy_files_owned_by(from: &Path, to: &Path, owner: Option<(u32, u32)>) -> Result<()> {
     for e in fs::read_dir(from).map_err(|e| ArtifactError::io(from, "read", e))? {
         let e = e.map_err(|e| ArtifactError::io(from, "read", e))?;
         if e.file_name().to_string_lossy().ends_with(".tmp") {
             continue;
         }
-        copy_regular_nofollow(&e.path(), &to.join(e.file_name()), CONTROL_FILE_LIMIT)?;
+        copy_regular(
+            &e.path(),
+            &to.join(e.file_name()),
+            CONTROL_FILE_LIMIT,
+            owner,
+        )?;
     }
     sync_dir(to)
 }
@@ -302,6 +314,16 @@ pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
 /// it had then; a file over `limit` bytes is an error. `dest` is created
 /// exclusively without following a symlink, so nothing outside is written.
 pub fn copy_regular_nofollow(src: &Path, dest: &Path, limit: u64) -> Result<Option<u64>> {
+    copy_regular(src, dest, limit, None)
+}
+
+/// [`copy_regular_nofollow`], the copy given to `owner` (uid, gid) first.
+fn copy_regular(
+    src: &Path,
+    dest: &Path,
+    limit: u64,
+    owner: Option<(u32, u32)>,
+) -> Result<Option<u64>> {
     let file = match File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -333,6 +355,10 @@ pub fn copy_regular_nofollow(src: &Path, dest: &Path, limit: u64) -> Result<Opti
         .custom_flags(libc::O_NOFOLLOW)
         .open(dest)
         .map_err(|e| ArtifactError::io(dest, "create", e))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&out, Some(uid), Some(gid))
+            .map_err(|e| ArtifactError::io(dest, "chown", e))?;
+    }
     let copied = std::io::copy(&mut std::io::Read::take(&file, md.len()), &mut out)
         .map_err(|e| ArtifactError::io(src, "copy", e))?;
     out.sync_all()
@@ -342,6 +368,31 @@ pub fn copy_regular_nofollow(src: &Path, dest: &Path, limit: u64) -> Result<Opti
 
 #[cfg(test)]
 mod tests {
+    /// A restore's control files copied into the control dir of an engine
+    /// that runs as uid/gid 54321: they are its own, still 0600.
+    #[test]
+    fn control_files_copied_for_another_user_are_that_users() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to hand files to another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("control"), dir.path().join("copy"));
+        std::fs::create_dir(&from).unwrap();
+        std::fs::create_dir(&to).unwrap();
+        std::fs::write(from.join("capture-ready.json"), b"{}").unwrap();
+        std::fs::write(from.join("half.tmp"), b"{").unwrap();
+        super::copy_files_owned_by(&from, &to, Some((54321, 54321))).unwrap();
+        let md = std::fs::metadata(to.join("capture-ready.json")).unwrap();
+        assert_eq!(
+            (md.uid(), md.gid(), md.mode() & 0o7777),
+            (54321, 54321, 0o600)
+        );
+        assert!(!to.join("half.tmp").exists());
+    }
+
     /// A writer swapping a control file for a symlink to a host secret,
     /// over and over, while it is copied: the copy never holds the secret
     /// and never writes through a link.

@@ -8,8 +8,9 @@
 //! - `io-uring`: `kernel.io_uring_disabled` is strict enough for the
 //!   container's user, and (optionally) no process of the container holds an
 //!   io_uring instance.
-//! - `ownership`: the artifact and control-dir paths are root-owned, free of
-//!   symlinks and not group/world-writable; the artifact's own layout.
+//! - `ownership`: the artifact and control-dir paths are root-owned (the
+//!   control dir itself may be the engine's user's), free of symlinks and not
+//!   group/world-writable; the artifact's own layout.
 //! - `fingerprint`: the manifest's MAC verifies with this host's key, this
 //!   host is compatible with the one it was captured on, its clocks do not
 //!   leave the restored engine's timers waiting (no time namespaces, clocks
@@ -51,7 +52,7 @@ checks:
   io-uring     [--root-user | --uid N] [--pids-of-state] [--sysctl PATH]
                [--group-sysctl PATH] [--bundle DIR] [--state FILE]
   ownership    [--artifact-root R [--artifact NAME | --artifact-from-state]]
-               [--control-dir D] [--state FILE]
+               [--control-dir D [--control-owner UID]] [--state FILE]
   fingerprint  --artifact-root R (--artifact NAME | --artifact-from-state)
                [--runc P] [--criu P] [--nvidia-smi P]
                [--cuda-plugin P] [--shim-version V] [--strip-snapshot-config-arg]

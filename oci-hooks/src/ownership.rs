@@ -6,7 +6,8 @@
 //! The artifact itself: folder 0700, `manifest.json` 0600 and root-owned,
 //! `images/` and `control/` present, and nothing inside it a symlink, owned
 //! by someone else or group/world-writable. The control dir: a folder no one
-//! else can enter (mode 0700).
+//! else can enter (mode 0700), owned by root or, with `--control-owner UID`,
+//! by the user the engine runs as (the folders above it as above).
 //!
 //! Run as root this is exactly [`vsnap_artifact::check_path_safe`] and
 //! [`vsnap_artifact::layout::check_layout`], the checks the shim makes, plus
@@ -21,7 +22,13 @@ use vsnap_artifact::layout::check_layout;
 
 use crate::{artifact_name, check_artifact_name, euid, Failure, Flags, StateSource};
 
-pub const VALUE_FLAGS: &[&str] = &["--artifact-root", "--artifact", "--control-dir", "--state"];
+pub const VALUE_FLAGS: &[&str] = &[
+    "--artifact-root",
+    "--artifact",
+    "--control-dir",
+    "--control-owner",
+    "--state",
+];
 pub const BOOL_FLAGS: &[&str] = &["--artifact-from-state"];
 
 /// Who may own what the checks look at: root and the invoking uid.
@@ -146,12 +153,28 @@ impl Owners {
         Ok(())
     }
 
-    /// The control dir: a safe path to a folder only its owner can enter.
-    pub fn check_control_dir(self, dir: &Path) -> Result<(), String> {
-        self.check_path(dir)?;
+    /// The control dir: a safe path to a folder only its owner can enter,
+    /// that owner root (or the invoker) or `engine`, the uid the engine runs
+    /// as, whose folder it is.
+    pub fn check_control_dir(self, dir: &Path, engine: Option<u32>) -> Result<(), String> {
+        if let Some(parent) = dir.parent() {
+            self.check_path(parent)?;
+        }
         let md = fs::symlink_metadata(dir).map_err(|e| format!("stat {}: {e}", dir.display()))?;
+        if md.file_type().is_symlink() {
+            return Err(format!("{} is a symlink", dir.display()));
+        }
         if !md.is_dir() {
             return Err(format!("{} is not a folder", dir.display()));
+        }
+        if !self.allows(md.uid()) && Some(md.uid()) != engine {
+            let also = engine.map(|u| format!(" or uid {u}")).unwrap_or_default();
+            return Err(format!(
+                "{} is owned by uid {}, not {}{also}",
+                dir.display(),
+                md.uid(),
+                self.describe()
+            ));
         }
         let mode = md.mode() & 0o7777;
         if mode & 0o077 != 0 {
@@ -165,18 +188,29 @@ impl Owners {
 }
 
 pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
+    let control_owner = match flags.value("--control-owner") {
+        None => None,
+        Some(v) => Some(
+            v.parse::<u32>()
+                .map_err(|_| Failure::Usage(format!("--control-owner {v:?}: not a uid")))?,
+        ),
+    };
     check(
         flags.abs_path("--artifact-root")?.as_deref(),
         artifact_name(flags, state)?.as_deref(),
-        flags.abs_path("--control-dir")?.as_deref(),
+        flags
+            .abs_path("--control-dir")?
+            .as_deref()
+            .map(|d| (d, control_owner)),
         Owners::current(),
     )
 }
 
+/// `control_dir`: the folder and the uid of the engine that may own it.
 pub fn check(
     root: Option<&Path>,
     artifact: Option<&str>,
-    control_dir: Option<&Path>,
+    control_dir: Option<(&Path, Option<u32>)>,
     owners: Owners,
 ) -> Result<(), Failure> {
     if root.is_none() && control_dir.is_none() {
@@ -195,8 +229,10 @@ pub fn check(
         }
         (None, None) => {}
     }
-    if let Some(dir) = control_dir {
-        owners.check_control_dir(dir).map_err(Failure::Check)?;
+    if let Some((dir, engine)) = control_dir {
+        owners
+            .check_control_dir(dir, engine)
+            .map_err(Failure::Check)?;
     }
     Ok(())
 }
@@ -233,7 +269,7 @@ mod tests {
     }
 
     fn fails(root: &Path, control: &Path) -> String {
-        check(Some(root), Some("a"), Some(control), ROOT)
+        check(Some(root), Some("a"), Some((control, None)), ROOT)
             .unwrap_err()
             .message()
             .to_string()
@@ -242,9 +278,9 @@ mod tests {
     #[test]
     fn a_good_layout_passes() {
         let (_t, root, control) = layout();
-        check(Some(&root), Some("a"), Some(&control), ROOT).unwrap();
+        check(Some(&root), Some("a"), Some((&control, None)), ROOT).unwrap();
         check(Some(&root), None, None, ROOT).unwrap();
-        check(None, None, Some(&control), ROOT).unwrap();
+        check(None, None, Some((&control, None)), ROOT).unwrap();
     }
 
     #[test]
@@ -266,7 +302,7 @@ mod tests {
             );
             fs::set_permissions(&dir, fs::Permissions::from_mode(old)).unwrap();
         }
-        check(Some(&root), Some("a"), Some(&control), ROOT).unwrap();
+        check(Some(&root), Some("a"), Some((&control, None)), ROOT).unwrap();
     }
 
     #[test]
@@ -301,7 +337,27 @@ mod tests {
         );
         // Run by uid 1000 (a rootless runtime), its own folders are fine.
         let rootless = Owners { invoker: 1000 };
-        check(None, None, Some(&control), rootless).unwrap();
+        check(None, None, Some((&control, None)), rootless).unwrap();
+    }
+
+    #[test]
+    fn a_control_dir_may_belong_to_the_engines_user() {
+        let (_t, _root, control) = layout();
+        std::os::unix::fs::chown(&control, Some(1000), Some(1000)).unwrap();
+        check(None, None, Some((&control, Some(1000))), ROOT).unwrap();
+        let e = check(None, None, Some((&control, Some(1001))), ROOT).unwrap_err();
+        assert_eq!(
+            e.message(),
+            format!(
+                "{} is owned by uid 1000, not root or uid 1001",
+                control.display()
+            )
+        );
+        // The folders above it are root's all the same.
+        let parent = control.parent().unwrap();
+        std::os::unix::fs::chown(parent, Some(1000), Some(1000)).unwrap();
+        let e = check(None, None, Some((&control, Some(1000))), ROOT).unwrap_err();
+        assert!(e.message().contains("owned by uid 1000, not root"), "{e:?}");
     }
 
     #[test]
@@ -326,7 +382,7 @@ mod tests {
         let (_t, root, _) = layout();
         assert_eq!(check(None, None, None, ROOT).unwrap_err().code(), 2);
         assert_eq!(
-            check(None, Some("a"), Some(&root), ROOT)
+            check(None, Some("a"), Some((&root, None)), ROOT)
                 .unwrap_err()
                 .code(),
             2

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{ProtocolError, Result};
-use crate::file::{read_json, to_canonical_json, write_atomic, Received};
+use crate::file::{read_json, to_canonical_json, write_atomic_for, Received};
 use crate::messages::{Oracle, Schema};
 use crate::wait::CAPTURER_POLL_INTERVAL;
 
@@ -150,12 +150,23 @@ pub fn wait_ready(
 
 /// Capturer side: releases the engine to listen on `host`:`port`.
 pub fn release(path: &Path, host: Option<String>, port: u16) -> Result<()> {
+    release_for(path, host, port, None)
+}
+
+/// [`release`] for an engine running as `owner` (a uid other than the capturer's): the
+/// file is the engine's to read (see [`write_atomic_for`]).
+pub fn release_for(path: &Path, host: Option<String>, port: u16, owner: Option<u32>) -> Result<()> {
     let bytes = to_canonical_json(path, &ReleaseFile::Release { host, port })?;
-    write_atomic(path, &bytes)
+    write_atomic_for(path, &bytes, owner)
 }
 
 /// Capturer side: tells the engine not to recover.
 pub fn abort_release(path: &Path) -> Result<()> {
+    abort_release_for(path, None)
+}
+
+/// [`abort_release`] for an engine running as `owner`.
+pub fn abort_release_for(path: &Path, owner: Option<u32>) -> Result<()> {
     let bytes = to_canonical_json(path, &ReleaseFile::Abort)?;
-    write_atomic(path, &bytes)
+    write_atomic_for(path, &bytes, owner)
 }

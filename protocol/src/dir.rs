@@ -8,7 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{ProtocolError, Result};
-use crate::file::{read_bytes, read_json, to_canonical_json, write_atomic, Received};
+use crate::file::{read_bytes, read_json, to_canonical_json, write_atomic_for, Received};
 use crate::files;
 use crate::messages::Message;
 
@@ -214,10 +214,13 @@ impl ControlDir {
         Ok(bytes)
     }
 
-    /// Validates the directory, then writes bytes atomically.
+    /// Validates the directory, then writes bytes atomically. Written by another user
+    /// than the directory's owner (the capturer as root), the file is given to the owner,
+    /// the engine that reads it.
     pub fn write_raw(&self, name: &str, bytes: &[u8]) -> Result<()> {
         self.validate()?;
-        write_atomic(&self.file(name), bytes)
+        let owner = (self.owner != euid()).then_some(self.owner);
+        write_atomic_for(&self.file(name), bytes, owner)
     }
 }
 

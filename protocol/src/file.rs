@@ -165,6 +165,13 @@ fn sorted(value: Value) -> Value {
 /// `<name>.tmp` is created with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600, written, fsynced
 /// and renamed over `<name>`; then the directory is fsynced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_for(path, bytes, None)
+}
+
+/// [`write_atomic`] for a reader running as another user (`owner`, a uid): the file is
+/// given to it before it appears under its name, so it is never a 0600 file the reader
+/// cannot open. Changing the owner needs root (CAP_CHOWN).
+pub fn write_atomic_for(path: &Path, bytes: &[u8], owner: Option<u32>) -> Result<()> {
     let Some(name) = path.file_name() else {
         return Err(ProtocolError::invalid(path, "no file name"));
     };
@@ -182,9 +189,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(|e| ProtocolError::io(&tmp, "create", e))?;
-    let written = file
-        .write_all(bytes)
-        .map_err(|e| ProtocolError::io(&tmp, "write", e))
+    let given = match owner {
+        Some(uid) => std::os::unix::fs::fchown(&file, Some(uid), None)
+            .map_err(|e| ProtocolError::io(&tmp, "chown", e)),
+        None => Ok(()),
+    };
+    let written = given
+        .and_then(|()| {
+            file.write_all(bytes)
+                .map_err(|e| ProtocolError::io(&tmp, "write", e))
+        })
         .and_then(|()| {
             file.sync_all()
                 .map_err(|e| ProtocolError::io(&tmp, "fsync", e))

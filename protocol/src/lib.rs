@@ -23,11 +23,14 @@ mod messages;
 mod oracle;
 mod wait;
 
-pub use barrier::{abort_release, release, wait_ready, ReadyFile, ReleaseFile};
+pub use barrier::{
+    abort_release, abort_release_for, release, release_for, wait_ready, ReadyFile, ReleaseFile,
+};
 pub use dir::{euid, ControlDir, Expect};
 pub use error::{ProtocolError, Result};
 pub use file::{
-    parse, read_bytes, read_json, to_canonical_json, write_atomic, Received, MAX_FILE_BYTES,
+    parse, read_bytes, read_json, to_canonical_json, write_atomic, write_atomic_for, Received,
+    MAX_FILE_BYTES,
 };
 pub use handshake::{activate, Activated};
 pub use ids::{is_activation_id, is_uuid4_hex, new_uuid4_hex};

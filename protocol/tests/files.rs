@@ -8,9 +8,9 @@ use std::path::Path;
 
 use common::{capture_ready, TempDir, CAPTURE_ID};
 use vsnap_protocol::{
-    abort_release, parse, read_bytes, read_json, release, write_atomic, Activation, ActivationKind,
-    CaptureReady, Challenge, ControlDir, ErrorRecord, ProtocolError, ReadyFile, ReleaseFile,
-    Status, StatusPhase,
+    abort_release, abort_release_for, parse, read_bytes, read_json, release, release_for,
+    write_atomic, Activation, ActivationKind, CaptureReady, Challenge, ControlDir, ErrorRecord,
+    ProtocolError, ReadyFile, ReleaseFile, Status, StatusPhase,
 };
 
 const GOOD_ACTIVATION: &str = r#"{"activation_id":"copy-1","capture_id":"0123456789abcdef4123456789abcdef","host":null,"kind":"copy","native_complete":true,"port":8000,"version":1}"#;
@@ -357,4 +357,26 @@ fn ready_file_is_the_oracle() {
     )
     .is_err());
     assert!(parse::<ReadyFile>(p, br#"{"sampled_token_logprob":-0.25,"text":"x"}"#).is_err());
+}
+
+/// The capturer (root) writes into the control dir of an engine running as another user:
+/// what it writes is the engine's to read, the barrier's release file too.
+#[test]
+fn files_written_for_another_users_engine_are_that_users() {
+    if vsnap_protocol::euid() != 0 {
+        eprintln!("skipped: needs root to hand files to another uid");
+        return;
+    }
+    let tmp = TempDir::new("foruser");
+    let dir = ControlDir::create_owned_by(tmp.join("control"), 54321, Some(54321)).unwrap();
+    dir.write(&capture_ready()).unwrap();
+    let meta = fs::metadata(dir.file("capture-ready.json")).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (54321, 0o600));
+    release_for(&dir.file("release.json"), None, 8123, Some(54321)).unwrap();
+    assert_eq!(fs::metadata(dir.file("release.json")).unwrap().uid(), 54321);
+    abort_release_for(&dir.file("abort.json"), Some(54321)).unwrap();
+    assert_eq!(fs::metadata(dir.file("abort.json")).unwrap().uid(), 54321);
+    // The capturer's own files stay its own.
+    write_atomic(&tmp.join("mine.json"), b"{}").unwrap();
+    assert_eq!(fs::metadata(tmp.join("mine.json")).unwrap().uid(), 0);
 }
