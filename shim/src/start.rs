@@ -340,7 +340,7 @@ async fn activate(
         s.plan.port,
     );
     let (profile, deadline, oracle) = (s.profile.clone(), deadline.clone(), s.oracle.clone());
-    let api_key = s.api_key.clone();
+    let (api_key, owner) = (s.api_key.clone(), s.control_owner.0);
     let woken = Instant::now();
     let validated = tokio::task::spawn_blocking(move || {
         match (profile.ready_path(&dir), profile.release_path(&dir)) {
@@ -351,7 +351,7 @@ async fn activate(
                 )
                 .map(|()| started.elapsed())
             }
-            _ => activate_copy(&dir, &id, host, port, pid, &deadline, oracle),
+            _ => activate_copy(&dir, owner, &id, host, port, pid, &deadline, oracle),
         }
     })
     .await

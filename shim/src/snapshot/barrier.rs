@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use vsnap_protocol::{abort_release, read_json, release, Oracle, ReadyFile};
+use vsnap_protocol::{abort_release_for, read_json, release_for, Oracle, ReadyFile};
 
 use super::canary::{self, ApiKey};
 use super::restore::{in_netns, probe_listener};
@@ -40,7 +40,8 @@ pub fn release_and_check(
         }
         Err(e) => return Err(abort(release_file, fail(e.to_string()))),
     };
-    release(release_file, host.clone(), port).map_err(|e| fail(format!("release: {e}")))?;
+    release_for(release_file, host.clone(), port, reader(release_file))
+        .map_err(|e| fail(format!("release: {e}")))?;
     let addr = probe_listener(pid, host.as_deref(), port, deadline.at)
         .map_err(|e| fail(format!("listener: {e}")))?;
     in_netns(pid, move || {
@@ -52,9 +53,18 @@ pub fn release_and_check(
 /// Writes the abort marker (best effort) and passes `e` on.
 pub fn abort(release_file: &Path, e: Error) -> Error {
     if !release_file.exists() {
-        let _ = abort_release(release_file);
+        let _ = abort_release_for(release_file, reader(release_file));
     }
     e
+}
+
+/// Who reads the release file: the engine, whose user owns the control dir
+/// the file is in (mod.rs `control_owner`); `None` when that is vsnap's own.
+fn reader(release_file: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = release_file.parent()?;
+    let owner = std::fs::symlink_metadata(dir).ok()?.uid();
+    (owner != vsnap_protocol::euid()).then_some(owner)
 }
 
 #[cfg(test)]
@@ -89,5 +99,30 @@ mod tests {
         let marker: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&release_file).unwrap()).unwrap();
         assert_eq!(marker, serde_json::json!({"release": false}));
+    }
+
+    /// An engine that runs as another user must be able to read the marker.
+    #[test]
+    fn the_abort_marker_belongs_to_the_control_dirs_user() {
+        use std::os::unix::fs::MetadataExt;
+        if vsnap_protocol::euid() != 0 {
+            eprintln!("skipped: needs root to hand files to another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let control = vsnap_protocol::ControlDir::create_owned_by(
+            dir.path().join("control"),
+            54321,
+            Some(54321),
+        )
+        .unwrap();
+        let release_file = control.file("release.json");
+        let e = abort(&release_file, Error::Other("x".into()));
+        assert_eq!(e.to_string(), Error::Other("x".into()).to_string());
+        assert_eq!(std::fs::metadata(&release_file).unwrap().uid(), 54321);
+        // In vsnap's own folder, vsnap's own file.
+        let mine = dir.path().join("release.json");
+        abort(&mine, Error::Other("x".into()));
+        assert_eq!(std::fs::metadata(&mine).unwrap().uid(), 0);
     }
 }

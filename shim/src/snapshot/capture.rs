@@ -61,7 +61,7 @@ impl Capture {
     async fn capture(&self) -> Result<PathBuf> {
         let s = &self.snapshot;
         let plan = &s.plan;
-        let (dir_path, pid) = (s.control_dir.clone(), self.pid);
+        let (dir_path, owner, pid) = (s.control_dir.clone(), s.control_owner.0, self.pid);
         let deadline = Instant::now() + s.capture_timeout;
         let profile = s.profile.clone();
         let ready = blocking(move || -> Result<(String, Option<CaptureReady>, Oracle)> {
@@ -77,9 +77,10 @@ impl Capture {
                     Ok((id, None, r.value.oracle()))
                 }
                 None => {
-                    let dir = ControlDir::open(&dir_path, Expect::AnyContents).map_err(|e| {
-                        Error::FailedPrecondition(format!("capture: control dir: {e}"))
-                    })?;
+                    let dir = ControlDir::open_owned_by(&dir_path, owner, Expect::AnyContents)
+                        .map_err(|e| {
+                            Error::FailedPrecondition(format!("capture: control dir: {e}"))
+                        })?;
                     wait_for::<CaptureReady>(&dir, deadline, &mut || is_alive(pid))
                         .map(|r| {
                             (
@@ -266,6 +267,7 @@ impl Capture {
                     Some(ready) => activate_and_probe(
                         "capture: donor",
                         &dir,
+                        owner,
                         &ready,
                         ActivationKind::Donor,
                         &id,

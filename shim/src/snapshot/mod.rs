@@ -54,6 +54,10 @@ pub struct Snapshot {
     pub mode: Mode,
     pub root: PathBuf,
     pub control_dir: PathBuf,
+    /// The (uid, gid) the control dir and the files vsnap puts in it belong
+    /// to: the engine's (`process.user`, as the host sees it), so that an
+    /// engine that is not root can use it.
+    pub control_owner: (u32, u32),
     pub capture_timeout: Duration,
     pub activation_timeout: Duration,
     /// Bound on `runc checkpoint` (checkpoint_timeout_s).
@@ -273,7 +277,8 @@ impl Snapshot {
         };
         let control_dir = root.join(".control").join(format!("{namespace}-{id}"));
         remove_control_dir(&control_dir);
-        ControlDir::create(&control_dir)
+        let control_owner = spec::process_owner(&spec)?;
+        ControlDir::create_owned_by(&control_dir, control_owner.0, Some(control_owner.1))
             .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
         // Only where the tree is held stopped: the page server does not
         // follow a running tree's address space (pages.rs).
@@ -298,6 +303,7 @@ impl Snapshot {
             mode,
             root,
             control_dir,
+            control_owner,
             lock: Some(Arc::new(lock)),
             workload,
             tools,
@@ -321,9 +327,16 @@ impl Snapshot {
         let mut s = s;
         let prepared = (|| -> Result<()> {
             if s.mode == Mode::Restore {
-                // The copy sees only what was there at capture time.
-                layout::copy_files(&s.artifact_dir().join("control"), &s.control_dir)
-                    .map_err(|e| artifact_error("restore", e))?;
+                // The copy sees only what was there at capture time, as
+                // its own user's files.
+                let owner =
+                    (s.control_owner.0 != vsnap_protocol::euid()).then_some(s.control_owner);
+                layout::copy_files_owned_by(
+                    &s.artifact_dir().join("control"),
+                    &s.control_dir,
+                    owner,
+                )
+                .map_err(|e| artifact_error("restore", e))?;
                 if let (Some(layer), Some(all)) = (&carried, &manifest_contents) {
                     let t = Instant::now();
                     s.verified_at_create = s.put_back_layer(layer, all)?;

@@ -31,13 +31,14 @@ pub fn activation_id(kind: &str, container: &str) -> String {
     id.chars().take(128).collect()
 }
 
-/// Runs the handshake with the engine `pid` waiting in `control_dir`, then
-/// waits until its listener accepts a connection. Blocking: call it from a
-/// blocking thread.
+/// Runs the handshake with the engine `pid` waiting in `control_dir` (the
+/// folder of uid `owner`, the engine's user), then waits until its listener
+/// accepts a connection. Blocking: call it from a blocking thread.
 #[allow(clippy::too_many_arguments)]
 pub fn activate_and_probe(
     phase: &str,
     control_dir: &Path,
+    owner: u32,
     capture: &CaptureReady,
     kind: ActivationKind,
     container: &str,
@@ -47,7 +48,7 @@ pub fn activate_and_probe(
     deadline: &Deadline,
 ) -> Result<Duration> {
     let started = Instant::now();
-    let dir = ControlDir::open(control_dir, Expect::AnyContents)
+    let dir = ControlDir::open_owned_by(control_dir, owner, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("{phase}: control dir: {e}")))?;
     let kind_name = match kind {
         ActivationKind::Donor => "donor",
@@ -127,10 +128,12 @@ pub fn in_netns<T: Send + 'static>(
     .map_err(|_| "the network namespace thread panicked".to_string())?
 }
 
-/// Wakes a restored copy: its control dir holds the capture's own
-/// capture-ready.json, which names the capture to activate.
+/// Wakes a restored copy: its control dir (uid `owner`'s) holds the
+/// capture's own capture-ready.json, which names the capture to activate.
+#[allow(clippy::too_many_arguments)]
 pub fn activate_copy(
     control_dir: &Path,
+    owner: u32,
     container: &str,
     host: Option<String>,
     port: u16,
@@ -138,7 +141,7 @@ pub fn activate_copy(
     deadline: &Deadline,
     trusted: Option<vsnap_protocol::Oracle>,
 ) -> Result<Duration> {
-    let dir = ControlDir::open(control_dir, Expect::AnyContents)
+    let dir = ControlDir::open_owned_by(control_dir, owner, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("restore: control dir: {e}")))?;
     let capture = dir
         .read::<CaptureReady>()
@@ -158,6 +161,7 @@ pub fn activate_copy(
     activate_and_probe(
         "restore",
         control_dir,
+        owner,
         &capture,
         ActivationKind::Copy,
         container,
@@ -171,6 +175,29 @@ pub fn activate_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A restored copy that runs as another user: its control dir is that
+    /// user's, and is accepted as such (here it then lacks capture-ready.json).
+    #[test]
+    fn a_copys_control_dir_belongs_to_its_user() {
+        if vsnap_protocol::euid() != 0 {
+            eprintln!("skipped: needs root to hand a folder to another uid");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir =
+            ControlDir::create_owned_by(tmp.path().join("control"), 54321, Some(54321)).unwrap();
+        let deadline = Deadline::new(Instant::now() + Duration::from_secs(1), "a test deadline");
+        let copy = |owner| {
+            activate_copy(dir.path(), owner, "c1", None, 80, 1, &deadline, None)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = copy(54321);
+        assert!(e.contains("has no capture-ready.json"), "{e}");
+        let e = copy(0);
+        assert!(e.contains("owned by uid 54321, expected uid 0"), "{e}");
+    }
 
     #[test]
     fn activation_ids_are_sanitized() {

@@ -87,6 +87,49 @@ pub fn args(spec: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Who the container's process runs as, as the host sees it: `process.user`'s
+/// uid and gid (root when absent), through `linux.uidMappings` /
+/// `gidMappings` when the container has a user namespace. The control dir
+/// and what vsnap writes into it belong to this user.
+pub fn process_owner(spec: &Value) -> Result<(u32, u32)> {
+    let user = &spec["process"]["user"];
+    let id = |key: &str| -> Result<u32> {
+        match &user[key] {
+            Value::Null => Ok(0),
+            v => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("create: process.user.{key} {v} is not an id"))
+                }),
+        }
+    };
+    let host = |id: u32, mappings: &str| -> Result<u32> {
+        let Some(list) = spec["linux"][mappings].as_array() else {
+            return Ok(id);
+        };
+        list.iter()
+            .find_map(|m| {
+                let field = |k: &str| m[k].as_u64();
+                let (inside, outside, size) =
+                    (field("containerID")?, field("hostID")?, field("size")?);
+                let id = u64::from(id);
+                (inside <= id && id < inside + size)
+                    .then(|| u32::try_from(outside + (id - inside)).ok())
+                    .flatten()
+            })
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "create: process.user id {id} is not in linux.{mappings}"
+                ))
+            })
+    };
+    Ok((
+        host(id("uid")?, "uidMappings")?,
+        host(id("gid")?, "gidMappings")?,
+    ))
+}
+
 /// runc passes the CRIU config file named by this annotation to CRIU.
 pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 
@@ -219,6 +262,13 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
         .unwrap_or_default();
     let root = text(&s.root);
     let control = text(&s.control_dir);
+    // The control dir is the engine's user's (the folders above it root's).
+    let owner = s.control_owner.0;
+    let control_owner: Vec<String> = if owner == 0 {
+        Vec::new()
+    } else {
+        vec!["--control-owner".into(), owner.to_string()]
+    };
     let mut checks = Vec::new();
     match s.mode {
         Mode::Restore => {
@@ -233,7 +283,9 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
                     &control,
                 ]
                 .map(String::from)
-                .to_vec(),
+                .into_iter()
+                .chain(control_owner)
+                .collect(),
             );
             let mut fingerprint: Vec<String> = [
                 "fingerprint",
@@ -276,7 +328,12 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
             }
             checks.push(fingerprint);
         }
-        _ => checks.push(vec!["ownership".into(), "--control-dir".into(), control]),
+        _ => checks.push(
+            ["ownership".into(), "--control-dir".into(), control]
+                .into_iter()
+                .chain(control_owner)
+                .collect(),
+        ),
     }
     if enforce_io_uring {
         checks.push(vec!["io-uring".into()]);
@@ -341,6 +398,32 @@ mod tests {
             .unwrap()
             .contains("\"control_dir\":\"/run/vsnap/control\""));
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
+    }
+
+    #[test]
+    fn the_process_owner_is_the_spec_user_as_the_host_sees_it() {
+        assert_eq!(process_owner(&json!({"process": {}})).unwrap(), (0, 0));
+        let plain = json!({"process": {"user": {"uid": 1000, "gid": 100}}});
+        assert_eq!(process_owner(&plain).unwrap(), (1000, 100));
+        let userns = json!({
+            "process": {"user": {"uid": 1000, "gid": 100}},
+            "linux": {
+                "uidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}],
+                "gidMappings": [{"containerID": 0, "hostID": 300000, "size": 1000},
+                                {"containerID": 1000, "hostID": 5, "size": 1}]
+            }
+        });
+        assert_eq!(process_owner(&userns).unwrap(), (201000, 300100));
+        let unmapped = json!({
+            "process": {"user": {"uid": 70000}},
+            "linux": {"uidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}]}
+        });
+        let e = process_owner(&unmapped).unwrap_err().to_string();
+        assert!(e.contains("70000 is not in linux.uidMappings"), "{e}");
+        let e = process_owner(&json!({"process": {"user": {"uid": -1}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("process.user.uid -1"), "{e}");
     }
 
     #[test]
