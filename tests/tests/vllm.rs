@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{exit_code, setup, Env, RT};
+use vsnap_e2e::snapshot_env::{assert_has, exit_code, poll, setup, Env, RT};
 use vsnap_e2e::vllm::{self, BARRIER_FLAGS};
 
 struct Run<'a> {
@@ -144,5 +144,280 @@ fn vllms_server_is_captured_its_donor_stops_and_two_restores_answer() {
     for copy in ["vllm-copy1", "vllm-copy2"] {
         e.remove(copy);
     }
+    e.assert_nothing_left();
+}
+
+/// Waits for `id`'s capture to publish `name` (or fail: then panics with
+/// the shim's error record).
+fn wait_published(e: &Env, id: &str, name: &str) -> serde_json::Value {
+    let record = e.bundle(id).join("vsnap-error.json");
+    poll(
+        Duration::from_secs(120),
+        &format!("{id}: the capture to end"),
+        || e.manifest(name).exists() || record.exists(),
+    );
+    assert!(
+        !record.exists(),
+        "{id}: the capture failed: {}",
+        std::fs::read_to_string(&record).unwrap_or_default()
+    );
+    e.wait_manifest(name)
+}
+
+#[test]
+fn an_engine_with_an_api_key_is_checked_with_it_and_the_key_stays_out() {
+    let e = vllm_env("vllm-key");
+    const KEY: &str = "sk-vsnap-test-0123456789";
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &["--api-key", KEY]);
+    // The donor serves after the capture: vsnap's canary authenticates.
+    let port = free_port();
+    let donor = Run {
+        id: "key-donor",
+        plan: "create",
+        port,
+        extra: vec![],
+        argv: argv.clone(),
+    };
+    let out = run(&e, &donor);
+    assert!(out.ok(), "{out:?}");
+    wait_published(&e, "key-donor", "vllm");
+    poll(Duration::from_secs(60), "the donor to serve", || {
+        vllm::canary(port, Some(KEY)).0 == 200
+    });
+    assert_eq!(
+        vllm::canary(port, None).0,
+        401,
+        "the engine enforces its key"
+    );
+    e.remove("key-donor");
+    let manifest = std::fs::read_to_string(e.manifest("vllm")).unwrap();
+    assert!(
+        !manifest.contains(KEY),
+        "the key is in the manifest: {manifest}"
+    );
+
+    let port = free_port();
+    let copy = Run {
+        id: "key-copy",
+        plan: "restore",
+        port,
+        extra: vec![],
+        argv,
+    };
+    let out = run(&e, &copy);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    assert_eq!(vllm::canary(port, Some(KEY)).0, 200);
+    let log = std::fs::read_to_string(e.c.dir.join("containerd.log")).unwrap();
+    assert!(!log.contains(KEY), "the key reached the shim's log");
+    e.remove("key-copy");
+    e.assert_nothing_left();
+}
+
+/// Whether this process (root, as the shim) has CAP_SYS_RESOURCE, which
+/// CRIU needs to read the rlimits of a process of another user.
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|bits| bits & (1 << 24) != 0)
+}
+
+#[test]
+fn a_non_root_engine_owns_its_control_dir_and_its_home() {
+    let e = vllm_env("vllm-user");
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
+    let extra = strings(&[
+        "--user",
+        "1000:1000",
+        "--annotation",
+        "vsnap.io/after-capture=exit",
+    ]);
+    let donor = Run {
+        id: "user-donor",
+        plan: "create",
+        port: free_port(),
+        extra: extra.clone(),
+        argv: argv.clone(),
+    };
+    let out = run(&e, &donor);
+    assert!(out.ok(), "{out:?}");
+    if !has_cap_sys_resource() {
+        // The engine wrote its ready file into its own control dir (the
+        // capture got as far as CRIU's dump), and the dump's failure says
+        // what this host lacks.
+        let error = e.wait_capture_failed("user-donor");
+        assert_has(
+            &error,
+            &[
+                "capture: checkpoint",
+                "Can't get rlimit",
+                "lacks CAP_SYS_RESOURCE",
+            ],
+        );
+        eprintln!("this host's root lacks CAP_SYS_RESOURCE: a non-root engine is captured only up to CRIU's dump");
+        e.remove("user-donor");
+        e.assert_nothing_left();
+        return;
+    }
+    wait_published(&e, "user-donor", "vllm");
+    e.wait_stopped("user-donor");
+    e.remove("user-donor");
+    let port = free_port();
+    let copy = Run {
+        id: "user-copy",
+        plan: "restore",
+        port,
+        extra,
+        argv,
+    };
+    let out = run(&e, &copy);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    assert_eq!(vllm::canary(port, None).0, 200);
+    let id = e.c.ctr_ok(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "id",
+        "user-copy",
+        "/bin/busybox",
+        "stat",
+        "-c",
+        "%u %a",
+        "/run/vsnap/control",
+    ]);
+    assert_eq!(id.trim(), "1000 700", "the control dir is the engine's own");
+    let so = e.c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "ls",
+        "user-copy",
+        "/bin/ls",
+        "/home/engine/.triton/cache",
+    ]);
+    assert!(
+        so.ok() && !so.stdout.trim().is_empty(),
+        "the engine's Triton cache came back: {so:?}"
+    );
+    e.remove("user-copy");
+    e.assert_nothing_left();
+}
+
+#[test]
+fn argument_shapes_as_vllm_parses_them() {
+    let e = vllm_env("vllm-args");
+    // Unique prefixes of the control flags: still the barrier profile.
+    let abbreviated = vllm::server_argv(
+        &[
+            "--ready",
+            "/run/vsnap/control/ready.json",
+            "--release-f=/run/vsnap/control/release.json",
+        ],
+        &[],
+    );
+    let exit = strings(&["--annotation", "vsnap.io/after-capture=exit"]);
+    let donor = Run {
+        id: "args-donor",
+        plan: "create",
+        port: free_port(),
+        extra: exit.clone(),
+        argv: abbreviated.clone(),
+    };
+    let out = run(&e, &donor);
+    assert!(out.ok(), "{out:?}");
+    wait_published(&e, "args-donor", "vllm");
+    e.wait_stopped("args-donor");
+    e.remove("args-donor");
+    let port = free_port();
+    let copy = Run {
+        id: "args-copy",
+        plan: "restore",
+        port,
+        extra: exit.clone(),
+        argv: abbreviated,
+    };
+    let out = run(&e, &copy);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    assert_eq!(vllm::canary(port, None).0, 200);
+    e.remove("args-copy");
+
+    // Refused at create, each naming what is wrong.
+    let with_serve: Vec<String> = {
+        let mut a = vllm::server_argv(&BARRIER_FLAGS, &[]);
+        let at = a.iter().position(|x| x == "--").unwrap();
+        a.insert(at + 1, "serve".into());
+        a
+    };
+    let ambiguous = vllm::server_argv(
+        &[
+            "--ready-file",
+            "/run/vsnap/control/ready.json",
+            "--release",
+            "/run/vsnap/control/release.json",
+        ],
+        &[],
+    );
+    let uds = vllm::server_argv(&BARRIER_FLAGS, &["--uds", "/tmp/vllm.sock"]);
+    let tls = vllm::server_argv(&BARRIER_FLAGS, &["--ssl-keyfile", "/k.pem"]);
+    for (id, argv, says) in [
+        ("args-serve", with_serve, "serve"),
+        ("args-ambiguous", ambiguous, "--release"),
+        ("args-uds", uds, "--uds"),
+        ("args-tls", tls, "--ssl-keyfile"),
+    ] {
+        let r = Run {
+            id,
+            plan: "create",
+            port: free_port(),
+            extra: exit.clone(),
+            argv,
+        };
+        let out = run(&e, &r);
+        assert!(!out.ok(), "{id}: {out:?}");
+        assert_has(&out.stderr, &["create: ", says]);
+        let _ = e.c.ctr(&["c", "rm", id]);
+    }
+    e.assert_nothing_left();
+}
+
+/// A capture made on clocks 10^6 s ahead (a host up that much longer),
+/// restored on the host's: vLLM's release poll (an asyncio sleep on the
+/// event loop's monotonic clock) would wait out the difference; CRIU's time
+/// namespace continues the captured clocks, so the copy is released at once.
+#[test]
+fn a_capture_on_clocks_far_ahead_restores_on_the_hosts() {
+    let mut e = vsnap_e2e::snapshot_env::setup_on(
+        vsnap_e2e::containerd::Containerd::start_with_clock_offset("vllm-clocks", 1_000_000),
+    );
+    vllm::import_image(&e.c, "default");
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
+    let exit = strings(&["--annotation", "vsnap.io/after-capture=exit"]);
+    let donor = Run {
+        id: "clk-donor",
+        plan: "create",
+        port: free_port(),
+        extra: exit.clone(),
+        argv: argv.clone(),
+    };
+    let out = run(&e, &donor);
+    assert!(out.ok(), "{out:?}");
+    wait_published(&e, "clk-donor", "vllm");
+    e.wait_stopped("clk-donor");
+    e.remove("clk-donor");
+    e.c.restart_on_host_clocks();
+    let port = free_port();
+    let copy = Run {
+        id: "clk-copy",
+        plan: "restore",
+        port,
+        extra: exit,
+        argv,
+    };
+    let out = run(&e, &copy);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    assert_eq!(vllm::canary(port, None).0, 200);
+    e.remove("clk-copy");
     e.assert_nothing_left();
 }

@@ -163,7 +163,8 @@ impl Capture {
                 self.thaw(&pids).await;
             }
             // runc's own message is generic; CRIU's log says what it could not dump.
-            let criu = criu::log_errors(&staging.work().join("dump.log"));
+            let mut criu = criu::log_errors(&staging.work().join("dump.log"));
+            criu.push_str(&criu::dump_hint(&criu));
             return Err(match e {
                 Error::DeadlineExceeded(m) => {
                     Error::DeadlineExceeded(format!("capture: {m}{criu}"))

@@ -143,6 +143,30 @@ pub fn check_cuda_resume(restore_log: &str) -> std::result::Result<(), String> {
     ))
 }
 
+/// What an operator can do about a dump failure CRIU's words do not
+/// explain (empty when there is nothing to add). `errors`: [`log_errors`].
+pub fn dump_hint(errors: &str) -> String {
+    // CRIU reads each task's rlimits with prlimit(2), which needs
+    // CAP_SYS_RESOURCE for a process of another user.
+    if errors.contains("Can't get rlimit") && !has_effective_cap(CAP_SYS_RESOURCE) {
+        return "; the shim (root) lacks CAP_SYS_RESOURCE, which CRIU needs to dump a process that runs as another user: give containerd (and so the shim) that capability, or run the engine as root".to_string();
+    }
+    String::new()
+}
+
+const CAP_SYS_RESOURCE: u32 = 24;
+
+fn has_effective_cap(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|bits| bits & (1 << cap) != 0)
+}
+
 /// The error lines of a CRIU log that explain a failure, as `; CRIU: ...`
 /// (empty without any): see [`error_summary`].
 pub fn log_errors(log: &std::path::Path) -> String {
