@@ -421,3 +421,85 @@ fn a_capture_on_clocks_far_ahead_restores_on_the_hosts() {
     e.remove("clk-copy");
     e.assert_nothing_left();
 }
+
+/// Under CRI, as kubelet runs it: RuntimeDefault seccomp (which keeps the
+/// real uvloop off io_uring), the pod's /dev/shm a host folder (the
+/// semaphores and CRIU's link-remap files travel in the artifact's
+/// `dev-shm/` and leave nothing behind), a pod that creates and one that
+/// restores.
+#[test]
+fn a_pod_creates_and_another_restores_vllms_server_through_cri() {
+    use k8s_cri::v1::{LinuxContainerSecurityContext, SecurityProfile};
+    use vsnap_e2e::cri::{container_config, CriEnv, NAMESPACE, VSNAP};
+    let e = CriEnv::start("vllm-cri");
+    vllm::import_image(&e.c, NAMESPACE);
+    e.cri.wait_image(vllm::IMAGE);
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let container = |name: &str| {
+        let mut c = container_config(name, vllm::IMAGE, &argv);
+        c.linux = Some(k8s_cri::v1::LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                seccomp: Some(SecurityProfile::default()), // RuntimeDefault
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        c
+    };
+    let pod = |name: &str, plan: &str, port: u16, extra: &[(&str, &str)]| {
+        let listen = format!("127.0.0.1:{port}");
+        let mut ann = vec![
+            ("vsnap.io/plan", plan),
+            ("vsnap.io/artifact", "vllm"),
+            ("vsnap.io/listen", listen.as_str()),
+        ];
+        ann.extend_from_slice(extra);
+        let config = e.pod_config(name, true, &ann);
+        (e.run_pod(&config, VSNAP), config)
+    };
+    let (donor_pod, config) = pod(
+        "vllm-create",
+        "create",
+        free_port(),
+        &[("vsnap.io/after-capture", "exit")],
+    );
+    let donor = e.run_container(&donor_pod, &config, container("donor"));
+    let manifest = e.wait_manifest("vllm");
+    let st = e.cri.wait_exited(&donor, Duration::from_secs(60));
+    assert_eq!(
+        st.exit_code, 1,
+        "the donor's own exit after the abort marker: {st:?}"
+    );
+    let contents = manifest["contents"].as_object().unwrap();
+    // CRIU's link-remap of each semaphore (kept past the dump, which
+    // removes it) is carried as a second name of the semaphore's file.
+    assert!(
+        contents.contains_key("dev-shm/.vsnap-links.json"),
+        "{contents:?}"
+    );
+    assert!(
+        contents.keys().any(|k| k.starts_with("dev-shm/sem.mp-")),
+        "{contents:?}"
+    );
+    assert!(contents.contains_key("rootfs/upper.tar"), "{contents:?}");
+    e.remove_pod(&donor_pod);
+
+    let port = free_port();
+    let (copy_pod, config) = pod("vllm-restore", "restore", port, &[]);
+    let copy = e.run_container(&copy_pod, &config, container("copy"));
+    let (status, answer) = vllm::canary(port, None);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["token_ids"],
+        manifest["oracle"]["token_ids"]
+    );
+    let shm = e.cri.exec_sync(&copy, &["/bin/ls", "-a", "/dev/shm"]);
+    let shm = String::from_utf8_lossy(&shm.stdout).to_string();
+    assert!(
+        shm.contains("sem.mp-") && !shm.contains("link_remap"),
+        "{shm}"
+    );
+    e.remove_pod(&copy_pod);
+    e.assert_nothing_left();
+}

@@ -55,6 +55,7 @@ pub fn config_text(
     plugin_dir: &Path,
     leave_stopped: bool,
     lazy_pages: bool,
+    post_dump_script: Option<&Path>,
 ) -> String {
     let mut body = String::new();
     if let Some((path, text)) = base {
@@ -78,7 +79,35 @@ pub fn config_text(
     if lazy_pages {
         body.push_str("lazy-pages\n");
     }
+    if let Some(script) = post_dump_script {
+        body.push_str(&format!("action-script {}\n", script.display()));
+    }
     body
+}
+
+/// The action script a capture gives CRIU when the container's `/dev/shm`
+/// is a host folder: CRIU removes its `link_remap.N` files there at the end
+/// of a dump that leaves the tree running (criu/cr-dump.c), after its
+/// post-dump scripts ran, so the script keeps each as a hard link
+/// (`.vsnap-kept-link_remap.N`, the same inode) for shm.rs to carry.
+pub const POST_DUMP_SCRIPT: &str = "vsnap-post-dump.sh";
+
+pub fn post_dump_script(host_shm: &Path) -> Result<String> {
+    let dir = host_shm.display().to_string();
+    if dir.contains('\'') || dir.contains('\n') {
+        return Err(Error::InvalidArgument(format!(
+            "create: /dev/shm folder {dir:?}: a path with a quote or a newline"
+        )));
+    }
+    Ok(format!(
+        "#!/bin/sh\n# vsnap: CRIU's link-remap files in the container's /dev/shm folder outlive the dump (shm.rs)\n\
+         [ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n\
+         cd '{dir}' || exit 0\n\
+         for f in {prefix}*; do [ -f \"$f\" ] && ln -f \"$f\" \"{kept}$f\"; done\n\
+         exit 0\n",
+        prefix = super::shm::LINK_REMAP_PREFIX,
+        kept = super::shm::KEPT_PREFIX,
+    ))
 }
 
 /// The config file runc would give CRIU without vsnap: the one the spec's
@@ -224,6 +253,7 @@ mod tests {
             Path::new("/opt/criu/plugins"),
             true,
             true,
+            Some(Path::new("/b/vsnap-post-dump.sh")),
         );
         let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
@@ -235,11 +265,13 @@ mod tests {
                 "libdir /opt/criu/plugins",
                 "link-remap",
                 "leave-stopped",
-                "lazy-pages"
+                "lazy-pages",
+                "action-script /b/vsnap-post-dump.sh"
             ]
         );
         assert!(text.starts_with("# from /etc/criu/runc.conf\n"));
-        let plain = config_text(None, Path::new("/usr/lib/criu"), false, false);
+        let plain = config_text(None, Path::new("/usr/lib/criu"), false, false, None);
+        assert!(!plain.contains("action-script"));
         assert!(!plain.contains("leave-stopped"));
         assert!(!plain.contains("lazy-pages"));
         assert!(plain.contains("libdir /usr/lib/criu\n"));

@@ -355,6 +355,7 @@ impl Snapshot {
                 &config.cuda_plugin_dir,
                 s.holds_stopped(),
                 s.place_pages,
+                s.host_shm.as_deref().filter(|_| s.mode == Mode::Create),
             )?;
             if s.mode == Mode::Restore {
                 if let Some(shm) = &s.host_shm {

@@ -144,8 +144,26 @@ pub fn add_criu_config(
     plugin_dir: &Path,
     leave_stopped: bool,
     lazy_pages: bool,
+    keep_link_remaps_in: Option<&Path>,
 ) -> Result<()> {
     let mut spec = read(bundle)?;
+    let script = match keep_link_remaps_in {
+        Some(host_shm) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let path = bundle.join(criu::POST_DUMP_SCRIPT);
+            let text = criu::post_dump_script(host_shm)?;
+            let _ = std::fs::remove_file(&path);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o700)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+                .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;
+            Some(path)
+        }
+        None => None,
+    };
     let path = bundle.join(criu::BUNDLE_CONFIG);
     let named = spec["annotations"][CRIU_CONFIG_ANNOTATION]
         .as_str()
@@ -158,6 +176,7 @@ pub fn add_criu_config(
         plugin_dir,
         leave_stopped,
         lazy_pages,
+        script.as_deref(),
     );
     std::fs::write(&path, body)
         .map_err(|e| Error::io(format!("create: write {}", path.display()), e))?;
