@@ -19,4 +19,4 @@ cargo build --workspace --all-targets
 
 echo "test: unit, protocol and end-to-end tests"
 # Each end-to-end test runs its own private containerd; two at a time fit 2 cores.
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2

@@ -136,6 +136,19 @@ pub fn in_flight_pids(bundle: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// The restored init runc wrote to `<bundle>/init.pid` once CRIU restored
+/// the tree, while it waits (stopped) for its pages and its verification,
+/// when it is still there.
+pub fn restored_init_pid(bundle: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(bundle.join("init.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
+        .then_some(pid)
+}
+
 /// The container's cgroupfs path from its spec, when it has one.
 pub fn cgroups_path(bundle: &Path) -> Option<PathBuf> {
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json")).ok()?;

@@ -469,7 +469,13 @@ impl TaskService {
             // CRIU is restoring: what works on the container is runc (and
             // CRIU under it). containerd, reconnecting after a restart,
             // takes a shim with no pids for a leaked one and deletes it.
-            let processes = cleanup::in_flight_pids(&c.bundle)
+            // Between runc's exit and the end of the page placement and the
+            // verification, the restored init (stopped) is what is there.
+            let mut pids = cleanup::in_flight_pids(&c.bundle);
+            if pids.is_empty() {
+                pids.extend(cleanup::restored_init_pid(&c.bundle));
+            }
+            let processes = pids
                 .into_iter()
                 .map(|pid| containerd_shim_protos::types::task::ProcessInfo {
                     pid: pid as u32,

@@ -205,3 +205,66 @@ fn a_changed_volume_file_is_refused_before_criu() {
     let _ = e.c.ctr(&["c", "rm", "vol-missing"]);
     e.assert_nothing_left();
 }
+
+/// A rootfs folder the create and its restores share (`ctr run --rootfs`)
+/// carries nothing (the manifest says so); a file the tree held open there
+/// that is gone at the restore fails CRIU, and the error names the file,
+/// not only CRIU's last lines.
+#[test]
+fn a_shared_rootfs_carries_nothing_and_a_vanished_file_is_named() {
+    let e = setup("rootfs-shared");
+    let root = engine_rootfs(&e.c.dir.join("shared"));
+    std::fs::create_dir_all(root.join("root/.cache")).unwrap();
+    std::fs::write(root.join("root/.cache/held.bin"), b"held open").unwrap();
+    let script = "exec 3</root/.cache/held.bin && exec /vsnap-ref-engine";
+    let run = |id: &str, plan: &str| {
+        let (plan, listen) = (
+            format!("vsnap.io/plan={plan}"),
+            format!("vsnap.io/listen=127.0.0.1:{}", free_port()),
+        );
+        let root = root.display().to_string();
+        let args = [
+            "run",
+            "-d",
+            "--net-host",
+            "--runtime",
+            RT,
+            "--runtime-config-path",
+            &e.config,
+            "--annotation",
+            &plan,
+            "--annotation",
+            "vsnap.io/artifact=shared",
+            "--annotation",
+            &listen,
+            "--annotation",
+            "vsnap.io/after-capture=exit",
+            "--rootfs",
+            &root,
+            id,
+            "/bin/sh",
+            "-c",
+            script,
+        ];
+        vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+    };
+    let out = run("shared-donor", "create");
+    assert!(out.ok(), "{out:?}");
+    let manifest = e.wait_manifest("shared");
+    assert_eq!(
+        manifest["rootfs"]["layer"]["kind"], "shared-folder",
+        "{manifest}"
+    );
+    assert!(!e.artifact("shared").join("rootfs").exists());
+    e.wait_stopped("shared-donor");
+    e.remove("shared-donor");
+    std::fs::remove_file(root.join("root/.cache/held.bin")).unwrap();
+    let out = run("shared-copy", "restore");
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["restore: runc restore failed", "root/.cache/held.bin"],
+    );
+    let _ = e.c.ctr(&["c", "rm", "shared-copy"]);
+    e.assert_nothing_left();
+}
