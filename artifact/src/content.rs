@@ -113,6 +113,18 @@ fn hash_chunks(
     threads: usize,
     each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
 ) -> Result<()> {
+    hash_chunks_until(dir, files, threads, each, &AtomicBool::new(false))
+}
+
+/// As [`hash_chunks`], stopping (with [`ArtifactError::Stopped`]) before the
+/// next chunk once `stop` is set: a chunk takes tens of milliseconds.
+fn hash_chunks_until(
+    dir: &Path,
+    files: &[(String, File, u64)],
+    threads: usize,
+    each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
+    stop: &AtomicBool,
+) -> Result<()> {
     let units: Vec<Unit> = files
         .iter()
         .enumerate()
@@ -128,6 +140,15 @@ fn hash_chunks(
             s.spawn(|| {
                 let mut buf = vec![0u8; PIECE];
                 while !failed.load(Ordering::Relaxed) {
+                    if stop.load(Ordering::Relaxed) {
+                        failed.store(true, Ordering::Relaxed);
+                        let e = ArtifactError::Stopped(format!(
+                            "{}: verification stopped before its end",
+                            dir.display()
+                        ));
+                        first_error.lock().expect("lock").get_or_insert(e);
+                        break;
+                    }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(u) = units.get(i) else { break };
                     let (rel, file, size) = &files[u.file];
@@ -281,16 +302,40 @@ pub fn verify_except(
     threads: usize,
     hashed_elsewhere: &[String],
 ) -> Result<()> {
+    verify_except_until(
+        dir,
+        contents,
+        threads,
+        hashed_elsewhere,
+        &AtomicBool::new(false),
+    )
+}
+
+/// As [`verify_except`], stopping with [`ArtifactError::Stopped`] once
+/// `stop` is set (a restore that was killed, or ran out of time).
+pub fn verify_except_until(
+    dir: &Path,
+    contents: &Contents,
+    threads: usize,
+    hashed_elsewhere: &[String],
+    stop: &AtomicBool,
+) -> Result<()> {
     let mut files = verify_sizes(dir, contents)?;
     files.retain(|(rel, _, _)| !hashed_elsewhere.contains(rel));
-    hash_chunks(dir, &files, threads, &|file, chunk, digest| {
-        let rel = &files[file].0;
-        let want = contents[rel].chunks.get(chunk).map(String::as_str);
-        if want == Some(digest.as_str()) {
-            return Ok(());
-        }
-        Err(chunk_mismatch(dir, rel, chunk, files[file].2))
-    })
+    hash_chunks_until(
+        dir,
+        &files,
+        threads,
+        &|file, chunk, digest| {
+            let rel = &files[file].0;
+            let want = contents[rel].chunks.get(chunk).map(String::as_str);
+            if want == Some(digest.as_str()) {
+                return Ok(());
+            }
+            Err(chunk_mismatch(dir, rel, chunk, files[file].2))
+        },
+        stop,
+    )
 }
 
 /// Checks only the files `only` of `dir` (each must be in `contents`, of
@@ -351,6 +396,17 @@ mod tests {
 
     fn err(dir: &Path, c: &Contents) -> String {
         verify(dir, c, 2).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_verification_told_to_stop_stops_before_the_next_chunk() {
+        let dir = artifact();
+        let c = digest(dir.path(), 1).unwrap();
+        let stop = AtomicBool::new(true);
+        let err = verify_except_until(dir.path(), &c, 2, &[], &stop).unwrap_err();
+        assert!(matches!(err, ArtifactError::Stopped(_)), "{err}");
+        // Not told: it checks every chunk.
+        verify_except_until(dir.path(), &c, 2, &[], &AtomicBool::new(false)).unwrap();
     }
 
     #[test]

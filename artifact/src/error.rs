@@ -22,6 +22,9 @@ pub enum ArtifactError {
     /// verify (signature.rs): the shared artifact must not be used.
     #[error("fleet signature: {0}")]
     Signature(String),
+    /// The work was told to stop (a kill, a deadline) before it was done.
+    #[error("stopped: {0}")]
+    Stopped(String),
     /// Another process holds the artifact's lock.
     #[error("artifact {0} is locked by another writer or user")]
     Locked(String),

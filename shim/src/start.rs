@@ -9,6 +9,8 @@
 //! reported as exited non-zero, with its error record in the bundle.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use containerd_shim_protos::events::task::TaskStart;
@@ -162,8 +164,22 @@ async fn restore(
     // the restored tree stopped (leave-stopped), so nothing of it runs or is
     // seen before the digests matched. A mismatch cancels the restore.
     let beside_criu = verify.as_ref().is_none_or(|v| v.beside_criu);
+    // The verification stops, between chunks, once the restore is killed
+    // or its deadline passed: a kill ends Start at once, as in every phase.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = {
+        let (stop, cancel, at) = (stop.clone(), deadline.cancel.clone(), deadline.at);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep_until(at.into()) => {}
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
     let verifying = verify.map(|v| {
         let cancel = deadline.cancel.clone();
+        let stop = stop.clone();
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let threads = if v.beside_criu {
@@ -171,8 +187,13 @@ async fn restore(
             } else {
                 DIGEST_THREADS
             };
-            let verified =
-                content::verify_except(&v.dir, &v.contents, threads, &v.hashed_elsewhere);
+            let verified = content::verify_except_until(
+                &v.dir,
+                &v.contents,
+                threads,
+                &v.hashed_elsewhere,
+                &stop,
+            );
             if verified.is_err() {
                 cancel.cancel();
             }
@@ -181,10 +202,10 @@ async fn restore(
     });
     let (ran, verified) = if beside_criu {
         let ran = job.run().await;
-        (ran, joined(verifying).await?)
+        (ran, joined(verifying, &deadline).await?)
     } else {
         // First every byte, then CRIU: a damaged artifact never reaches it.
-        match joined(verifying).await? {
+        match joined(verifying, &deadline).await? {
             Ok(took) => (job.run().await, Ok(took)),
             Err(e) => (
                 Err(Error::FailedPrecondition("restore: not run".into())),
@@ -192,6 +213,7 @@ async fn restore(
             ),
         }
     };
+    stopper.abort();
     let (ran, verify_time) = match (ran, verified) {
         (ran, Ok(took)) => (ran, took),
         (Ok(()), Err(e)) => {
@@ -304,13 +326,18 @@ fn verify_threads_beside_criu() -> usize {
 /// The verification's result: how long it took, or the damage it found.
 async fn joined(
     verifying: Option<tokio::task::JoinHandle<std::result::Result<Duration, ArtifactError>>>,
+    deadline: &Deadline,
 ) -> Result<Result<Duration>> {
     match verifying {
         None => Ok(Ok(Duration::ZERO)),
         Some(h) => Ok(h
             .await
             .map_err(|e| Error::Other(format!("restore: verify: {e}")))?
-            .map_err(|e| artifact_error("restore: verify", e))),
+            .map_err(|e| match e {
+                // A kill or the deadline stopped it: that is the error.
+                ArtifactError::Stopped(m) => deadline.fail(format!("restore: verify: {m}")),
+                e => artifact_error("restore: verify", e),
+            })),
     }
 }
 
