@@ -218,6 +218,102 @@ impl ChunkDigest {
     }
 }
 
+/// Reads one covered file front to back (`inner`), checking each chunk
+/// against its digest as the bytes pass: for a file used as a stream (the
+/// carried writable layer, unpacked at a restore's create), so it is read
+/// once. A chunk that does not match, or a size other than the recorded
+/// one, is an `InvalidData` error naming the file and the chunk, at the
+/// latest when the stream ends.
+pub struct VerifyingReader<R> {
+    inner: R,
+    dir: std::path::PathBuf,
+    rel: String,
+    digest: FileDigest,
+    chunk: usize,
+    in_chunk: u64,
+    total: u64,
+    hasher: ChunkDigest,
+    ended: bool,
+}
+
+impl<R: std::io::Read> VerifyingReader<R> {
+    pub fn new(inner: R, dir: &Path, rel: &str, digest: &FileDigest) -> Self {
+        VerifyingReader {
+            inner,
+            dir: dir.to_path_buf(),
+            rel: rel.to_string(),
+            digest: digest.clone(),
+            chunk: 0,
+            in_chunk: 0,
+            total: 0,
+            hasher: ChunkDigest::new(),
+            ended: false,
+        }
+    }
+
+    /// Reads what is left (a stream's reader may stop before the end), so
+    /// every byte is checked; the error names the damage.
+    pub fn finish(mut self) -> std::io::Result<()> {
+        std::io::copy(&mut self, &mut std::io::sink()).map(drop)
+    }
+
+    fn check_chunk(&mut self) -> std::io::Result<()> {
+        let checked = self
+            .hasher
+            .check(&self.dir, &self.rel, &self.digest, self.chunk);
+        self.hasher = ChunkDigest::new();
+        self.chunk += 1;
+        self.in_chunk = 0;
+        checked.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for VerifyingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.ended {
+            return Ok(0);
+        }
+        let n = self.inner.read(buf)?;
+        let size = self.digest.size;
+        let bad = |what: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                damaged(&self.dir, &self.rel, what).to_string(),
+            )
+        };
+        if n == 0 && !buf.is_empty() {
+            self.ended = true;
+            if self.total != size {
+                return Err(bad(format!(
+                    "holds {} bytes, the manifest says {size}",
+                    self.total
+                )));
+            }
+            if self.in_chunk > 0 {
+                self.check_chunk()?;
+            }
+            return Ok(0);
+        }
+        if self.total + n as u64 > size {
+            return Err(bad(format!(
+                "holds more than the {size} bytes the manifest says"
+            )));
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let take = rest.len().min((CHUNK - self.in_chunk) as usize);
+            self.hasher.update(&rest[..take]);
+            self.in_chunk += take as u64;
+            rest = &rest[take..];
+            if self.in_chunk == CHUNK {
+                self.check_chunk()?;
+            }
+        }
+        self.total += n as u64;
+        Ok(n)
+    }
+}
+
 fn chunk_mismatch(dir: &Path, rel: &str, chunk: usize, size: u64) -> ArtifactError {
     let start = chunk as u64 * CHUNK;
     let end = (start + CHUNK).min(size).saturating_sub(1);
@@ -338,39 +434,6 @@ pub fn verify_except_until(
     )
 }
 
-/// Checks only the files `only` of `dir` (each must be in `contents`, of
-/// its size): for a file used before the rest is verified (a restore
-/// unpacks the carried writable layer at create).
-pub fn verify_only(dir: &Path, contents: &Contents, threads: usize, only: &[String]) -> Result<()> {
-    for rel in only {
-        if !contents.contains_key(rel) {
-            return Err(damaged(
-                dir,
-                rel,
-                "is not part of the artifact as captured".into(),
-            ));
-        }
-    }
-    let files = open_all(dir, only)?;
-    for (rel, _, size) in &files {
-        let want = contents[rel].size;
-        if *size != want {
-            return Err(damaged(
-                dir,
-                rel,
-                format!("holds {size} bytes, the manifest says {want}"),
-            ));
-        }
-    }
-    hash_chunks(dir, &files, threads, &|file, chunk, digest| {
-        let rel = &files[file].0;
-        if contents[rel].chunks.get(chunk).map(String::as_str) == Some(digest.as_str()) {
-            return Ok(());
-        }
-        Err(chunk_mismatch(dir, rel, chunk, files[file].2))
-    })
-}
-
 fn damaged(dir: &Path, rel: &str, what: String) -> ArtifactError {
     ArtifactError::Damaged(format!("{}: {rel} {what}", dir.display()))
 }
@@ -396,6 +459,34 @@ mod tests {
 
     fn err(dir: &Path, c: &Contents) -> String {
         verify(dir, c, 2).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_stream_is_checked_chunk_by_chunk_as_it_is_read() {
+        use std::io::Read;
+        let dir = artifact();
+        let c = digest(dir.path(), 1).unwrap();
+        let rel = "images/pages-1.img";
+        let bytes = std::fs::read(dir.path().join(rel)).unwrap();
+        let mut r = VerifyingReader::new(&bytes[..], dir.path(), rel, &c[rel]);
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).unwrap();
+        assert_eq!(out.len(), bytes.len());
+        // One byte changed in the second chunk: named when that chunk ends.
+        let mut bad = bytes.clone();
+        bad[CHUNK as usize + 7] ^= 1;
+        let err = VerifyingReader::new(&bad[..], dir.path(), rel, &c[rel])
+            .finish()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("images/pages-1.img chunk 1"),
+            "{err}"
+        );
+        // Shorter than recorded.
+        let err = VerifyingReader::new(&bytes[..100], dir.path(), rel, &c[rel])
+            .finish()
+            .unwrap_err();
+        assert!(err.to_string().contains("holds 100 bytes"), "{err}");
     }
 
     #[test]

@@ -425,11 +425,24 @@ impl Snapshot {
         };
         let rel = format!("{DIR}/{UPPER_TAR}");
         let dir = self.artifact_dir();
-        let checked = [rel.clone()];
-        vsnap_artifact::content::verify_only(&dir, contents, capture::DIGEST_THREADS, &checked)
-            .map_err(|e| artifact_error("restore: rootfs", e))?;
-        rootfs::unpack(&dir.join(&rel), upper)?;
-        Ok(checked.to_vec())
+        let tar = dir.join(&rel);
+        let digest = contents.get(&rel).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "restore: rootfs: {}: {rel} is not part of the artifact as captured",
+                dir.display()
+            ))
+        })?;
+        // Read once: each chunk is checked against its digest as the tar is
+        // unpacked (into the new container's own snapshot, which a failed
+        // create leaves to containerd to remove); nothing runs before the
+        // last chunk matched.
+        let file = std::fs::File::open(&tar)
+            .map_err(|e| Error::io(format!("restore: rootfs: open {}", tar.display()), e))?;
+        let reader = vsnap_artifact::content::VerifyingReader::new(file, &dir, &rel, digest);
+        rootfs::unpack(reader, &tar, upper)?
+            .finish()
+            .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))?;
+        Ok(vec![rel])
     }
 
     pub fn artifact_dir(&self) -> PathBuf {

@@ -225,8 +225,9 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
             links.insert(key, e.rel.clone());
         }
         if ft.is_file() {
-            let mut f =
+            let f =
                 fs::File::open(&path).map_err(|err| io(format!("open {}", path.display()), err))?;
+            let mut f = std::io::BufReader::with_capacity(1 << 20, f);
             bytes += e.md.len();
             add(&mut tar, &mut h, &mut f)?;
         } else if ft.is_dir() || ft.is_fifo() {
@@ -246,14 +247,11 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
             )));
         }
     }
+    // Synced with the rest of the staging folder when it is published.
     let mut w = tar
         .into_inner()
         .map_err(|e| io("finish the tar".into(), e))?;
     w.flush().map_err(|e| io("write".into(), e))?;
-    w.into_inner()
-        .map_err(|e| io("write".into(), e.into_error()))?
-        .sync_all()
-        .map_err(|e| io("sync".into(), e))?;
     Ok(RootfsLayer::OverlayUpper {
         bytes,
         entries: entries.len() as u64,
@@ -270,11 +268,12 @@ impl Mode0600 for fs::OpenOptions {
     }
 }
 
-/// Unpacks a carried layer into `upper`, the new container's upper dir
-/// (empty, not mounted yet). Every entry's path must stay inside `upper`
-/// through real folders: `..`, absolute paths and entries under a symlink
-/// are refused, naming the path.
-pub fn unpack(tar_path: &Path, upper: &Path) -> Result<()> {
+/// Unpacks a carried layer, read from `source` (the tar `tar_path` names),
+/// into `upper`, the new container's upper dir (empty, not mounted yet),
+/// and returns the reader, which may hold the tar's trailing padding.
+/// Every entry's path must stay inside `upper` through real folders: `..`,
+/// absolute paths and entries under a symlink are refused, naming the path.
+pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
     let fail = |m: String| Error::FailedPrecondition(format!("restore: rootfs: {m}"));
     let io = |what: String, e: std::io::Error| Error::io(format!("restore: rootfs: {what}"), e);
     let non_empty = fs::read_dir(upper)
@@ -287,9 +286,8 @@ pub fn unpack(tar_path: &Path, upper: &Path) -> Result<()> {
             upper.display()
         )));
     }
-    let file =
-        fs::File::open(tar_path).map_err(|e| io(format!("open {}", tar_path.display()), e))?;
-    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, file));
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, source));
+    let mut copy_buf = vec![0u8; 1 << 20];
     let mut dirs: Vec<(PathBuf, u32, filetime::FileTime)> = Vec::new();
     for entry in archive
         .entries()
@@ -351,7 +349,13 @@ pub fn unpack(tar_path: &Path, upper: &Path) -> Result<()> {
                     .mode_0600()
                     .open(&dst)
                     .map_err(made)?;
-                std::io::copy(&mut entry, &mut f).map_err(made)?;
+                loop {
+                    let n = entry.read(&mut copy_buf).map_err(made)?;
+                    if n == 0 {
+                        break;
+                    }
+                    f.write_all(&copy_buf[..n]).map_err(made)?;
+                }
             }
             T::Symlink => {
                 let target = h
@@ -421,7 +425,15 @@ pub fn unpack(tar_path: &Path, upper: &Path) -> Result<()> {
     for (dir, _, mtime) in dirs.iter().rev() {
         let _ = filetime::set_symlink_file_times(dir, *mtime, *mtime);
     }
-    Ok(())
+    Ok(archive.into_inner().into_inner())
+}
+
+/// [`unpack`] of the file `tar_path`, unchecked (the tests').
+#[cfg(test)]
+fn unpack_file(tar_path: &Path, upper: &Path) -> Result<()> {
+    let f = fs::File::open(tar_path)
+        .map_err(|e| Error::io(format!("restore: rootfs: open {}", tar_path.display()), e))?;
+    unpack(f, tar_path, upper).map(drop)
 }
 
 /// The bind mounts of a spec: (destination inside, source on the host).
@@ -691,7 +703,7 @@ mod tests {
             "{layer:?}"
         );
         fs::create_dir(&out).unwrap();
-        unpack(&tar, &out).unwrap();
+        unpack_file(&tar, &out).unwrap();
         let so = out.join("root/.triton/cache/ab/cuda_utils.so");
         assert_eq!(fs::read(&so).unwrap(), b"\x7fELF...");
         assert_eq!(fs::metadata(&so).unwrap().mode() & 0o7777, 0o755);
@@ -717,7 +729,7 @@ mod tests {
         let wh = fs::symlink_metadata(out.join("deleted")).unwrap();
         assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
         // Only onto an empty upper dir.
-        let err = unpack(&tar, &out).unwrap_err().to_string();
+        let err = unpack_file(&tar, &out).unwrap_err().to_string();
         assert!(err.contains("is not empty"), "{err}");
     }
 
@@ -746,7 +758,7 @@ mod tests {
         }
         let out = dir.path().join("new");
         fs::create_dir(&out).unwrap();
-        let err = unpack(&tar_path, &out).unwrap_err().to_string();
+        let err = unpack_file(&tar_path, &out).unwrap_err().to_string();
         assert!(
             err.contains("/etc/evil") && err.contains("is not a folder of the layer"),
             "{err}"
