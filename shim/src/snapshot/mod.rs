@@ -167,6 +167,16 @@ impl Snapshot {
         let preflight = |e| artifact_error("restore: preflight", e);
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
         let spec = spec::read(bundle)?;
+        let layer = match layer {
+            rootfs::WritableLayer::Shared => match spec["root"]["path"].as_str() {
+                Some(root) => rootfs::WritableLayer::of_root_folder(
+                    &bundle.join(root),
+                    &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+                ),
+                None => rootfs::WritableLayer::Shared,
+            },
+            other => other,
+        };
         let key = artifact::FingerprintKey::load_or_create(
             &root,
             config.fleet_fingerprint_key.as_deref(),

@@ -267,7 +267,8 @@ fn serve_args(argv: &[String]) -> std::result::Result<Option<Vec<String>>, Strin
 /// each with the shortest prefix that names it alone among that parser's
 /// long options (argparse takes any prefix from there on). vLLM also reads
 /// `_` as `-` in option names.
-const SERVE_OPTIONS: [(&str, &str); 8] = [
+/// (`--headless` and `--grpc` only as spelled out.)
+const SERVE_OPTIONS: [(&str, &str); 10] = [
     ("--api-key", "--api-k"),
     ("--uds", "--ud"),
     ("--ssl-keyfile", "--ssl-k"),
@@ -276,6 +277,8 @@ const SERVE_OPTIONS: [(&str, &str); 8] = [
     ("--ssl-cert-reqs", "--ssl-cert-"),
     ("--ssl-ciphers", "--ssl-ci"),
     ("--enable-ssl-refresh", "--enable-ss"),
+    ("--headless", "--headless"),
+    ("--grpc", "--grpc"),
 ];
 
 /// The options of [`SERVE_OPTIONS`] in `serve` (up to a `--`, after which
@@ -359,6 +362,7 @@ pub fn check_vllm_command(argv: &[String]) -> Result<()> {
         let why = match option {
             "--api-key" => continue,
             "--uds" => "vsnap's canary and listener check need TCP; serve on TCP (vsnap.io/listen) instead of a Unix socket",
+            "--headless" | "--grpc" => "vsnap's canary needs vLLM's OpenAI HTTP API (/v1/completions), which this server would not run",
             _ => "vsnap's canary and listener check speak plain HTTP; terminate TLS in front of the engine instead",
         };
         return Err(invalid(format!("{named}: {why}")));
@@ -372,6 +376,29 @@ mod tests {
 
     fn argv(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_server_without_the_http_api_is_refused() {
+        for flag in ["--headless", "--grpc"] {
+            let a = argv(&[
+                "python3",
+                "-m",
+                "vllm.snapshot.server",
+                "--ready-file",
+                "/run/vsnap/control/r.json",
+                "--release-file",
+                "/run/vsnap/control/s.json",
+                "--",
+                "/m",
+                flag,
+            ]);
+            let err = check_vllm_command(&a).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("create: {flag}: ")) && err.contains("/v1/completions"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

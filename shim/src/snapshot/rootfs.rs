@@ -73,6 +73,29 @@ impl WritableLayer {
         }
     }
 
+    /// A rootfs without mounts of the shim's own: the spec's root folder.
+    /// A folder that is itself an overlay mount point was prepared by the
+    /// caller (dockerd's overlay2 driver): its changes are the caller's
+    /// snapshot's, not a folder the restores share, so it is not carried
+    /// and the manifest says why. Else: shared.
+    pub fn of_root_folder(root: &Path, mountinfo: &str) -> Self {
+        let overlay = mountinfo.lines().find(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let Some(sep) = f.iter().position(|x| *x == "-") else {
+                return false;
+            };
+            f.get(4).is_some_and(|p| Path::new(p) == root)
+                && f.get(sep + 1).is_some_and(|t| *t == "overlay")
+        });
+        match overlay {
+            Some(_) => WritableLayer::Unknown(format!(
+                "{} is an overlay the caller mounted (e.g. dockerd's overlay2): its writable layer is not the shim's to carry",
+                root.display()
+            )),
+            None => WritableLayer::Shared,
+        }
+    }
+
     /// The record of a layer with nothing to carry.
     pub fn record_without_carry(&self) -> Option<RootfsLayer> {
         match self {
@@ -643,6 +666,20 @@ mod tests {
         };
         assert!(
             matches!(WritableLayer::of(&[bind]), WritableLayer::Unknown(r) if r.contains("/var/lib/native/snapshots/3"))
+        );
+    }
+
+    #[test]
+    fn a_root_folder_that_is_an_overlay_mount_is_not_taken_for_a_shared_one() {
+        let info = "36 25 0:31 / /var/lib/docker/overlay2/abc/merged rw,relatime shared:1 - overlay overlay rw,lowerdir=/l,upperdir=/var/lib/docker/overlay2/abc/diff,workdir=/w\n\
+                    37 25 8:1 / /srv/rootfs rw,relatime shared:2 - ext4 /dev/vda rw\n";
+        assert!(matches!(
+            WritableLayer::of_root_folder(Path::new("/var/lib/docker/overlay2/abc/merged"), info),
+            WritableLayer::Unknown(r) if r.contains("overlay2")
+        ));
+        assert_eq!(
+            WritableLayer::of_root_folder(Path::new("/srv/rootfs"), info),
+            WritableLayer::Shared
         );
     }
 
