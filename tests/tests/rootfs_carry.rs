@@ -268,3 +268,33 @@ fn a_shared_rootfs_carries_nothing_and_a_vanished_file_is_named() {
     let _ = e.c.ctr(&["c", "rm", "shared-copy"]);
     e.assert_nothing_left();
 }
+
+/// A writable layer larger than `rootfs_diff_limit_bytes` fails the capture
+/// naming its largest paths; nothing is published.
+#[test]
+fn a_layer_over_the_limit_fails_the_capture_naming_its_largest_paths() {
+    let e = image_env("rootfs-limit");
+    let config = std::fs::read_to_string(&e.config).unwrap();
+    std::fs::write(
+        &e.config,
+        format!("{config}rootfs_diff_limit_bytes = 1048576\n"),
+    )
+    .unwrap();
+    let writes_3_mib = "busybox mkdir -p /root/.cache/huggingface && \
+         busybox dd if=/dev/zero of=/root/.cache/huggingface/model.bin bs=1M count=3 2>/dev/null && \
+         exec /vsnap-ref-engine";
+    let out = run_image(&e, "limit-donor", "create", free_port(), &[], writes_3_mib);
+    assert!(out.ok(), "{out:?}");
+    let error = e.wait_capture_failed("limit-donor");
+    assert_has(
+        &error,
+        &[
+            "capture: rootfs: ",
+            "rootfs_diff_limit_bytes (1 MiB)",
+            "/root/.cache/huggingface/model.bin (3 MiB)",
+        ],
+    );
+    e.remove("limit-donor");
+    e.assert_nothing_published();
+    e.assert_nothing_left();
+}
