@@ -1,0 +1,24 @@
+//! Every end-to-end test in one binary (one link of tonic, k8s-cri and the
+//! harness instead of one per file), a module per concern. Each test runs
+//! its own private containerd, so they share nothing but the machine.
+
+mod bad_input;
+mod barrier;
+mod checkpoint;
+mod clocks;
+mod containerd_restart;
+mod cri;
+mod events;
+mod fleet;
+mod gpu_path;
+mod hooks;
+mod labels;
+mod lifecycle;
+mod lifecycle_faults;
+mod no_leaks;
+mod rootfs_carry;
+mod snapshot;
+mod snapshot_faults;
+mod stats_oom;
+mod tcp_families;
+mod vllm;
