@@ -165,7 +165,7 @@ fn security_value(field: &str, value: &Value) -> String {
 }
 
 /// Environment variables vsnap itself sets: not part of the identity.
-const OWN_ENV: &[&str] = &["VSNAP_SNAPSHOT_CONFIG"];
+const OWN_ENV: &[&str] = &[vsnap_protocol::SNAPSHOT_CONFIG_ENV];
 
 impl Workload {
     /// From an OCI spec (as JSON). `ignore_mount` is vsnap's own control-dir

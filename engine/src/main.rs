@@ -36,7 +36,10 @@ pub(crate) fn log(message: &str) {
 fn main() {
     install_signal_handlers();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match Options::parse(&args, std::env::var("VSNAP_SNAPSHOT_CONFIG").ok()) {
+    let options = match Options::parse(
+        &args,
+        std::env::var(vsnap_protocol::SNAPSHOT_CONFIG_ENV).ok(),
+    ) {
         Ok(options) => options,
         Err(e) => {
             log(&e);

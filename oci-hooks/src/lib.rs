@@ -35,7 +35,7 @@ pub use state::{State, StateSource};
 /// The binary's name, first in every message.
 pub const NAME: &str = "vsnap-hook";
 /// Where vsnap mounts the control dir inside the container (not identity).
-pub const CONTROL_MOUNT: &str = "/run/vsnap/control";
+pub use vsnap_protocol::CONTROL_MOUNT;
 
 /// The check ran and found the host or artifact unfit.
 pub const EXIT_FAILED: i32 = 1;

@@ -42,6 +42,12 @@ pub use oracle::LOGPROB_TOLERANCE;
 pub use wait::{wait_for, wait_for_capturer, wait_for_path, AwakeTimer, POLL_INTERVAL};
 
 /// Names of the files in a control dir.
+/// Where the control dir appears inside the container.
+pub const CONTROL_MOUNT: &str = "/run/vsnap/control";
+/// How an engine learns the control dir from its environment: the same
+/// JSON as vLLM's `--snapshot-config`.
+pub const SNAPSHOT_CONFIG_ENV: &str = "VSNAP_SNAPSHOT_CONFIG";
+
 pub mod files {
     /// Written once by the engine when it is ready to be captured.
     pub const CAPTURE_READY: &str = "capture-ready.json";

@@ -12,10 +12,11 @@ use nix::mount::{umount2, MntFlags};
 use tokio_util::sync::CancellationToken;
 
 use crate::console::ConsoleSocket;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::mounts;
 use crate::process::{Process, Status};
-use crate::runc::{CheckpointFlags, ChildStdio, Deadline, Runc};
+use crate::runc::{CheckpointFlags, ChildStdio, Runc};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::pages::{PageServer, PlaceError};

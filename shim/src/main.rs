@@ -7,6 +7,7 @@
 mod cleanup;
 mod console;
 mod container;
+mod deadline;
 mod error;
 mod events;
 mod exits;

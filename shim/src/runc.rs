@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio_util::sync::CancellationToken;
 
 use crate::cleanup::InFlight;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::mounts;
@@ -114,48 +114,6 @@ pub struct CheckpointFlags {
     pub file_locks: bool,
     pub shell_job: bool,
     pub manage_cgroups_mode: Option<String>,
-}
-
-/// A bound on one runc invocation (and on the activation after a restore),
-/// what to call it in errors, and the token a kill cancels it with.
-#[derive(Clone, Debug)]
-pub struct Deadline {
-    pub at: Instant,
-    /// e.g. "the activation timeout of 120s (activation_timeout_s)".
-    pub what: String,
-    /// Cancelled when the work must stop now (a kill during a restore).
-    pub cancel: CancellationToken,
-}
-
-impl Deadline {
-    pub fn new(at: Instant, what: impl Into<String>) -> Self {
-        Self {
-            at,
-            what: what.into(),
-            cancel: CancellationToken::new(),
-        }
-    }
-
-    /// `msg`, naming this deadline once it has passed.
-    pub fn explain(&self, msg: String) -> String {
-        if Instant::now() >= self.at {
-            format!("{msg}; deadline: {} passed", self.what)
-        } else {
-            msg
-        }
-    }
-
-    /// The error for a failure under this deadline: DEADLINE_EXCEEDED once
-    /// it has passed, CANCELLED once cancelled, else a failed precondition.
-    pub fn fail(&self, msg: String) -> Error {
-        if self.cancel.is_cancelled() {
-            Error::Cancelled(format!("{msg}; cancelled: the task was killed"))
-        } else if Instant::now() >= self.at {
-            Error::DeadlineExceeded(self.explain(msg))
-        } else {
-            Error::FailedPrecondition(msg)
-        }
-    }
 }
 
 pub struct Invocation<'a> {
@@ -631,6 +589,7 @@ fn last_error_line(log: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn last_error_line_picks_the_last_error_entry() {

@@ -17,9 +17,9 @@ use containerd_shim_protos::events::task::TaskStart;
 use log::{error, info};
 
 use crate::container::{Container, RestoreJob};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
-use crate::runc::Deadline;
 use crate::snapshot::capture::Capture;
 use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;

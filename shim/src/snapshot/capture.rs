@@ -15,8 +15,9 @@ use super::plan::AfterCapture;
 use super::restore::{activate_and_probe, is_alive};
 use super::Snapshot;
 use super::{artifact_error, barrier, criu, cuda, rootfs, shm};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::runc::{CheckpointFlags, Deadline, Runc};
+use crate::runc::{CheckpointFlags, Runc};
 use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{
     ensure_root, layout, HostIdentity, HostKey, Manifest, Staging, Timings, SCHEMA_VERSION,

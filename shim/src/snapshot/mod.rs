@@ -22,10 +22,7 @@ pub mod shm;
 pub mod spec;
 pub mod tcp_table;
 
-/// Where the control dir appears inside the container.
-pub const CONTROL_MOUNT: &str = "/run/vsnap/control";
-/// How the engine learns about it (same JSON as vLLM's `--snapshot-config`).
-pub const SNAPSHOT_CONFIG_ENV: &str = "VSNAP_SNAPSHOT_CONFIG";
+pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -38,8 +35,8 @@ use vsnap_artifact::{
 use vsnap_config::{PagePlacement, RuntimeConfig};
 use vsnap_protocol::ControlDir;
 
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::runc::Deadline;
 use plan::{Mode, Plan};
 use profile::Profile;
 

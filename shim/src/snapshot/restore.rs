@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use vsnap_protocol::{activate, Activation, ActivationKind, CaptureReady, ControlDir, Expect};
 
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::runc::Deadline;
 
 pub fn is_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
