@@ -12,11 +12,16 @@ use std::net::SocketAddr;
 use super::tcp_table::{self, TcpEntry, TcpState};
 
 /// Ok when a socket listening on `addr` in the network namespace of `pid`
-/// is held by a process of `pid`'s container; else what holds it.
+/// is held by a process of `pid`'s container; else what holds it. Called
+/// from a thread in that namespace (restore::in_netns): when `pid` is gone
+/// already (an engine that failed to bind this very port), the thread's
+/// own reading of the namespace still names who holds it.
 pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
-    let inodes: HashSet<u64> = listening_inodes(&tcp_table::read(pid), addr)
-        .into_iter()
-        .collect();
+    let mut entries = tcp_table::read(pid);
+    if entries.is_empty() {
+        entries = tcp_table::read_own_thread();
+    }
+    let inodes: HashSet<u64> = listening_inodes(&entries, addr).into_iter().collect();
     if inodes.is_empty() {
         return Err(format!(
             "no socket listens on {addr} in the container's network namespace"
@@ -156,6 +161,27 @@ mod tests {
         drop(l);
         let e = check_owned(me, addr).unwrap_err();
         assert!(e.contains("no socket listens"), "{e}");
+    }
+
+    /// The engine failed to bind its port (held by another process) and
+    /// exited before the check read its tables: the holder is still named
+    /// (from the checking thread's own view of the namespace), not "no
+    /// socket listens".
+    #[test]
+    fn an_engine_gone_before_the_check_still_names_the_holder() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id() as i32;
+        child.wait().unwrap();
+        let e = check_owned(gone, addr).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "is held by a process outside the container (pid {}",
+                std::process::id()
+            )),
+            "{e}"
+        );
     }
 
     /// A "container" (a fresh cgroup holding one shell) whose port is held

@@ -102,11 +102,19 @@ pub fn covers(listen: SocketAddr, addr: SocketAddr) -> bool {
 /// Both tables of the network namespace `pid` is in (a table that cannot
 /// be read, as without IPv6, counts as empty).
 pub fn read(pid: i32) -> Vec<TcpEntry> {
+    read_under(&format!("/proc/{pid}/net"))
+}
+
+/// The rows of the network namespace the calling thread is in (one that
+/// joined a container's namespace outlives the container's processes).
+pub fn read_own_thread() -> Vec<TcpEntry> {
+    read_under("/proc/thread-self/net")
+}
+
+fn read_under(dir: &str) -> Vec<TcpEntry> {
     ["tcp", "tcp6"]
         .iter()
-        .flat_map(|t| {
-            parse(&std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default())
-        })
+        .flat_map(|t| parse(&std::fs::read_to_string(format!("{dir}/{t}")).unwrap_or_default()))
         .collect()
 }
 

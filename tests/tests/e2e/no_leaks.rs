@@ -52,6 +52,16 @@ fn fifty_cycles_leave_nothing_behind() {
     // One cycle first, so containerd's lazily opened descriptors exist.
     let out = run("--rm", &["warm", "/bin/true"]);
     assert!(out.ok(), "{out:?}");
+    // The warm cycle's shim exits after Shutdown: counted before it is gone,
+    // its connection would be in the baseline (seen on a loaded host).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.shim_pids().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the warm cycle's shim never exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let fds_before = c.open_fds();
 
     let mut ids = vec!["held".to_string(), "warm".to_string()];
