@@ -7,43 +7,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use crate::http::Request;
+use crate::http::{Request, Response};
 use crate::model::{encode, token_text, Model, MAX_CONTEXT, VOCAB};
 
 const DEFAULT_MAX_TOKENS: u64 = 16;
 const MAX_TOKENS_LIMIT: u64 = 1024;
 const MAX_PROMPT_CHARS: usize = 4096;
 const MAX_LOGPROBS: u64 = 20;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    fn json(status: u16, value: &Value) -> Self {
-        Response {
-            status,
-            content_type: "application/json",
-            body: serde_json::to_vec(value).unwrap_or_default(),
-        }
-    }
-
-    /// An error in vLLM's shape.
-    pub fn error(status: u16, message: &str) -> Self {
-        let kind = if status == 404 {
-            "NotFoundError"
-        } else {
-            "BadRequestError"
-        };
-        Response::json(
-            status,
-            &json!({"object": "error", "message": message, "type": kind, "param": null, "code": status}),
-        )
-    }
-}
 
 pub struct App {
     model: Arc<Model>,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::api::{App, Response};
+use serde_json::{json, Value};
+
 use crate::log;
 
 const MAX_HEAD: usize = 16 * 1024;
@@ -21,8 +22,42 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
-/// Serves forever.
-pub fn serve(listener: TcpListener, app: Arc<App>) -> ! {
+/// A response: status, content type, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(status: u16, value: &Value) -> Self {
+        Response {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_vec(value).unwrap_or_default(),
+        }
+    }
+
+    /// An error in vLLM's shape.
+    pub fn error(status: u16, message: &str) -> Self {
+        let kind = if status == 404 {
+            "NotFoundError"
+        } else {
+            "BadRequestError"
+        };
+        Response::json(
+            status,
+            &json!({"object": "error", "message": message, "type": kind, "param": null, "code": status}),
+        )
+    }
+}
+
+/// Serves forever, answering each request with `app`.
+pub fn serve<H>(listener: TcpListener, app: Arc<H>) -> !
+where
+    H: Fn(&Request) -> Response + Send + Sync + 'static,
+{
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
@@ -31,7 +66,7 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> ! {
                 // than the whole server.
                 let spawned = thread::Builder::new()
                     .name("http".into())
-                    .spawn(move || handle(stream, &app));
+                    .spawn(move || handle(stream, app.as_ref()));
                 if let Err(e) = spawned {
                     log(&format!("cannot start a connection thread: {e}"));
                 }
@@ -44,11 +79,11 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> ! {
     }
 }
 
-fn handle(mut stream: TcpStream, app: &App) {
+fn handle(mut stream: TcpStream, app: &(impl Fn(&Request) -> Response + ?Sized)) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let response = match read_request(&mut stream) {
-        Ok(request) => app.route(&request),
+        Ok(request) => app(&request),
         Err(response) => response,
     };
     let _ = write_response(&mut stream, &response);

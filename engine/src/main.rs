@@ -111,10 +111,8 @@ pub(crate) fn serve(listener: TcpListener, engine: &Engine, options: &Options) -
         Ok(addr) => log(&format!("serving {} on http://{addr}", options.model_name)),
         Err(_) => log("serving"),
     }
-    http::serve(
-        listener,
-        Arc::new(App::new(model, options.model_name.clone())),
-    )
+    let app = App::new(model, options.model_name.clone());
+    http::serve(listener, Arc::new(move |r: &http::Request| app.route(r)))
 }
 
 /// SIGTERM and SIGINT end the process cleanly (exit 0). As PID 1 of a container the
