@@ -21,6 +21,7 @@ mod options;
 mod process;
 mod runc;
 mod service;
+mod shared;
 mod snapshot;
 mod start;
 mod stdio;

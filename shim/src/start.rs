@@ -20,13 +20,13 @@ use crate::container::{Container, RestoreJob};
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
+use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::capture::Capture;
 use crate::snapshot::capture::DIGEST_THREADS;
 use crate::snapshot::plan::Mode;
 use crate::snapshot::restore::activate_copy;
 use crate::snapshot::{artifact_error, barrier, criu, cuda, listener, pages, shm};
 use crate::snapshot::{record_error, RestoreTimings, Snapshot};
-use crate::task::{ContainerRef, Shared};
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no

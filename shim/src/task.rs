@@ -18,14 +18,13 @@ use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::util::{convert_to_any, convert_to_timestamp};
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
-    TaskResumed,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
-use log::{debug, info, warn};
+use log::{info, warn};
 use tokio::sync::Mutex;
 
 use crate::cleanup;
@@ -33,97 +32,13 @@ use crate::console;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::events::Events;
-use crate::exits::{Exit, Exits, Mark};
+use crate::exits::Exits;
 use crate::labels;
 use crate::options;
 use crate::process::wait_exit;
 use crate::runc::{CheckpointFlags, CriuTools, Runc};
+use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::Snapshot;
-
-/// One container, locked on its own.
-pub type ContainerRef = Arc<Mutex<Container>>;
-type Containers = Arc<std::sync::Mutex<HashMap<String, ContainerRef>>>;
-
-/// What the service and the work it spawns (exit watchers, restores) share.
-#[derive(Clone)]
-pub struct Shared {
-    containers: Containers,
-    pub events: Events,
-    pub exits: Exits,
-}
-
-impl Shared {
-    fn get(&self, id: &str) -> Result<ContainerRef> {
-        self.containers
-            .lock()
-            .expect("containers lock")
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("container {id} not found")))
-    }
-
-    /// Publishes TaskOOM for every OOM kill in the memory cgroup of the
-    /// init `pid` of `id`, until that cgroup goes.
-    pub fn watch_oom(&self, id: &str, pid: i32) {
-        let mut rx = match crate::oom::watch(pid as u32) {
-            Ok(rx) => rx,
-            Err(e) => {
-                warn!("{id}: no OOM events: {e}");
-                return;
-            }
-        };
-        let (events, id) = (self.events.clone(), id.to_string());
-        tokio::spawn(async move {
-            while rx.recv().await.is_some() {
-                info!("{id}: OOM kill in its memory cgroup");
-                events
-                    .send(TaskOOM {
-                        container_id: id.clone(),
-                        ..Default::default()
-                    })
-                    .await;
-            }
-        });
-    }
-
-    /// Records the exit of `pid` (spawned after `mark`) and publishes TaskExit.
-    pub fn watch(&self, id: &str, exec_id: &str, pid: i32, mark: Mark) {
-        let rx = self.exits.watch(pid, mark);
-        let shared = self.clone();
-        let (id, exec_id) = (id.to_string(), exec_id.to_string());
-        tokio::spawn(async move {
-            let Ok(exit) = rx.await else { return };
-            let Ok(handle) = shared.get(&id) else { return };
-            let mut c = handle.lock().await;
-            let Ok(p) = c.process_mut(&exec_id) else {
-                return;
-            };
-            if p.pid != pid || !p.set_exited(exit) {
-                return;
-            }
-            debug!(
-                "{id}/{}: pid {pid} exited with {}",
-                p.display_id(),
-                exit.code
-            );
-            shared.publish_exit(&id, &exec_id, pid, exit).await;
-        });
-    }
-
-    /// TaskExit of process `exec_id` (empty: the init) of container `id`.
-    pub async fn publish_exit(&self, id: &str, exec_id: &str, pid: i32, exit: Exit) {
-        self.events
-            .send(TaskExit {
-                container_id: id.to_string(),
-                id: if exec_id.is_empty() { id } else { exec_id }.to_string(),
-                pid: pid as u32,
-                exit_status: exit.code as u32,
-                exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
-                ..Default::default()
-            })
-            .await;
-    }
-}
 
 pub struct TaskService {
     shared: Shared,
