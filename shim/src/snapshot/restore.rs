@@ -66,8 +66,21 @@ pub fn activate_and_probe(
     })
     .map_err(|e| deadline.fail(format!("{phase}: activation: {e}")))?;
     let validated = started.elapsed();
-    probe_listener(pid, host.as_deref(), port, deadline.at)
-        .map_err(|e| deadline.fail(format!("{phase}: listener: {e}")))?;
+    probe_listener(pid, host.as_deref(), port, deadline.at).map_err(|e| {
+        // An engine that failed after it validated (binding its port, say)
+        // left its own record of why: that is the error, not what the
+        // probe saw of the process it no longer finds.
+        match dir.read::<vsnap_protocol::ErrorRecord>() {
+            Ok(Some(r)) if !is_alive(pid) => deadline.fail(format!(
+                "{phase}: activation: {}: the engine failed after it validated, in phase {}: {}: {}",
+                dir.file(vsnap_protocol::files::ERROR).display(),
+                r.value.phase,
+                r.value.error_type,
+                r.value.error
+            )),
+            _ => deadline.fail(format!("{phase}: listener: {e}")),
+        }
+    })?;
     Ok(validated)
 }
 
