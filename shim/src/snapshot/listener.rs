@@ -61,14 +61,25 @@ fn listening_inodes(entries: &[TcpEntry], addr: SocketAddr) -> Vec<u64> {
 
 /// The processes of `pid`'s container: its cgroup's members.
 pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
+    // An exited engine (a zombie until the shim reaps it) reads as a member
+    // of the root cgroup: its "container" would be every process of the
+    // host, the very ones its port may be held by.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("pid {pid}: {e}"))?;
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    if state == Some("Z") || state == Some("X") {
+        return Err(format!("pid {pid} has exited"));
+    }
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("pid {pid}: {e}"))?;
+    let controllers = container_controllers(&own)
+        .ok_or_else(|| format!("pid {pid} is in the root cgroup, not in a container's"))?;
     let cgroups =
         crate::metrics::cgroups_of(pid as u32, "the engine's cgroup").map_err(|e| e.to_string())?;
     let dir = match &cgroups {
-        crate::metrics::Cgroups::V1(dirs) => dirs
-            .get("pids")
-            .or_else(|| dirs.get("memory"))
-            .or_else(|| dirs.values().next())
-            .cloned(),
+        crate::metrics::Cgroups::V1(dirs) => controllers.iter().find_map(|c| dirs.get(c)).cloned(),
         crate::metrics::Cgroups::V2(dir) => Some(dir.clone()),
     }
     .ok_or_else(|| format!("no cgroup of pid {pid}"))?;
@@ -78,6 +89,32 @@ pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect())
+}
+
+/// The controllers (v1; empty for the v2 line) of the first hierarchy in
+/// which the process of `/proc/<pid>/cgroup` text `own` is below the root,
+/// `pids` and `memory` first: a restored tree can be in its container's
+/// cgroup in some hierarchies and still in the root of others. None when
+/// it is in the root everywhere.
+fn container_controllers(own: &str) -> Option<Vec<String>> {
+    let below_root: Vec<Vec<String>> = own
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, names, path) = (f.next()?, f.next()?, f.next()?);
+            (path != "/").then(|| names.split(',').map(str::to_string).collect())
+        })
+        .collect();
+    let rank = |c: &Vec<String>| {
+        if c.iter().any(|n| n == "pids") {
+            0
+        } else if c.iter().any(|n| n == "memory") {
+            1
+        } else {
+            2
+        }
+    };
+    below_root.into_iter().min_by_key(rank)
 }
 
 fn holds_any(pid: i32, inodes: &HashSet<u64>) -> bool {
@@ -156,11 +193,61 @@ mod tests {
         let inodes: HashSet<u64> = listening_inodes(&rows, addr).into_iter().collect();
         assert_eq!(inodes.len(), 1, "{rows:?}");
         assert!(holds_any(me, &inodes));
-        // This test process is in its own cgroup with its listener: owned.
-        check_owned(me, addr).unwrap();
+        // This test process, in a cgroup of its own with its listener, is
+        // owned (a process wholly in the root cgroup has no container).
+        let in_root = std::fs::read_to_string("/proc/self/cgroup")
+            .unwrap()
+            .lines()
+            .all(|l| l.ends_with(":/"));
+        if !in_root {
+            check_owned(me, addr).unwrap();
+        }
         drop(l);
         let e = check_owned(me, addr).unwrap_err();
         assert!(e.contains("no socket listens"), "{e}");
+    }
+
+    /// An exited engine not yet reaped (a zombie) reads as a member of the
+    /// root cgroup: it has no container, so no process of the host counts
+    /// as its own.
+    #[test]
+    fn an_exited_engine_has_no_container() {
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // A zombie until waited for.
+        poll_until(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        });
+        let e = container_pids(pid).unwrap_err();
+        assert!(e.contains("has exited"), "{e}");
+        let mut child = child;
+        child.wait().unwrap();
+    }
+
+    fn poll_until(mut done: impl FnMut() -> bool) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < until, "timed out");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_container_is_found_in_a_hierarchy_where_it_is_below_the_root() {
+        // A restored tree in its container's memory cgroup, still in the
+        // root of pids (seen on a cgroup v1 host): memory, not the root.
+        let own = "8:pids:/\n4:memory:/default/flt-f1\n1:cpu,cpuacct:/default/flt-f1\n0::/\n";
+        assert_eq!(container_controllers(own), Some(vec!["memory".to_string()]));
+        let own = "8:pids:/default/x\n4:memory:/default/x\n";
+        assert_eq!(container_controllers(own), Some(vec!["pids".to_string()]));
+        assert_eq!(container_controllers("8:pids:/\n4:memory:/\n0::/\n"), None);
+        assert_eq!(
+            container_controllers("0::/k8s/pod1\n"),
+            Some(vec![String::new()])
+        );
     }
 
     /// The engine failed to bind its port (held by another process) and
