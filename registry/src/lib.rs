@@ -14,6 +14,7 @@
 //! content digests, and only then is the manifest sealed with this host's
 //! key and the artifact published atomically.
 
+mod blobs;
 pub mod cache;
 pub mod chunking;
 mod error;

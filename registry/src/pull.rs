@@ -23,6 +23,7 @@ use vsnap_artifact::manifest::Origin;
 use vsnap_artifact::signature::TrustedKeys;
 use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
 
+use crate::blobs::fetch_small;
 use crate::cache::{BlobCache, BlobProblem};
 use crate::error::{RegistryError, Result};
 use crate::index::{ArtifactConfig, CONFIG_LIMIT};
@@ -260,54 +261,6 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
         )));
     }
     Ok((oci, digest))
-}
-
-/// A small blob into memory, bounded and digest-checked.
-pub async fn fetch_small(
-    remote: &Remote,
-    desc: &OciDescriptor,
-    limit: u64,
-    what: &str,
-) -> Result<Vec<u8>> {
-    if desc.size < 0 || desc.size as u64 > limit {
-        return Err(RegistryError::Invalid(format!(
-            "pull: {what} {} is {} bytes, more than {limit}",
-            desc.digest, desc.size
-        )));
-    }
-    let mut stream = remote
-        .client
-        .pull_blob_stream(&remote.reference, desc)
-        .await
-        .map_err(|e| RegistryError::registry(format!("pull: {what} {}", desc.digest), e))?;
-    let mut bytes = Vec::with_capacity(desc.size as usize);
-    while let Some(piece) = stream.next().await {
-        match piece {
-            Ok(piece) => {
-                bytes.extend_from_slice(&piece);
-                if bytes.len() as u64 > desc.size as u64 {
-                    break;
-                }
-            }
-            // oci-client's own digest check fails at the end: ours names it.
-            Err(_) if bytes.len() as u64 == desc.size as u64 => break,
-            Err(e) => {
-                return Err(RegistryError::io(
-                    format!("pull: {what} {}", desc.digest),
-                    e,
-                ));
-            }
-        }
-    }
-    let got = sha256_digest(&bytes);
-    if bytes.len() as u64 != desc.size as u64 || got != desc.digest {
-        return Err(RegistryError::Damaged(format!(
-            "pull: {what} {} does not match its digest ({} bytes hash to {got})",
-            desc.digest,
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
 }
 
 async fn fetch_config(remote: &Remote, desc: &OciDescriptor) -> Result<ArtifactConfig> {

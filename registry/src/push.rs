@@ -17,6 +17,7 @@ use serde::Serialize;
 use vsnap_artifact::signature::FleetSigner;
 use vsnap_artifact::{content, ArtifactLock, Manifest};
 
+use crate::blobs::{blob_exists, send_blob};
 use crate::chunking::{chunk_file, PARAMS};
 use crate::error::{RegistryError, Result};
 use crate::index::{ArtifactConfig, FileEntry};
@@ -267,29 +268,6 @@ async fn upload(remote: &Remote, digest: &str, source: &Source) -> Result<(bool,
         .expect("the reading thread does not panic")?;
     send_blob(remote, digest, bytes, &source.path.display().to_string()).await?;
     Ok((true, source.len))
-}
-
-pub(crate) async fn blob_exists(remote: &Remote, digest: &str) -> Result<bool> {
-    remote
-        .client
-        .blob_exists(&remote.reference, digest)
-        .await
-        .map_err(|e| RegistryError::registry(format!("push: HEAD blob {digest}"), e))
-}
-
-/// Uploads `bytes` as blob `digest` (the registry checks the digest).
-pub(crate) async fn send_blob(
-    remote: &Remote,
-    digest: &str,
-    bytes: Vec<u8>,
-    what: &str,
-) -> Result<()> {
-    remote
-        .client
-        .push_blob(&remote.reference, bytes, digest)
-        .await
-        .map(|_| ())
-        .map_err(|e| RegistryError::registry(format!("push: blob {digest} ({what})"), e))
 }
 
 fn read_range(s: &Source) -> Result<Vec<u8>> {

@@ -14,8 +14,8 @@ use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use vsnap_artifact::signature::FleetSignature;
 
+use crate::blobs::{blob_exists, fetch_small, send_blob};
 use crate::error::{RegistryError, Result};
-use crate::push::{blob_exists, send_blob};
 use crate::remote::Remote;
 use crate::{sha256_digest, sha256_hex, OCI_MANIFEST};
 
@@ -130,7 +130,7 @@ pub async fn fetch(remote: &Remote, digest: &str) -> Result<Option<FleetSignatur
             layer.digest
         )));
     }
-    let blob = crate::pull::fetch_small(remote, layer, SIGNATURE_LIMIT, "signature blob").await?;
+    let blob = fetch_small(remote, layer, SIGNATURE_LIMIT, "signature blob").await?;
     let signature: FleetSignature = serde_json::from_slice(&blob)
         .map_err(|e| RegistryError::Invalid(format!("{what}: {e}")))?;
     Ok(Some(signature))
