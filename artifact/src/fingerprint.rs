@@ -43,7 +43,7 @@ pub struct HostIdentity {
     pub kernel_release: String,
     pub cpu_model: String,
     /// The CPU flags a restored process can depend on
-    /// ([`crate::compat::RELEVANT_CPU_FLAGS`]), sorted.
+    /// ([`crate::cpu::RELEVANT_CPU_FLAGS`]), sorted.
     #[serde(default)]
     pub cpu_flags: Vec<String>,
     pub runc_version: String,
@@ -97,7 +97,7 @@ impl HostIdentity {
                 .and_then(|l| l.split_once(':'))
                 .map(|(_, v)| v.trim().to_string())
                 .unwrap_or_default(),
-            cpu_flags: crate::compat::cpu_flags(&cpuinfo),
+            cpu_flags: crate::cpu::cpu_flags(&cpuinfo),
             runc_version,
             runc_sha256,
             criu_version,
@@ -107,12 +107,6 @@ impl HostIdentity {
             shim_version: shim_version.to_string(),
             gpus: Vec::new(),
         }
-    }
-
-    /// What forbids restoring an artifact captured on this identity on
-    /// `live`, as `host.field: captured X, live Y` ([`crate::compat`]).
-    pub fn incompatibilities(&self, live: &HostIdentity) -> Vec<String> {
-        crate::compat::incompatibilities(self, live)
     }
 }
 
@@ -694,7 +688,7 @@ mod tests {
         assert!(!a.cpu_flags.is_empty(), "this host's CPU has flags");
         let mut b = a.clone();
         b.kernel_release = "9.9.9".into();
-        let d = a.incompatibilities(&b);
+        let d = crate::compat::incompatibilities(&a, &b);
         assert_eq!(d.len(), 1);
         assert!(
             d[0].contains("host.kernel_release") && d[0].contains("9.9.9"),

@@ -15,8 +15,8 @@ use std::path::Path;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::durable::write_synced;
 use crate::error::{ArtifactError, Result};
-use crate::layout::write_synced;
 
 const KEY_FILE: &str = ".host-key";
 const KEY_BYTES: usize = 32;

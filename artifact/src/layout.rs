@@ -1,13 +1,15 @@
 //! Paths, safety checks, staging and atomic publish.
 
 use std::fs::{self, DirBuilder, File};
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use crate::durable::write_synced;
 use crate::error::{ArtifactError, Result};
-use crate::manifest::{Manifest, MANIFEST};
+
+/// The manifest's file name in an artifact folder.
+pub const MANIFEST: &str = "manifest.json";
 
 static STAGING: AtomicU64 = AtomicU64::new(0);
 
@@ -125,6 +127,8 @@ pub fn check_layout(root: &Path, name: &str) -> Result<PathBuf> {
 /// A staging folder beside the final artifact, removed unless published.
 pub struct Staging {
     pub dir: PathBuf,
+    /// The artifact it becomes.
+    name: String,
     published: bool,
 }
 
@@ -148,6 +152,7 @@ impl Staging {
         }
         Ok(Self {
             dir,
+            name: name.to_string(),
             published: false,
         })
     }
@@ -164,16 +169,16 @@ impl Staging {
         self.dir.join("control")
     }
 
-    /// Writes the manifest (0600, fsync) and renames the staging folder to
-    /// `<root>/<name>`, exchanging it atomically with an older artifact of the
+    /// Writes `manifest` (the sealed manifest's bytes; 0600, fsync) and
+    /// renames the staging folder to `<root>/<name>`, exchanging it atomically with an older artifact of the
     /// same name (whose files are then removed with the staging folder).
-    pub fn publish(mut self, root: &Path, manifest: &Manifest) -> Result<PathBuf> {
+    pub fn publish(mut self, root: &Path, manifest: &[u8]) -> Result<PathBuf> {
         // CRIU leaves its images in the page cache: make them durable before
         // the manifest says the artifact is whole.
         sync_tree(&self.dir)?;
-        write_synced(&self.dir.join(MANIFEST), &manifest.to_bytes())?;
+        write_synced(&self.dir.join(MANIFEST), manifest)?;
         sync_dir(&self.dir)?;
-        let target = path(root, &manifest.name);
+        let target = path(root, &self.name);
         let exchanged = if target.exists() {
             nix::fcntl::renameat2(
                 nix::fcntl::AT_FDCWD,
@@ -221,20 +226,6 @@ impl Drop for Staging {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// Creates `path` (0600, never following a symlink), writes and fsyncs it.
-pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::options()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| ArtifactError::io(path, "create", e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| ArtifactError::io(path, "write", e))
 }
 
 /// fsyncs every regular file and folder under `dir` (not following links).

@@ -9,6 +9,8 @@
 pub mod clocks;
 pub mod compat;
 pub mod content;
+pub mod cpu;
+mod durable;
 mod error;
 pub mod fingerprint;
 pub mod key;

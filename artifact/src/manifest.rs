@@ -12,7 +12,7 @@ use crate::fingerprint::{HostIdentity, Workload};
 use crate::key::HostKey;
 use crate::layout::check_layout;
 
-pub const MANIFEST: &str = "manifest.json";
+pub use crate::layout::MANIFEST;
 pub const SCHEMA_VERSION: u32 = 3;
 const MAX_BYTES: u64 = 1 << 20;
 

@@ -121,7 +121,7 @@ impl Fixture {
             mac: String::new(),
         };
         m.seal(&key);
-        staging.publish(&self.root, &m).unwrap();
+        staging.publish(&self.root, &m.to_bytes()).unwrap();
         m
     }
 

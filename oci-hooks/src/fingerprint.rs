@@ -230,7 +230,7 @@ pub fn compare(
     host: &HostIdentity,
     spec: &Value,
 ) -> Result<(), Failure> {
-    let mut diff = manifest.host.incompatibilities(host);
+    let mut diff = vsnap_artifact::compat::incompatibilities(&manifest.host, host);
     // Secret values are fingerprinted with the key the shim uses, as at capture.
     let key = vsnap_artifact::FingerprintKey::load(root, fingerprint_key)
         .map_err(|e| Failure::Check(e.to_string()))?;

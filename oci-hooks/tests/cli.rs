@@ -175,7 +175,7 @@ impl Host {
             mac: String::new(),
         };
         m.seal(&key);
-        staging.publish(&self.root, &m).unwrap();
+        staging.publish(&self.root, &m.to_bytes()).unwrap();
     }
 
     fn nvidia_smi(&self) -> PathBuf {

@@ -372,7 +372,7 @@ fn assemble_and_publish(
     let phase = std::time::Instant::now();
     let key = HostKey::load_or_create(root)?;
     manifest.seal(&key);
-    staging.publish(root, &manifest)?;
+    staging.publish(root, &manifest.to_bytes())?;
     timings.publish = ms(phase);
     Ok(())
 }

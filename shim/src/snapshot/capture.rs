@@ -249,7 +249,7 @@ impl Capture {
         let root = s.root.clone();
         let published = blocking(move || {
             staging
-                .publish(&root, &manifest)
+                .publish(&root, &manifest.to_bytes())
                 .map_err(|e| artifact_error("capture: publish", e))
         })
         .await?;
