@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use serde::{Deserialize, Serialize};
 
-use crate::container::undo_runc_state;
+use crate::error::Error;
 use crate::exits::Exits;
+use crate::inflight::{in_flight_pids, IN_FLIGHT};
+use crate::mounts;
 use crate::runc::{kill_tree, Runc};
 
 /// The record's file name in the bundle.
 pub const RECORD: &str = "vsnap-shim.json";
-/// Prefix of the in-flight markers in the bundle.
-const IN_FLIGHT: &str = ".vsnap-inflight-";
 
 /// What a dead shim's `delete` needs to know about the container.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -50,40 +50,6 @@ impl Record {
             }
         }
     }
-}
-
-/// A long runc invocation in flight, recorded in `dir` until dropped.
-pub struct InFlight {
-    path: PathBuf,
-}
-
-impl InFlight {
-    pub fn record(dir: &Path, verb: &str, pid: i32) -> Option<Self> {
-        let start = start_time(pid)?;
-        let path = dir.join(format!("{IN_FLIGHT}{verb}-{pid}"));
-        std::fs::write(&path, format!("{pid} {start}\n")).ok()?;
-        Some(Self { path })
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks
-/// since boot. With the pid it names one process, never a reused pid.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_start_time(&stat)
-}
-
-fn parse_start_time(stat: &str) -> Option<u64> {
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses;
-    // after it, starttime is the 20th field.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Gone, or a zombie.
@@ -119,21 +85,6 @@ pub async fn stop_in_flight(bundle: &Path) -> usize {
         }
     }
     pids.len()
-}
-
-/// The pids of the runc invocations recorded in flight in `bundle` (still
-/// the processes they were).
-pub fn in_flight_pids(bundle: &Path) -> Vec<i32> {
-    let entries = std::fs::read_dir(bundle).into_iter().flatten().flatten();
-    entries
-        .filter(|e| e.file_name().to_string_lossy().starts_with(IN_FLIGHT))
-        .filter_map(|e| {
-            let text = std::fs::read_to_string(e.path()).ok()?;
-            let mut fields = text.split_whitespace().map(str::parse::<u64>);
-            let (pid, start) = (fields.next()?.ok()? as i32, fields.next()?.ok()?);
-            (start_time(pid) == Some(start)).then_some(pid)
-        })
-        .collect()
 }
 
 /// The restored init runc wrote to `<bundle>/init.pid` once CRIU restored
@@ -184,6 +135,51 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
     }
 }
 
+/// Undoes what a killed or failed `runc restore` leaves: runc's criu-root
+/// and CRIU's cgroup yard are unmounted before runc removes its state (a
+/// `runc delete` through a live bind mount would unlink the rootfs), then
+/// runc's state, then (cgroupfs) the container's cgroups.
+pub async fn undo_runc_state(runc: &Runc, id: &str, work: &Path, cgroups: Option<&Path>) {
+    mounts::unmount_under(work);
+    if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
+        warn!("{id}: {e}");
+        return;
+    }
+    // Killed before it recorded its state, runc cannot find the container's
+    // cgroups to remove them: remove them here.
+    if !runc.systemd_cgroup {
+        if let Some(path) = cgroups {
+            remove_cgroups(path).await;
+        }
+    }
+}
+
+/// Removes the (empty) cgroup `path` from every hierarchy that has it,
+/// waiting a little for killed members to finish exiting. rmdir refuses a
+/// cgroup that still has processes or children, so nothing in use goes.
+pub async fn remove_cgroups(path: &Path) {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    let base = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![base.join(relative)];
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        dirs.push(e.path().join(relative));
+    }
+    dirs.retain(|d| d.is_dir());
+    for _ in 0..100 {
+        dirs.retain(|d| match std::fs::remove_dir(d) {
+            Ok(()) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        });
+        if dirs.is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for d in dirs {
+        warn!("cgroup {} is left: not empty", d.display());
+    }
+}
+
 /// A Runc for cleanup when no record says otherwise.
 pub async fn default_runc(binary: PathBuf, root: PathBuf, systemd_cgroup: bool) -> Runc {
     Runc {
@@ -199,16 +195,7 @@ pub async fn default_runc(binary: PathBuf, root: PathBuf, systemd_cgroup: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_time_is_the_22nd_field_whatever_the_name() {
-        let stat =
-            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_start_time(stat), Some(987654));
-        assert_eq!(parse_start_time("1 (x) S 0"), None);
-        let me = std::process::id() as i32;
-        assert!(start_time(me).is_some_and(|t| t > 0));
-    }
+    use crate::inflight::InFlight;
 
     #[test]
     fn records_round_trip_and_refuse_unknown_keys() {

@@ -11,10 +11,10 @@ use log::warn;
 use nix::mount::{umount2, MntFlags};
 use tokio_util::sync::CancellationToken;
 
+use crate::cleanup::undo_runc_state;
 use crate::console::ConsoleSocket;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::mounts;
 use crate::process::{Process, Status};
 use crate::runc::{CheckpointFlags, ChildStdio, Runc};
 use crate::snapshot::artifact_error;
@@ -464,32 +464,6 @@ fn is_gone(detail: &str) -> bool {
     .any(|m| d.contains(m))
 }
 
-/// Removes the (empty) cgroup `path` from every hierarchy that has it,
-/// waiting a little for killed members to finish exiting. rmdir refuses a
-/// cgroup that still has processes or children, so nothing in use goes.
-pub async fn remove_cgroups(path: &Path) {
-    let relative = path.strip_prefix("/").unwrap_or(path);
-    let base = Path::new("/sys/fs/cgroup");
-    let mut dirs = vec![base.join(relative)];
-    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
-        dirs.push(e.path().join(relative));
-    }
-    dirs.retain(|d| d.is_dir());
-    for _ in 0..100 {
-        dirs.retain(|d| match std::fs::remove_dir(d) {
-            Ok(()) => false,
-            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-        });
-        if dirs.is_empty() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    for d in dirs {
-        warn!("cgroup {} is left: not empty", d.display());
-    }
-}
-
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
 pub struct RestoreJob {
@@ -604,25 +578,6 @@ impl RestoreJob {
             self.cgroups_path.as_deref(),
         )
         .await;
-    }
-}
-
-/// Undoes what a killed or failed `runc restore` leaves: runc's criu-root
-/// and CRIU's cgroup yard are unmounted before runc removes its state (a
-/// `runc delete` through a live bind mount would unlink the rootfs), then
-/// runc's state, then (cgroupfs) the container's cgroups.
-pub async fn undo_runc_state(runc: &Runc, id: &str, work: &Path, cgroups: Option<&Path>) {
-    mounts::unmount_under(work);
-    if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
-        warn!("{id}: {e}");
-        return;
-    }
-    // Killed before it recorded its state, runc cannot find the container's
-    // cgroups to remove them: remove them here.
-    if !runc.systemd_cgroup {
-        if let Some(path) = cgroups {
-            remove_cgroups(path).await;
-        }
     }
 }
 

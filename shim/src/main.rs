@@ -11,6 +11,7 @@ mod deadline;
 mod error;
 mod events;
 mod exits;
+mod inflight;
 mod info;
 mod labels;
 // Not called until task.rs wires stats and TaskOOM to them.

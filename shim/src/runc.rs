@@ -16,10 +16,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
-use crate::cleanup::InFlight;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Exits;
+use crate::inflight::InFlight;
 use crate::mounts;
 
 static INVOCATION: AtomicU64 = AtomicU64::new(0);

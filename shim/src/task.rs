@@ -386,7 +386,7 @@ impl TaskService {
             // takes a shim with no pids for a leaked one and deletes it.
             // Between runc's exit and the end of the page placement and the
             // verification, the restored init (stopped) is what is there.
-            let mut pids = cleanup::in_flight_pids(&c.bundle);
+            let mut pids = crate::inflight::in_flight_pids(&c.bundle);
             if pids.is_empty() {
                 pids.extend(cleanup::restored_init_pid(&c.bundle));
             }
