@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::exits::Exits;
-use crate::inflight::{in_flight_pids, IN_FLIGHT};
+use crate::inflight::{in_flight_pids, is_dead, IN_FLIGHT};
 use crate::mounts;
 use crate::runc::{kill_tree, Runc};
 
@@ -50,17 +50,6 @@ impl Record {
             }
         }
     }
-}
-
-/// Gone, or a zombie.
-fn is_dead(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
-        })
-        .unwrap_or(true)
 }
 
 /// Stops every runc invocation recorded in flight in `bundle`, with the

@@ -1,7 +1,8 @@
 //! Long runc invocations in flight (restore, checkpoint), recorded in the
 //! bundle by pid and start time while they run, so a `delete` after the
 //! shim's death can stop them, and a restoring task can list them as its
-//! pids. Below both the runc invoker and the cleanup.
+//! pids; with the process facts they rest on (start time, gone or zombie).
+//! Below both the runc invoker and the cleanup.
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +41,17 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     // after it, starttime is the 20th field.
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Gone, or a zombie.
+pub fn is_dead(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(true)
 }
 
 /// The pids of the runc invocations recorded in flight in `bundle` (still

@@ -21,6 +21,21 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     points
 }
 
+/// The filesystem types mounted at `point`, per a mountinfo text (the
+/// field after the ` - ` separator), in mount order.
+pub fn fs_types_at(point: &Path, mountinfo: &str) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            (Path::new(&unescape_mount_path(mount_point)) == point)
+                .then(|| right.split(' ').next().map(str::to_string))
+                .flatten()
+        })
+        .collect()
+}
+
 pub fn has_mounts_under(dir: &Path) -> bool {
     !mounts_under(dir).is_empty()
 }

@@ -183,11 +183,11 @@ impl Capture {
             blocking(move || shm::carry(&host_shm, &to)).await?;
         }
         let packing = Instant::now();
-        let layer = match (&s.layer, s.layer.record_without_carry()) {
-            (_, Some(record)) => record,
-            (rootfs::WritableLayer::Upper(upper), None) => {
+        let layer = match s.layer.to_carry() {
+            Err(record) => record,
+            Ok(upper) => {
                 let (upper, dir, limit) = (
-                    upper.clone(),
+                    upper.to_path_buf(),
                     staging.dir.join(artifact_rootfs::DIR),
                     s.layer_limit,
                 );
@@ -199,7 +199,6 @@ impl Capture {
                 })
                 .await?
             }
-            (_, None) => unreachable!("only an upper dir is carried"),
         };
         let rootfs_time = packing.elapsed();
         info!("{}: writable layer in {rootfs_time:?}: {layer:?}", self.id);

@@ -64,12 +64,7 @@ pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
     // An exited engine (a zombie until the shim reaps it) reads as a member
     // of the root cgroup: its "container" would be every process of the
     // host, the very ones its port may be held by.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| format!("pid {pid}: {e}"))?;
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    if state == Some("Z") || state == Some("X") {
+    if crate::inflight::is_dead(pid) {
         return Err(format!("pid {pid} has exited"));
     }
     let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))

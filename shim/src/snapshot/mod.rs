@@ -293,7 +293,7 @@ impl Snapshot {
             && gpus.is_empty()
             && config.page_placement == PagePlacement::Parallel;
         let push_to = fetch::PushTarget::of(config, &plan, mode);
-        let s = Snapshot {
+        let mut s = Snapshot {
             capture_timeout: plan
                 .capture_timeout
                 .unwrap_or(Duration::from_secs(config.capture_timeout_s)),
@@ -331,7 +331,6 @@ impl Snapshot {
             verified_at_create: Vec::new(),
             rootfs_unpack: Duration::ZERO,
         };
-        let mut s = s;
         let prepared = (|| -> Result<()> {
             if s.mode == Mode::Restore {
                 // The copy sees only what was there at capture time, as
@@ -418,16 +417,11 @@ impl Snapshot {
         let RootfsLayer::OverlayUpper { .. } = layer else {
             return Ok(Vec::new());
         };
-        let rootfs::WritableLayer::Upper(upper) = &self.layer else {
+        let Ok(upper) = self.layer.to_carry() else {
             return Err(Error::FailedPrecondition(format!(
                 "restore: rootfs: artifact {} carries the writable layer of an overlay snapshot, and this container has {}: restore it on an overlay snapshotter (containerd's default)",
                 self.artifact,
-                match &self.layer {
-                    rootfs::WritableLayer::Shared => "a rootfs folder of its own (--rootfs)".to_string(),
-                    rootfs::WritableLayer::ReadOnly => "a read-only rootfs".to_string(),
-                    rootfs::WritableLayer::Unknown(why) => why.clone(),
-                    rootfs::WritableLayer::Upper(_) => unreachable!(),
-                }
+                self.layer.describe()
             )));
         };
         let rel = format!("{DIR}/{UPPER_TAR}");

@@ -1,113 +1,15 @@
-//! The container's root filesystem across a capture: its writable layer
-//! travels with the artifact, and files the tree held open on volumes are
-//! held to what they were.
-//!
-//! - A containerd snapshotter gives the container an overlay whose upper
-//!   dir is its writable layer (files the engine wrote: Triton's compiled
-//!   launchers, Inductor's and vLLM's compile caches). The capture packs
-//!   that dir as it is (whiteouts as 0:0 character devices, opaque dirs by
-//!   their `trusted.overlay.opaque` xattr, modes, owners, xattrs, symlinks,
-//!   hard links) into `rootfs/upper.tar`; a restore unpacks it into the new
-//!   container's upper dir, still empty and not yet mounted, so the merged
-//!   view over the same image is the one CRIU dumped.
-//! - Files on volumes (bind mounts) are not vsnap's to carry: their
-//!   fingerprints are recorded, and a restore whose file vanished or changed
-//!   fails before CRIU runs, naming the file.
+//! The writable layer as a tar of the overlay upper dir: packed at a
+//! capture, unpacked into a restore's fresh upper dir.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufWriter, Read, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use serde_json::Value;
-use vsnap_artifact::rootfs::{self as record, OpenFile, RootfsLayer};
+use vsnap_artifact::rootfs::RootfsLayer;
 
 use crate::error::{Error, Result};
-
-/// One mount of the container's rootfs, as the Create request gives it.
-#[derive(Debug, Clone)]
-pub struct RootMount {
-    pub kind: String,
-    pub source: String,
-    pub options: Vec<String>,
-}
-
-/// Where the container's writable layer is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WritableLayer {
-    /// An overlay's upper dir (containerd's overlayfs snapshotter).
-    Upper(PathBuf),
-    /// No rootfs mounts: the spec's root folder is shared with restores.
-    Shared,
-    ReadOnly,
-    /// A layer that cannot be told from the image: why.
-    Unknown(String),
-}
-
-impl WritableLayer {
-    pub fn of(mounts: &[RootMount]) -> Self {
-        let [m] = mounts else {
-            return match mounts.len() {
-                0 => WritableLayer::Shared,
-                n => WritableLayer::Unknown(format!("a rootfs of {n} mounts")),
-            };
-        };
-        let option = |key: &str| {
-            m.options
-                .iter()
-                .find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        };
-        let read_only = m.options.iter().any(|o| o == "ro");
-        match m.kind.as_str() {
-            "overlay" => match option("upperdir") {
-                Some(upper) if !read_only => WritableLayer::Upper(PathBuf::from(upper)),
-                _ => WritableLayer::ReadOnly,
-            },
-            _ if read_only => WritableLayer::ReadOnly,
-            kind => WritableLayer::Unknown(format!(
-                "a {} rootfs from {} (not an overlay: its changes cannot be told from the image's)",
-                if kind.is_empty() { "bind" } else { kind },
-                m.source
-            )),
-        }
-    }
-
-    /// A rootfs without mounts of the shim's own: the spec's root folder.
-    /// A folder that is itself an overlay mount point was prepared by the
-    /// caller (dockerd's overlay2 driver): its changes are the caller's
-    /// snapshot's, not a folder the restores share, so it is not carried
-    /// and the manifest says why. Else: shared.
-    pub fn of_root_folder(root: &Path, mountinfo: &str) -> Self {
-        let overlay = mountinfo.lines().find(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let Some(sep) = f.iter().position(|x| *x == "-") else {
-                return false;
-            };
-            f.get(4).is_some_and(|p| Path::new(p) == root)
-                && f.get(sep + 1).is_some_and(|t| *t == "overlay")
-        });
-        match overlay {
-            Some(_) => WritableLayer::Unknown(format!(
-                "{} is an overlay the caller mounted (e.g. dockerd's overlay2): its writable layer is not the shim's to carry",
-                root.display()
-            )),
-            None => WritableLayer::Shared,
-        }
-    }
-
-    /// The record of a layer with nothing to carry.
-    pub fn record_without_carry(&self) -> Option<RootfsLayer> {
-        match self {
-            WritableLayer::Upper(_) => None,
-            WritableLayer::Shared => Some(RootfsLayer::SharedFolder),
-            WritableLayer::ReadOnly => Some(RootfsLayer::ReadOnly),
-            WritableLayer::Unknown(reason) => Some(RootfsLayer::NotCarried {
-                reason: reason.clone(),
-            }),
-        }
-    }
-}
 
 /// overlayfs xattrs that are caches of the lower layers' identity (file
 /// handles, inode numbers): meaningless on another snapshot, left out.
@@ -129,19 +31,11 @@ struct Entry {
 fn walk(upper: &Path) -> Result<Vec<Entry>> {
     let phase = |p: &Path, e| Error::io(format!("capture: rootfs: read {}", p.display()), e);
     let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
         let dir = upper.join(&rel);
-        let mut names: Vec<_> = fs::read_dir(&dir)
-            .map_err(|e| phase(&dir, e))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<std::io::Result<_>>()
-            .map_err(|e| phase(&dir, e))?;
-        names.sort();
-        // Depth first in name order: a folder's entry precedes its contents.
-        let mut dirs = Vec::new();
-        for name in names {
-            let rel = rel.join(&name);
+        for e in fs::read_dir(&dir).map_err(|e| phase(&dir, e))? {
+            let rel = rel.join(e.map_err(|e| phase(&dir, e))?.file_name());
             let path = upper.join(&rel);
             let md = fs::symlink_metadata(&path).map_err(|e| phase(&path, e))?;
             if md.is_dir() {
@@ -149,9 +43,8 @@ fn walk(upper: &Path) -> Result<Vec<Entry>> {
             }
             out.push(Entry { rel, md });
         }
-        stack.extend(dirs.into_iter().rev());
     }
-    // read_dir order was per folder; sort so parents precede children.
+    // Component order: a folder precedes its contents, in name order.
     out.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(out)
 }
@@ -193,7 +86,7 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode_0600()
+        .mode(0o600)
         .open(out)
         .map_err(|e| io(format!("create {}", out.display()), e))?;
     let mut tar = tar::Builder::new(BufWriter::with_capacity(1 << 20, file));
@@ -281,16 +174,6 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
     })
 }
 
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-impl Mode0600 for fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
-    }
-}
-
 /// Unpacks a carried layer, read from `source` (the tar `tar_path` names),
 /// into `upper`, the new container's upper dir (empty, not mounted yet),
 /// and returns the reader, which may hold the tar's trailing padding.
@@ -311,7 +194,7 @@ pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
     }
     let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, source));
     let mut copy_buf = vec![0u8; 1 << 20];
-    let mut dirs: Vec<(PathBuf, u32, filetime::FileTime)> = Vec::new();
+    let mut dirs: Vec<(PathBuf, filetime::FileTime)> = Vec::new();
     for entry in archive
         .entries()
         .map_err(|e| io(format!("read {}", tar_path.display()), e))?
@@ -369,7 +252,7 @@ pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
                 let mut f = fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
-                    .mode_0600()
+                    .mode(0o600)
                     .open(&dst)
                     .map_err(made)?;
                 loop {
@@ -439,13 +322,13 @@ pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
         }
         if h.entry_type() == T::Directory {
             // Its mtime once its contents are in.
-            dirs.push((dst, mode, mtime));
+            dirs.push((dst, mtime));
         } else {
             filetime::set_symlink_file_times(&dst, mtime, mtime)
                 .map_err(|e| io(format!("mtime {shown}"), e))?;
         }
     }
-    for (dir, _, mtime) in dirs.iter().rev() {
+    for (dir, mtime) in dirs.iter().rev() {
         let _ = filetime::set_symlink_file_times(dir, *mtime, *mtime);
     }
     Ok(archive.into_inner().into_inner())
@@ -459,229 +342,9 @@ fn unpack_file(tar_path: &Path, upper: &Path) -> Result<()> {
     unpack(f, tar_path, upper).map(drop)
 }
 
-/// The bind mounts of a spec: (destination inside, source on the host).
-fn volumes(spec: &Value) -> Vec<(String, String)> {
-    spec["mounts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| {
-            m["type"].as_str() == Some("bind")
-                || m["options"]
-                    .as_array()
-                    .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
-        })
-        .filter_map(|m| {
-            Some((
-                m["destination"].as_str()?.trim_end_matches('/').to_string(),
-                m["source"].as_str()?.to_string(),
-            ))
-        })
-        .collect()
-}
-
-/// The volume (destination, source) of `path`: the innermost bind mount.
-fn volume_of<'a>(path: &str, volumes: &'a [(String, String)]) -> Option<&'a (String, String)> {
-    volumes
-        .iter()
-        .filter(|(dest, _)| {
-            path.strip_prefix(dest.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        })
-        .max_by_key(|(dest, _)| dest.len())
-}
-
-/// Mounts whose files vsnap carries another way (or that CRIU handles).
-fn carried_elsewhere(volume: &str, control_mount: &str) -> bool {
-    volume == control_mount
-        || volume == "/dev/shm"
-        || volume.starts_with("/dev/")
-        || volume == "/dev"
-}
-
-/// The regular files the tree `pids` holds open or mapped on volumes of
-/// `spec`, fingerprinted through `/proc/<pid>/root`.
-pub fn open_volume_files(pids: &[i32], spec: &Value, control_mount: &str) -> Result<Vec<OpenFile>> {
-    let volumes = volumes(spec);
-    let mut seen: HashMap<String, i32> = HashMap::new();
-    for pid in pids {
-        let mut paths = Vec::new();
-        if let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) {
-            for fd in fds.flatten() {
-                if let Ok(t) = fs::read_link(fd.path()) {
-                    paths.push(t.to_string_lossy().to_string());
-                }
-            }
-        }
-        if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
-            for line in maps.lines() {
-                // address perms offset dev inode pathname
-                if let Some(p) = line.split_whitespace().nth(5) {
-                    if p.starts_with('/') {
-                        paths.push(line[line.find(p).unwrap_or(0)..].to_string());
-                    }
-                }
-            }
-        }
-        for p in paths {
-            if !p.starts_with('/') || p.ends_with(" (deleted)") {
-                continue;
-            }
-            seen.entry(p).or_insert(*pid);
-        }
-    }
-    let mut out = Vec::new();
-    for (path, pid) in seen {
-        let Some((volume, _)) = volume_of(&path, &volumes) else {
-            continue; // the image or the writable layer
-        };
-        if carried_elsewhere(volume, control_mount) {
-            continue;
-        }
-        let inside = format!("/proc/{pid}/root{path}");
-        let Ok(md) = fs::symlink_metadata(&inside) else {
-            continue; // gone meanwhile, or not a path of its root
-        };
-        if !md.is_file() {
-            continue;
-        }
-        let digest = fs::File::open(&inside)
-            .and_then(|mut f| record::file_digest(&mut f, md.len()))
-            .map_err(|e| Error::io(format!("capture: volume files: read {path}"), e))?;
-        out.push(OpenFile {
-            path,
-            volume: volume.clone(),
-            size: md.len(),
-            digest,
-        });
-    }
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(out)
-}
-
-/// Before CRIU: each file the capture's tree held open on a volume is at
-/// the same path of a volume of the restore's `spec`, with the same bytes.
-pub fn check_volume_files(files: &[OpenFile], spec: &Value) -> Result<()> {
-    let volumes = volumes(spec);
-    let fail =
-        |m: String| Error::FailedPrecondition(format!("restore: preflight: volume file {m}"));
-    for f in files {
-        let Some((dest, source)) = volume_of(&f.path, &volumes) else {
-            return Err(fail(format!(
-                "{}: no volume of this container holds it (the capture's tree had it open on the volume at {}): mount the same volume",
-                f.path, f.volume
-            )));
-        };
-        let rest = f.path[dest.len()..].trim_start_matches('/');
-        let host = Path::new(source).join(rest);
-        let opened = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags_nofollow()
-            .open(&host);
-        let mut file = match opened {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(fail(format!(
-                    "{} ({}) vanished since the capture, which had it open",
-                    f.path,
-                    host.display()
-                )))
-            }
-            Err(e) => {
-                return Err(Error::io(
-                    format!("restore: preflight: volume file {}", host.display()),
-                    e,
-                ))
-            }
-        };
-        let size = file
-            .metadata()
-            .map_err(|e| {
-                Error::io(
-                    format!("restore: preflight: volume file {}", host.display()),
-                    e,
-                )
-            })?
-            .len();
-        let digest = record::file_digest(&mut file, size).map_err(|e| {
-            Error::io(
-                format!("restore: preflight: volume file {}", host.display()),
-                e,
-            )
-        })?;
-        if size != f.size || digest != f.digest {
-            return Err(fail(format!(
-                "{} ({}) changed since the capture, which had it open ({} bytes then, {size} now); the restored engine would read other bytes than it did: re-create the artifact",
-                f.path,
-                host.display(),
-                f.size
-            )));
-        }
-    }
-    Ok(())
-}
-
-trait NoFollow {
-    fn custom_flags_nofollow(&mut self) -> &mut Self;
-}
-impl NoFollow for fs::OpenOptions {
-    fn custom_flags_nofollow(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NOFOLLOW)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn overlay(options: &[&str]) -> RootMount {
-        RootMount {
-            kind: "overlay".into(),
-            source: "overlay".into(),
-            options: options.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn the_writable_layer_is_read_from_the_rootfs_mounts() {
-        assert_eq!(WritableLayer::of(&[]), WritableLayer::Shared);
-        assert_eq!(
-            WritableLayer::of(&[overlay(&[
-                "index=off",
-                "workdir=/s/2/work",
-                "upperdir=/s/2/fs",
-                "lowerdir=/s/1/fs"
-            ])]),
-            WritableLayer::Upper(PathBuf::from("/s/2/fs"))
-        );
-        assert_eq!(
-            WritableLayer::of(&[overlay(&["lowerdir=/s/1/fs:/s/0/fs"])]),
-            WritableLayer::ReadOnly
-        );
-        let bind = RootMount {
-            kind: "bind".into(),
-            source: "/var/lib/native/snapshots/3".into(),
-            options: vec!["rbind".into(), "rw".into()],
-        };
-        assert!(
-            matches!(WritableLayer::of(&[bind]), WritableLayer::Unknown(r) if r.contains("/var/lib/native/snapshots/3"))
-        );
-    }
-
-    #[test]
-    fn a_root_folder_that_is_an_overlay_mount_is_not_taken_for_a_shared_one() {
-        let info = "36 25 0:31 / /var/lib/docker/overlay2/abc/merged rw,relatime shared:1 - overlay overlay rw,lowerdir=/l,upperdir=/var/lib/docker/overlay2/abc/diff,workdir=/w\n\
-                    37 25 8:1 / /srv/rootfs rw,relatime shared:2 - ext4 /dev/vda rw\n";
-        assert!(matches!(
-            WritableLayer::of_root_folder(Path::new("/var/lib/docker/overlay2/abc/merged"), info),
-            WritableLayer::Unknown(r) if r.contains("overlay2")
-        ));
-        assert_eq!(
-            WritableLayer::of_root_folder(Path::new("/srv/rootfs"), info),
-            WritableLayer::Shared
-        );
-    }
 
     #[test]
     fn a_layer_too_large_names_its_largest_files() {
@@ -801,53 +464,5 @@ mod tests {
             "{err}"
         );
         assert!(!Path::new("/etc/evil").exists());
-    }
-
-    #[test]
-    fn volume_files_are_held_to_their_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model");
-        fs::create_dir(&model).unwrap();
-        fs::write(model.join("w.bin"), b"weights").unwrap();
-        let spec = serde_json::json!({"mounts": [
-            {"destination": "/model", "type": "bind", "source": model, "options": ["rbind", "ro"]},
-            {"destination": "/proc", "type": "proc", "source": "proc"}
-        ]});
-        let mut f = fs::File::open(model.join("w.bin")).unwrap();
-        let files = vec![OpenFile {
-            path: "/model/w.bin".into(),
-            volume: "/model".into(),
-            size: 7,
-            digest: record::file_digest(&mut f, 7).unwrap(),
-        }];
-        check_volume_files(&files, &spec).unwrap();
-        fs::write(model.join("w.bin"), b"weightz").unwrap();
-        let err = check_volume_files(&files, &spec).unwrap_err().to_string();
-        assert!(
-            err.starts_with("restore: preflight: volume file /model/w.bin")
-                && err.contains("changed"),
-            "{err}"
-        );
-        fs::remove_file(model.join("w.bin")).unwrap();
-        let err = check_volume_files(&files, &spec).unwrap_err().to_string();
-        assert!(err.contains("vanished"), "{err}");
-        let err = check_volume_files(&files, &serde_json::json!({}))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("no volume of this container holds it"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn the_innermost_volume_holds_a_path() {
-        let v = vec![
-            ("/data".to_string(), "/a".to_string()),
-            ("/data/cache".to_string(), "/b".to_string()),
-        ];
-        assert_eq!(volume_of("/data/cache/x", &v).unwrap().1, "/b");
-        assert_eq!(volume_of("/data/x", &v).unwrap().1, "/a");
-        assert!(volume_of("/database/x", &v).is_none());
     }
 }
