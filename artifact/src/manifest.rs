@@ -172,11 +172,10 @@ mod tests {
     use super::*;
     use crate::fingerprint::Tools;
 
-    #[test]
-    fn the_mac_verifies_only_the_sealed_content_under_the_sealing_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = HostKey::load_or_create(dir.path()).unwrap();
-        let mut m = Manifest {
+    /// An unsealed manifest whose workload was fingerprinted with the key
+    /// of the artifact root `dir`.
+    fn sample(dir: &Path) -> Manifest {
+        Manifest {
             schema_version: SCHEMA_VERSION,
             name: "a".into(),
             created_at: "2025-01-01T00:00:00Z".into(),
@@ -194,13 +193,20 @@ mod tests {
             workload: Workload::from_spec(
                 &serde_json::json!({}),
                 "/run/vsnap/control",
-                &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
+                &crate::key::FingerprintKey::load(dir, None).unwrap(),
             ),
             clocks: None,
             origin: None,
             rootfs: None,
             mac: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_mac_verifies_only_the_sealed_content_under_the_sealing_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = sample(dir.path());
         assert!(!m.mac_verifies(&key), "an unsealed manifest");
         m.seal(&key);
         assert!(m.mac_verifies(&key));
@@ -234,31 +240,7 @@ mod tests {
     fn the_capture_clocks_are_sealed_and_a_manifest_without_them_still_verifies() {
         let dir = tempfile::tempdir().unwrap();
         let key = HostKey::load_or_create(dir.path()).unwrap();
-        let mut m = Manifest {
-            schema_version: SCHEMA_VERSION,
-            name: "a".into(),
-            created_at: "2025-01-01T00:00:00Z".into(),
-            capture_id: "c".into(),
-            oracle: Oracle {
-                sampled_token_logprob: -0.5,
-                text: "t".into(),
-                token_ids: vec![1],
-            },
-            source_container: "s".into(),
-            image_bytes: 1,
-            contents: Default::default(),
-            timings_ms: Timings::default(),
-            host: HostIdentity::probe(&Tools::default(), "test"),
-            workload: Workload::from_spec(
-                &serde_json::json!({}),
-                "/run/vsnap/control",
-                &crate::key::FingerprintKey::load(dir.path(), None).unwrap(),
-            ),
-            clocks: None,
-            origin: None,
-            rootfs: None,
-            mac: String::new(),
-        };
+        let mut m = sample(dir.path());
         // A manifest sealed before clocks were recorded: no `clocks` key in
         // its JSON, and it parses and verifies as it did.
         m.seal(&key);

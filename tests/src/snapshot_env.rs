@@ -108,10 +108,37 @@ impl Env {
         extra: &[&str],
         engine_args: &[&str],
     ) -> std::process::Command {
-        let listen = format!("127.0.0.1:{port}");
+        let mut argv = vec!["/vsnap-ref-engine"];
+        argv.extend_from_slice(engine_args);
+        self.plan_command(
+            id,
+            plan,
+            artifact,
+            port,
+            extra,
+            &["--rootfs", &self.rootfs],
+            &argv,
+        )
+    }
+
+    /// `ctr run -d --net-host` of `argv` as `id` under vsnap with a plan
+    /// (`vsnap.io/plan`, `vsnap.io/artifact`, `vsnap.io/listen` on
+    /// 127.0.0.1:`port`), then `extra`, then `workload`: an image reference,
+    /// or `--rootfs DIR`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_command(
+        &self,
+        id: &str,
+        plan: &str,
+        artifact: &str,
+        port: u16,
+        extra: &[&str],
+        workload: &[&str],
+        argv: &[&str],
+    ) -> std::process::Command {
         let plan = format!("vsnap.io/plan={plan}");
         let artifact = format!("vsnap.io/artifact={artifact}");
-        let listen = format!("vsnap.io/listen={listen}");
+        let listen = format!("vsnap.io/listen=127.0.0.1:{port}");
         let mut args = vec![
             "run",
             "-d",
@@ -128,8 +155,9 @@ impl Env {
             &listen,
         ];
         args.extend_from_slice(extra);
-        args.extend_from_slice(&["--rootfs", &self.rootfs, id, "/vsnap-ref-engine"]);
-        args.extend_from_slice(engine_args);
+        args.extend_from_slice(workload);
+        args.push(id);
+        args.extend_from_slice(argv);
         self.c.ctr_command(&args)
     }
 

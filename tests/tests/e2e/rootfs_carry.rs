@@ -9,7 +9,7 @@ use std::time::Duration;
 use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::engine::{engine_rootfs, free_port, wait_listening};
 use vsnap_e2e::image::import_image;
-use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env, RT};
+use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env};
 
 const IMAGE: &str = "localhost/vsnap-ref-engine:rootfs";
 
@@ -21,32 +21,23 @@ const WRITES_ITS_ROOTFS: &str = "busybox mkdir -p /root/.triton/cache/ab12 && \
      busybox rm -f /etc/deleted-by-engine && \
      exec 3</root/.triton/cache/ab12/cuda_utils.so && exec /vsnap-ref-engine";
 
+/// Donors stop after their capture.
+const EXIT: &str = "vsnap.io/after-capture=exit";
+
+/// A plan for the engine from [`IMAGE`] running `script`.
 fn run_image(e: &Env, id: &str, plan: &str, port: u16, extra: &[&str], script: &str) -> CmdOutput {
-    let (plan, artifact, listen) = (
-        format!("vsnap.io/plan={plan}"),
-        "vsnap.io/artifact=layer".to_string(),
-        format!("vsnap.io/listen=127.0.0.1:{port}"),
+    let mut extra_all = vec!["--annotation", EXIT];
+    extra_all.extend_from_slice(extra);
+    let cmd = e.plan_command(
+        id,
+        plan,
+        "layer",
+        port,
+        &extra_all,
+        &[IMAGE],
+        &["/bin/sh", "-c", script],
     );
-    let mut args = vec![
-        "run",
-        "-d",
-        "--net-host",
-        "--runtime",
-        RT,
-        "--runtime-config-path",
-        &e.config,
-        "--annotation",
-        &plan,
-        "--annotation",
-        &artifact,
-        "--annotation",
-        &listen,
-        "--annotation",
-        "vsnap.io/after-capture=exit",
-    ];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&[IMAGE, id, "/bin/sh", "-c", script]);
-    vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+    vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(180))
 }
 
 fn image_env(tag: &str) -> Env {
@@ -217,36 +208,19 @@ fn a_shared_rootfs_carries_nothing_and_a_vanished_file_is_named() {
     std::fs::create_dir_all(root.join("root/.cache")).unwrap();
     std::fs::write(root.join("root/.cache/held.bin"), b"held open").unwrap();
     let script = "exec 3</root/.cache/held.bin && exec /vsnap-ref-engine";
+    let root = root.display().to_string();
     let run = |id: &str, plan: &str| {
-        let (plan, listen) = (
-            format!("vsnap.io/plan={plan}"),
-            format!("vsnap.io/listen=127.0.0.1:{}", free_port()),
-        );
-        let root = root.display().to_string();
-        let args = [
-            "run",
-            "-d",
-            "--net-host",
-            "--runtime",
-            RT,
-            "--runtime-config-path",
-            &e.config,
-            "--annotation",
-            &plan,
-            "--annotation",
-            "vsnap.io/artifact=shared",
-            "--annotation",
-            &listen,
-            "--annotation",
-            "vsnap.io/after-capture=exit",
-            "--rootfs",
-            &root,
+        let workload = ["--rootfs", root.as_str()];
+        let cmd = e.plan_command(
             id,
-            "/bin/sh",
-            "-c",
-            script,
-        ];
-        vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+            plan,
+            "shared",
+            free_port(),
+            &["--annotation", EXIT],
+            &workload,
+            &["/bin/sh", "-c", script],
+        );
+        vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(180))
     };
     let out = run("shared-donor", "create");
     assert!(out.ok(), "{out:?}");
@@ -258,7 +232,7 @@ fn a_shared_rootfs_carries_nothing_and_a_vanished_file_is_named() {
     assert!(!e.artifact("shared").join("rootfs").exists());
     e.wait_stopped("shared-donor");
     e.remove("shared-donor");
-    std::fs::remove_file(root.join("root/.cache/held.bin")).unwrap();
+    std::fs::remove_file(std::path::Path::new(&root).join("root/.cache/held.bin")).unwrap();
     let out = run("shared-copy", "restore");
     assert!(!out.ok(), "{out:?}");
     assert_has(

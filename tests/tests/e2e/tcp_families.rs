@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use vsnap_e2e::engine::{engine_rootfs, free_port};
-use vsnap_e2e::snapshot_env::{poll, setup, RT};
+use vsnap_e2e::snapshot_env::{poll, setup};
 
 #[test]
 fn a_dual_stack_connection_inside_the_tree_is_captured_and_restored() {
@@ -25,33 +25,19 @@ fn a_dual_stack_connection_inside_the_tree_is_captured_and_restored() {
          until busybox netstat -tn | busybox grep ':{port} ' | busybox grep -q ESTABLISHED; do :; done; \
          exec /vsnap-ref-engine"
     );
-    let listen = format!("vsnap.io/listen=127.0.0.1:{}", free_port());
+    let listen = free_port();
     let run = |id: &str, plan: &str| {
-        let plan = format!("vsnap.io/plan={plan}");
-        let args = [
-            "run",
-            "-d",
-            "--net-host",
-            "--runtime",
-            RT,
-            "--runtime-config-path",
-            &e.config,
-            "--annotation",
-            &plan,
-            "--annotation",
-            "vsnap.io/artifact=tcp",
-            "--annotation",
-            &listen,
-            "--annotation",
-            "vsnap.io/after-capture=exit",
-            "--rootfs",
-            &rootfs,
+        let extra = ["--annotation", "vsnap.io/after-capture=exit"];
+        let cmd = e.plan_command(
             id,
-            "/bin/sh",
-            "-c",
-            &script,
-        ];
-        vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+            plan,
+            "tcp",
+            listen,
+            &extra,
+            &["--rootfs", &rootfs],
+            &["/bin/sh", "-c", &script],
+        );
+        vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(180))
     };
     let out = run("tcp-donor", "create");
     assert!(out.ok(), "{out:?}");

@@ -164,6 +164,44 @@ fn wait_published(e: &Env, id: &str, name: &str) -> serde_json::Value {
     e.wait_manifest(name)
 }
 
+/// A create of artifact "vllm" by donor `id` (`extra`, and stopped after
+/// the capture); returns the manifest once the donor is gone.
+fn create_exited(e: &Env, id: &str, argv: &[String], extra: &[String]) -> serde_json::Value {
+    let mut extra = extra.to_vec();
+    extra.extend(strings(&["--annotation", "vsnap.io/after-capture=exit"]));
+    let donor = Run {
+        id,
+        plan: "create",
+        port: free_port(),
+        extra,
+        argv: argv.to_vec(),
+    };
+    let out = run(e, &donor);
+    assert!(out.ok(), "{out:?}");
+    let manifest = wait_published(e, id, "vllm");
+    e.wait_stopped(id);
+    e.remove(id);
+    manifest
+}
+
+/// A restore of "vllm" as `id`: Start returns, and the copy answers its
+/// canary (with `key`). The copy is left running; returns its port.
+fn restore_answers(e: &Env, id: &str, argv: &[String], extra: &[String], key: Option<&str>) -> u16 {
+    let port = free_port();
+    let copy = Run {
+        id,
+        plan: "restore",
+        port,
+        extra: extra.to_vec(),
+        argv: argv.to_vec(),
+    };
+    let out = run(e, &copy);
+    assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
+    let (status, answer) = vllm::canary(port, key);
+    assert_eq!(status, 200, "{id}: {answer}");
+    port
+}
+
 #[test]
 fn an_engine_with_an_api_key_is_checked_with_it_and_the_key_stays_out() {
     let e = vllm_env("vllm-key");
@@ -196,17 +234,7 @@ fn an_engine_with_an_api_key_is_checked_with_it_and_the_key_stays_out() {
         "the key is in the manifest: {manifest}"
     );
 
-    let port = free_port();
-    let copy = Run {
-        id: "key-copy",
-        plan: "restore",
-        port,
-        extra: vec![],
-        argv,
-    };
-    let out = run(&e, &copy);
-    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
-    assert_eq!(vllm::canary(port, Some(KEY)).0, 200);
+    restore_answers(&e, "key-copy", &argv, &[], Some(KEY));
     let log = std::fs::read_to_string(e.c.dir.join("containerd.log")).unwrap();
     assert!(!log.contains(KEY), "the key reached the shim's log");
     e.remove("key-copy");
@@ -264,17 +292,7 @@ fn a_non_root_engine_owns_its_control_dir_and_its_home() {
     wait_published(&e, "user-donor", "vllm");
     e.wait_stopped("user-donor");
     e.remove("user-donor");
-    let port = free_port();
-    let copy = Run {
-        id: "user-copy",
-        plan: "restore",
-        port,
-        extra,
-        argv,
-    };
-    let out = run(&e, &copy);
-    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
-    assert_eq!(vllm::canary(port, None).0, 200);
+    restore_answers(&e, "user-copy", &argv, &extra, None);
     let id = e.c.ctr_ok(&[
         "task",
         "exec",
@@ -317,31 +335,10 @@ fn argument_shapes_as_vllm_parses_them() {
         ],
         &[],
     );
-    let exit = strings(&["--annotation", "vsnap.io/after-capture=exit"]);
-    let donor = Run {
-        id: "args-donor",
-        plan: "create",
-        port: free_port(),
-        extra: exit.clone(),
-        argv: abbreviated.clone(),
-    };
-    let out = run(&e, &donor);
-    assert!(out.ok(), "{out:?}");
-    wait_published(&e, "args-donor", "vllm");
-    e.wait_stopped("args-donor");
-    e.remove("args-donor");
-    let port = free_port();
-    let copy = Run {
-        id: "args-copy",
-        plan: "restore",
-        port,
-        extra: exit.clone(),
-        argv: abbreviated,
-    };
-    let out = run(&e, &copy);
-    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
-    assert_eq!(vllm::canary(port, None).0, 200);
+    create_exited(&e, "args-donor", &abbreviated, &[]);
+    restore_answers(&e, "args-copy", &abbreviated, &[], None);
     e.remove("args-copy");
+    let exit = strings(&["--annotation", "vsnap.io/after-capture=exit"]);
 
     // Refused at create, each naming what is wrong.
     let with_serve: Vec<String> = {
@@ -393,31 +390,9 @@ fn a_capture_on_clocks_far_ahead_restores_on_the_hosts() {
     );
     vllm::import_image(&e.c, "default");
     let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
-    let exit = strings(&["--annotation", "vsnap.io/after-capture=exit"]);
-    let donor = Run {
-        id: "clk-donor",
-        plan: "create",
-        port: free_port(),
-        extra: exit.clone(),
-        argv: argv.clone(),
-    };
-    let out = run(&e, &donor);
-    assert!(out.ok(), "{out:?}");
-    wait_published(&e, "clk-donor", "vllm");
-    e.wait_stopped("clk-donor");
-    e.remove("clk-donor");
+    create_exited(&e, "clk-donor", &argv, &[]);
     e.c.restart_on_host_clocks();
-    let port = free_port();
-    let copy = Run {
-        id: "clk-copy",
-        plan: "restore",
-        port,
-        extra: exit,
-        argv,
-    };
-    let out = run(&e, &copy);
-    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
-    assert_eq!(vllm::canary(port, None).0, 200);
+    restore_answers(&e, "clk-copy", &argv, &[], None);
     e.remove("clk-copy");
     e.assert_nothing_left();
 }
