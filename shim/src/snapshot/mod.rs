@@ -21,6 +21,7 @@ pub mod rootfs;
 pub mod shm;
 pub mod spec;
 pub mod tcp_table;
+pub mod vllm_command;
 
 pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 
@@ -200,8 +201,8 @@ impl Snapshot {
                     .collect()
             })
             .unwrap_or_default();
-        profile::check_vllm_command(&argv)?;
-        for missing in profile::check_vllm_env(&argv, &env)? {
+        vllm_command::check_vllm_command(&argv)?;
+        for missing in vllm_command::check_vllm_env(&argv, &env)? {
             log::warn!("{id}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)");
         }
         // `auto` without a name: the workload's identity names the artifact.
@@ -316,7 +317,7 @@ impl Snapshot {
             tools,
             fingerprint_key: config.fleet_fingerprint_key.clone(),
             profile,
-            api_key: profile::api_key(&argv, &env).map(canary::ApiKey::new),
+            api_key: vllm_command::api_key(&argv, &env).map(canary::ApiKey::new),
             preflight: started.elapsed(),
             gpus,
             host_shm: spec::host_dev_shm(&spec),
@@ -352,7 +353,7 @@ impl Snapshot {
             let startup = s.profile == Profile::Startup;
             let timeout = s.capture_timeout.as_secs();
             spec::add_control_dir(bundle, &s.control_dir, startup.then_some(timeout))?;
-            if s.profile == Profile::Startup && profile::is_vllm_serve(&argv) {
+            if s.profile == Profile::Startup && vllm_command::is_vllm_serve(&argv) {
                 spec::add_snapshot_config_arg(bundle, s.capture_timeout.as_secs())?;
             }
             spec::add_criu_config(

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::criu;
 use super::plan::Mode;
-use super::profile::{self, Profile};
+use super::profile::Profile;
 use super::{Snapshot, CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 use crate::error::{Error, Result};
 
@@ -327,7 +327,7 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
             .to_vec();
             // prepare appended `--snapshot-config JSON` to a vllm serve argv;
             // the captured workload was taken before that edit.
-            if s.profile == Profile::Startup && profile::is_vllm_serve(argv) {
+            if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
                 fingerprint.push("--strip-snapshot-config-arg".into());
             }
             // The workload's secrets were keyed with the fleet's key.
