@@ -11,17 +11,11 @@ use log::warn;
 use nix::mount::{umount2, MntFlags};
 use tokio_util::sync::CancellationToken;
 
-use crate::cleanup::undo_runc_state;
-use crate::console::ConsoleSocket;
-use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::process::{Process, Status};
-use crate::runc::{CheckpointFlags, ChildStdio, Runc};
-use crate::snapshot::artifact_error;
-use crate::snapshot::criu;
-use crate::snapshot::pages::{PageServer, PlaceError};
-use crate::snapshot::Snapshot;
-use crate::stdio;
+use crate::lifecycle::init_start::InitStart;
+use crate::prepared::Prepared;
+use crate::process::{Process, Status, Transition};
+use crate::runc::{CheckpointFlags, Runc};
 
 pub struct Container {
     pub id: String,
@@ -30,12 +24,9 @@ pub struct Container {
     pub no_pivot: bool,
     pub init: Process,
     pub execs: HashMap<String, Process>,
-    /// Set when the task is created from a checkpoint: start restores it.
-    pub restore_from: Option<PathBuf>,
-    /// The snapshot plan, when the container has one.
-    pub snapshot: Option<Snapshot>,
-    /// While the init is Starting (a restore and its activation): what a
-    /// kill cancels.
+    /// How the init starts (lifecycle/init_start.rs).
+    pub start: InitStart,
+    /// While the init is restoring or activating: what a kill cancels.
     pub starting: Option<CancellationToken>,
     rootfs_mounted: bool,
 }
@@ -46,10 +37,9 @@ pub struct CreateConfig {
     pub bundle: PathBuf,
     pub rootfs: Vec<Mount>,
     pub stdio: Stdio,
-    pub checkpoint: Option<PathBuf>,
     pub runc: Runc,
     pub no_pivot: bool,
-    pub snapshot: Option<Snapshot>,
+    pub start: InitStart,
 }
 
 impl Container {
@@ -79,21 +69,16 @@ impl Container {
             no_pivot: cfg.no_pivot,
             init: Process::new("", cfg.stdio),
             execs: HashMap::new(),
-            restore_from: cfg
-                .checkpoint
-                .or_else(|| cfg.snapshot.as_ref().and_then(Snapshot::images)),
-            snapshot: cfg.snapshot,
+            start: cfg.start,
             starting: None,
             rootfs_mounted: false,
         };
         if let Err(e) = c.mount_rootfs(&cfg.rootfs) {
             c.unmount_rootfs();
-            if let Some(s) = &c.snapshot {
-                s.cleanup();
-            }
+            c.start.cleanup();
             return Err(e);
         }
-        if c.restore_from.is_some() {
+        if c.start.restores() {
             return Ok(c);
         }
         match c.runc_create().await {
@@ -161,83 +146,58 @@ impl Container {
         }
         self.init.io.abort().await;
         self.unmount_rootfs();
-        if let Some(s) = &self.snapshot {
-            s.cleanup();
-        }
+        self.start.cleanup();
     }
 
     /// Starts the init process with `runc start` (a plain container; a
     /// restore goes through [`Container::begin_restore`]).
-    pub async fn start(&mut self) -> Result<()> {
+    pub async fn run_start(&mut self) -> Result<()> {
         self.ensure_created()?;
         self.runc.start(&self.id).await?;
-        self.init.status = Status::Running;
-        Ok(())
+        self.init.transition("start", Transition::Start)
     }
 
     fn ensure_created(&self) -> Result<()> {
-        if self.init.status != Status::Created {
+        if self.init.status() != Status::Created {
             return Err(Error::FailedPrecondition(format!(
-                "start: container {} is not in the created state",
-                self.id
+                "start: container {} is {}, not created",
+                self.id,
+                self.init.status()
             )));
         }
         Ok(())
     }
 
-    /// Prepares the restore of the checkpoint given at create: the init
-    /// becomes Starting, its stdio is made ready, and the returned job runs
-    /// `runc restore` without any hold on the container, so every other
-    /// call answers meanwhile. A kill cancels `deadline.cancel`.
-    pub fn begin_restore(&mut self, deadline: Deadline) -> Result<RestoreJob> {
+    /// A restore begins: the init becomes Restoring, its stdio is made
+    /// ready for `runc restore` (run by lifecycle/restore/ without any hold
+    /// on the container, so every other call answers meanwhile), and a kill
+    /// cancels `cancel` from now until the copy is visible or failed.
+    pub fn begin_restore(&mut self, cancel: CancellationToken) -> Result<Prepared> {
         self.ensure_created()?;
-        let image = self.restore_from.clone().ok_or_else(|| {
-            Error::FailedPrecondition(format!("start: container {} has no checkpoint", self.id))
-        })?;
-        let work = self.bundle.join("criu-work");
-        std::fs::create_dir_all(&work)
-            .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
         let prepared = Prepared::new(&mut self.init)?;
-        self.init.status = Status::Starting;
-        self.starting = Some(deadline.cancel.clone());
-        Ok(RestoreJob {
-            id: self.id.clone(),
-            bundle: self.bundle.clone(),
-            runc: self.runc.clone(),
-            image,
-            work,
-            // A snapshot restore takes the options its capture used.
-            flags: match &self.snapshot {
-                Some(_) => criu::snapshot_flags(self.init.stdio.terminal),
-                None => CheckpointFlags {
-                    shell_job: self.init.stdio.terminal,
-                    ..Default::default()
-                },
-            },
-            cgroups_path: self.cgroups_path(),
-            prepared: Some(prepared),
-            place_pages: self.snapshot.as_ref().is_some_and(|s| s.place_pages),
-            page_verification: None,
-            placed: None,
-            deadline,
-        })
+        self.init.transition("start", Transition::BeginRestore)?;
+        self.starting = Some(cancel);
+        Ok(prepared)
     }
 
-    /// Takes the result of a restore job: the terminal, the pid. The init
-    /// stays Starting until [`Container::started`] (after its activation).
-    pub async fn finish_restore(&mut self, mut job: RestoreJob, ran: Result<()>) -> Result<i32> {
-        let prepared = job.prepared.take().expect("taken once");
+    /// Takes the result of `runc restore`: the terminal, the pid. The init
+    /// is Activating until [`Container::visible`].
+    pub async fn finish_restore(&mut self, prepared: Prepared, ran: Result<()>) -> Result<i32> {
         Prepared::finish(prepared.receive, ran, &mut self.init).await?;
-        self.init.pid = read_pid(&job.pid_file(), "restore")?;
+        self.init.pid = read_pid(&self.pid_file(), "restore")?;
+        self.init.transition("restore", Transition::Restored)?;
         Ok(self.init.pid)
     }
 
-    /// The init is up and, for a restore, validated: it counts as running.
-    pub fn started(&mut self) {
+    /// The restored copy proved itself: it counts as running.
+    pub fn visible(&mut self) -> Result<()> {
         self.starting = None;
-        if self.init.status == Status::Starting {
-            self.init.status = Status::Running;
-        }
+        self.init.transition("restore", Transition::Visible)
+    }
+
+    /// Where runc writes the init's pid.
+    pub fn pid_file(&self) -> PathBuf {
+        self.bundle.join("init.pid")
     }
 
     /// A start that failed: nothing of it may run or be seen. A process
@@ -258,7 +218,7 @@ impl Container {
     }
 
     /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
-    fn cgroups_path(&self) -> Option<PathBuf> {
+    pub fn cgroups_path(&self) -> Option<PathBuf> {
         crate::cleanup::cgroups_path(&self.bundle)
     }
 
@@ -297,7 +257,7 @@ impl Container {
     /// Starts a registered exec with `runc exec --detach`.
     pub async fn start_exec(&mut self, exec_id: &str) -> Result<i32> {
         let p = self.process(exec_id)?;
-        if p.status != Status::Created || p.pid != 0 {
+        if p.status() != Status::Created || p.pid != 0 {
             return Err(Error::FailedPrecondition(format!(
                 "start: exec {exec_id} was already started"
             )));
@@ -323,7 +283,7 @@ impl Container {
             .await;
         Prepared::finish(prepared.receive, ran, p).await?;
         p.pid = read_pid(&pid_file, "exec")?;
-        p.status = Status::Running;
+        p.transition("start", Transition::Start)?;
         let _ = std::fs::remove_file(&pid_file);
         Ok(p.pid)
     }
@@ -385,7 +345,7 @@ impl Container {
     /// Removes an exec that has exited or never started.
     pub fn delete_exec(&mut self, exec_id: &str) -> Result<Process> {
         let p = self.process(exec_id)?;
-        if p.status == Status::Running || p.status == Status::Paused {
+        if matches!(p.status(), Status::Running | Status::Paused) {
             return Err(Error::FailedPrecondition(format!(
                 "delete: exec {exec_id} is still running"
             )));
@@ -396,10 +356,7 @@ impl Container {
 
     /// Tears the container down in runc; the caller drains stdio afterwards.
     pub async fn delete(&mut self) -> Result<()> {
-        if matches!(
-            self.init.status,
-            Status::Running | Status::Paused | Status::Starting
-        ) {
+        if self.init.status().is_live() {
             return Err(Error::FailedPrecondition(format!(
                 "delete: container {} is still running",
                 self.id
@@ -410,7 +367,7 @@ impl Container {
         // state keep it, and the container (Runc::delete).
         match self.runc.delete(&self.id, true).await {
             Err(e @ Error::FailedPrecondition(_)) => return Err(e),
-            Err(e) if self.restore_from.is_none() || self.init.pid != 0 => {
+            Err(e) if !self.start.restores() || self.init.pid != 0 => {
                 warn!("delete {}: {e}", self.id);
             }
             _ => {}
@@ -421,10 +378,29 @@ impl Container {
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         let _ = std::fs::remove_dir_all(self.bundle.join("criu-work"));
         self.unmount_rootfs();
-        if let Some(s) = &self.snapshot {
-            s.cleanup();
-        }
+        self.start.cleanup();
         Ok(())
+    }
+
+    /// Freezes (`pause`) or thaws the container's processes.
+    pub async fn pause(&mut self, pause: bool) -> Result<()> {
+        let what = if pause { "pause" } else { "resume" };
+        self.init.ensure_running(what)?;
+        let via = if pause {
+            Transition::Pause
+        } else {
+            Transition::Resume
+        };
+        // Refused before runc runs: a paused container is not paused twice.
+        self.init.status().next(via).map_err(|e| {
+            Error::FailedPrecondition(format!("{what}: container {}: {e}", self.id))
+        })?;
+        if pause {
+            self.runc.pause(&self.id).await?;
+        } else {
+            self.runc.resume(&self.id).await?;
+        }
+        self.init.transition(what, via)
     }
 
     pub async fn checkpoint(
@@ -462,179 +438,6 @@ fn is_gone(detail: &str) -> bool {
     ]
     .iter()
     .any(|m| d.contains(m))
-}
-
-/// A restore under way: everything `runc restore` needs, owned, so that it
-/// runs with no lock on the container.
-pub struct RestoreJob {
-    id: String,
-    bundle: PathBuf,
-    runc: Runc,
-    image: PathBuf,
-    work: PathBuf,
-    flags: CheckpointFlags,
-    cgroups_path: Option<PathBuf>,
-    prepared: Option<Prepared>,
-    /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
-    pub place_pages: bool,
-    /// The pages files the page server checks against their digests while
-    /// placing them (taken out of the restore's other verification).
-    pub page_verification: Option<crate::snapshot::pages::Verification>,
-    /// What the page server placed, once the restore ran.
-    pub placed: Option<crate::snapshot::pages::Placed>,
-    pub deadline: Deadline,
-}
-
-impl RestoreJob {
-    fn pid_file(&self) -> PathBuf {
-        self.bundle.join("init.pid")
-    }
-
-    /// Runs `runc restore` within the deadline (and until cancelled). On
-    /// failure, runc's and CRIU's leftovers are undone: their mounts first,
-    /// so that removing runc's state can never reach the rootfs.
-    pub async fn run(&mut self) -> Result<()> {
-        let child_stdio = self.prepared.as_mut().and_then(|p| p.child_stdio.take());
-        let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
-        // Listening before CRIU starts: it connects first thing.
-        let pages = match self.place_pages {
-            true => Some(self.page_server()?),
-            false => None,
-        };
-        let restored = self
-            .runc
-            .restore(
-                &self.id,
-                &self.bundle,
-                &self.image,
-                &self.work,
-                &self.pid_file(),
-                console.as_deref(),
-                &self.flags,
-                child_stdio,
-                Some(&self.deadline),
-            )
-            .await;
-        // runc's message is generic; CRIU's log says what it could not restore.
-        let restored = restored.map_err(|e| match e {
-            Error::Runc {
-                phase,
-                verb,
-                detail,
-            } => Error::Runc {
-                phase,
-                verb,
-                detail: format!(
-                    "{detail}{}",
-                    criu::log_errors(&self.work.join("restore.log"))
-                ),
-            },
-            e => e,
-        });
-        // CRIU is done; the tree is stopped until every page is in.
-        let restored = match (restored, pages) {
-            (Ok(()), Some(server)) => self.place(server).await,
-            (restored, _) => restored,
-        };
-        if restored.is_err() {
-            self.undo().await;
-        }
-        restored
-    }
-
-    fn page_server(&mut self) -> Result<PageServer> {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        let verify = self.page_verification.take();
-        PageServer::start(&self.work, &self.image, threads.min(8), verify)
-            .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))
-    }
-
-    /// Waits for the page server to place every page (within the deadline,
-    /// until a kill cancels the restore).
-    async fn place(&mut self, server: PageServer) -> Result<()> {
-        let placed = tokio::select! {
-            placed = server.finish(self.deadline.at) => placed,
-            _ = self.deadline.cancel.cancelled() => Err(PlaceError::from("cancelled")),
-        };
-        match placed {
-            Ok(placed) => {
-                log::info!("{}: pages placed: {placed:?}", self.id);
-                self.placed = Some(placed);
-                Ok(())
-            }
-            Err(PlaceError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
-            Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
-        }
-    }
-
-    /// Removes what a restore left (its tree, stopped or not, mounts, runc
-    /// state, cgroups): after a failure, or when the restore succeeded but
-    /// must not be used.
-    pub async fn undo(&self) {
-        undo_runc_state(
-            &self.runc,
-            &self.id,
-            &self.work,
-            self.cgroups_path.as_deref(),
-        )
-        .await;
-    }
-}
-
-/// A process's stdio made ready for runc: the pipes it gets, or the console
-/// socket through which runc will hand over its terminal.
-struct Prepared {
-    console_path: Option<PathBuf>,
-    receive: Option<Receive>,
-    child_stdio: Option<ChildStdio>,
-}
-
-struct Receive {
-    path: PathBuf,
-    task: tokio::task::JoinHandle<Result<std::fs::File>>,
-}
-
-impl Prepared {
-    fn new(p: &mut Process) -> Result<Self> {
-        if p.stdio.terminal {
-            let console = ConsoleSocket::new()?;
-            let path = console.path().to_path_buf();
-            Ok(Self {
-                console_path: Some(path.clone()),
-                receive: Some(Receive {
-                    path,
-                    task: tokio::spawn(console.receive()),
-                }),
-                child_stdio: None,
-            })
-        } else {
-            Ok(Self {
-                console_path: None,
-                receive: None,
-                child_stdio: Some(stdio::pipes(&p.stdio, &p.io, &mut p.files)?),
-            })
-        }
-    }
-
-    /// After runc ran: take the terminal, or undo the stdio on failure.
-    async fn finish(receive: Option<Receive>, ran: Result<()>, p: &mut Process) -> Result<()> {
-        if let Err(e) = ran {
-            if let Some(r) = receive {
-                ConsoleSocket::cancel(&r.path);
-                r.task.abort();
-            }
-            p.io.abort().await;
-            return Err(e);
-        }
-        if let Some(r) = receive {
-            let master = r
-                .task
-                .await
-                .map_err(|e| Error::Other(format!("console: {e}")))??;
-            p.pty = Some(stdio::terminal(&p.stdio, &p.io, master)?);
-        }
-        Ok(())
-    }
 }
 
 /// The exec's process spec with `terminal` set to the request's flag.

@@ -14,17 +14,18 @@ mod exits;
 mod inflight;
 mod info;
 mod labels;
+mod lifecycle;
 // Not called until task.rs wires stats and TaskOOM to them.
 mod metrics;
 mod mounts;
 mod oom;
 mod options;
+mod prepared;
 mod process;
 mod runc;
 mod service;
 mod shared;
 mod snapshot;
-mod start;
 mod stdio;
 mod task;
 

@@ -1,40 +1,20 @@
 //! One process of a container (its init or an exec): status, stdio, exit.
 
 use containerd_shim::asynchronous::io::{IoTasks, Pty, Stdio};
-use containerd_shim_protos::api::Status as TaskStatus;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::exits::Exit;
+pub use crate::lifecycle::state::{Status, Transition};
 use crate::stdio::FileCopies;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Created,
-    /// A restore and its activation are under way: not visible as running.
-    Starting,
-    Running,
-    Paused,
-    Stopped,
-}
-
-impl From<Status> for TaskStatus {
-    fn from(s: Status) -> Self {
-        match s {
-            Status::Created | Status::Starting => TaskStatus::CREATED,
-            Status::Running => TaskStatus::RUNNING,
-            Status::Paused => TaskStatus::PAUSED,
-            Status::Stopped => TaskStatus::STOPPED,
-        }
-    }
-}
 
 pub struct Process {
     /// The exec id; empty for the init process.
     pub exec_id: String,
     pub pid: i32,
-    pub status: Status,
+    /// Written only through [`Process::transition`] (lifecycle/state.rs).
+    status: Status,
     pub stdio: Stdio,
     pub io: IoTasks,
     pub files: FileCopies,
@@ -56,6 +36,19 @@ impl Process {
         }
     }
 
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// Moves the status by `via`; an illegal move is refused and changes
+    /// nothing. `what` names the operation in the error.
+    pub fn transition(&mut self, what: &str, via: Transition) -> Result<()> {
+        self.status = self.status.next(via).map_err(|e| {
+            Error::FailedPrecondition(format!("{what}: process {}: {e}", self.display_id()))
+        })?;
+        Ok(())
+    }
+
     pub fn exit(&self) -> Option<Exit> {
         *self.exit.borrow()
     }
@@ -65,7 +58,11 @@ impl Process {
         if self.exit().is_some() {
             return false;
         }
-        self.status = Status::Stopped;
+        // Every state but Stopped may exit, and Stopped has its exit.
+        self.status = self
+            .status
+            .next(Transition::Exit)
+            .unwrap_or(Status::Stopped);
         self.exit.send_replace(Some(exit));
         true
     }
@@ -94,7 +91,7 @@ impl Process {
                 "{what}: process {} already finished",
                 self.display_id()
             ))),
-            Status::Created | Status::Starting if self.pid == 0 => Err(Error::FailedPrecondition(
+            Status::Created | Status::Restoring if self.pid == 0 => Err(Error::FailedPrecondition(
                 format!("{what}: process {} is not started", self.display_id()),
             )),
             _ => Ok(()),

@@ -34,8 +34,9 @@ use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::exits::Exits;
 use crate::labels;
+use crate::lifecycle::InitStart;
 use crate::options;
-use crate::process::wait_exit;
+use crate::process::{wait_exit, Status};
 use crate::runc::{CheckpointFlags, CriuTools, Runc};
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::Snapshot;
@@ -222,15 +223,18 @@ impl TaskService {
             ));
         }
         let mark = self.shared.exits.mark();
+        let start = InitStart::resolve(
+            (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
+            snapshot,
+        )?;
         let c = Container::create(CreateConfig {
             id: req.id.clone(),
             bundle,
             rootfs: req.rootfs.clone(),
             stdio: Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
-            checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
             runc,
             no_pivot: config.no_pivot_root,
-            snapshot,
+            start,
         })
         .await?;
         let pid = c.init.pid;
@@ -278,7 +282,7 @@ impl TaskService {
         let handle = self.container(&req.id)?;
         let mark = self.shared.exits.mark();
         let pid = if req.exec_id.is_empty() {
-            crate::start::init(self.shared.clone(), handle, mark).await?
+            crate::lifecycle::start_init(self.shared.clone(), handle, mark).await?
         } else {
             let mut c = handle.lock().await;
             let pid = c.start_exec(&req.exec_id).await?;
@@ -365,7 +369,7 @@ impl TaskService {
             id: req.id.clone(),
             bundle: c.bundle.display().to_string(),
             pid: p.pid as u32,
-            status: api::Status::from(p.status).into(),
+            status: wire_status(p.status()).into(),
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
             stderr: p.stdio.stderr.clone(),
@@ -380,7 +384,7 @@ impl TaskService {
     async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
         let handle = self.container(&req.id)?;
         let c = handle.lock().await;
-        if c.init.status == crate::process::Status::Starting && c.init.pid == 0 {
+        if c.init.status() == Status::Restoring {
             // CRIU is restoring: what works on the container is runc (and
             // CRIU under it). containerd, reconnecting after a restart,
             // takes a shim with no pids for a leaked one and deletes it.
@@ -434,11 +438,8 @@ impl TaskService {
     async fn do_pause(&self, id: &str, pause: bool) -> Result<()> {
         let handle = self.container(id)?;
         let mut c = handle.lock().await;
-        c.init
-            .ensure_running(if pause { "pause" } else { "resume" })?;
+        c.pause(pause).await?;
         if pause {
-            c.runc.pause(id).await?;
-            c.init.status = crate::process::Status::Paused;
             self.shared
                 .events
                 .send(TaskPaused {
@@ -447,8 +448,6 @@ impl TaskService {
                 })
                 .await;
         } else {
-            c.runc.resume(id).await?;
-            c.init.status = crate::process::Status::Running;
             self.shared
                 .events
                 .send(TaskResumed {
@@ -684,7 +683,7 @@ impl Task for TaskService {
         let pid = {
             let handle = self.container(&req.id)?;
             let c = handle.lock().await;
-            if c.init.status == crate::process::Status::Starting && c.init.pid == 0 {
+            if c.init.status() == Status::Restoring {
                 // CRIU is restoring: no process of the container exists yet.
                 // CRI's ContainerStats fails on a missing answer, and kubelet
                 // polls it during StartContainer, so answer zero usage.
@@ -737,6 +736,17 @@ impl Task for TaskService {
             self.shutdown_pending.store(true, Ordering::SeqCst);
         }
         Ok(Empty::new())
+    }
+}
+
+/// The task status containerd sees: a restore and its activation are
+/// CREATED until the copy is visible.
+fn wire_status(s: Status) -> api::Status {
+    match s {
+        Status::Created | Status::Restoring | Status::Activating => api::Status::CREATED,
+        Status::Running => api::Status::RUNNING,
+        Status::Paused => api::Status::PAUSED,
+        Status::Stopped => api::Status::STOPPED,
     }
 }
 

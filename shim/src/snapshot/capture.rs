@@ -53,7 +53,7 @@ impl Capture {
             }
             Err(e) => {
                 error!("{}: {e}", self.id);
-                super::record_error(&self.bundle, &self.id, &e);
+                super::record_error(&self.bundle, &self.id, None, &e);
                 let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
             }
         }

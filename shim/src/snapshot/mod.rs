@@ -451,11 +451,6 @@ impl Snapshot {
         artifact::path(&self.root, &self.artifact)
     }
 
-    /// The CRIU images a restore starts from.
-    pub fn images(&self) -> Option<PathBuf> {
-        (self.mode == Mode::Restore).then(|| self.artifact_dir().join("images"))
-    }
-
     /// Lets go of the container's hold on the artifact lock once Start is
     /// done: a restore no longer reads the artifact, and a capture holds its
     /// own clone until it has published or failed.
@@ -528,10 +523,14 @@ fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<Strin
         .collect())
 }
 
-/// Leaves `vsnap-error.json` in the bundle: the container and the error of
-/// its failed capture or restore. Whole or absent: never half written.
-pub fn record_error(bundle: &Path, id: &str, e: &Error) {
-    let record = serde_json::json!({"container": id, "error": e.to_string()});
+/// Leaves `vsnap-error.json` in the bundle: the container, the phase that
+/// failed (when known) and the error of its failed capture or restore.
+/// Whole or absent: never half written.
+pub fn record_error(bundle: &Path, id: &str, phase: Option<&str>, e: &Error) {
+    let mut record = serde_json::json!({"container": id, "error": e.to_string()});
+    if let Some(phase) = phase {
+        record["phase"] = phase.into();
+    }
     let (tmp, path) = (
         bundle.join(".vsnap-error.json.tmp"),
         bundle.join("vsnap-error.json"),

@@ -1,0 +1,35 @@
+//! The lifecycle of a container's init: how it starts, resolved once at
+//! create ([`InitStart`]), the state machine that is the only writer of its
+//! status (state.rs), and the start itself as phases run by one driver
+//! (driver.rs): a plain `runc start` (plain.rs) or a restore (restore/),
+//! each phase a small unit, the driver owning the deadline, the cancel
+//! token, the error record, the timings and the artifact lock's release.
+//! docs/architecture.md draws it.
+
+pub mod driver;
+pub mod init_start;
+pub mod phase;
+mod plain;
+pub mod restore;
+pub mod state;
+
+use crate::error::{Error, Result};
+use crate::exits::Mark;
+use crate::shared::{ContainerRef, Shared};
+
+pub use init_start::InitStart;
+
+/// Starts (or restores) the init of `handle`; returns its pid. A restore
+/// runs in a task of its own, owned by the shim: a dropped Start call does
+/// not stop it, and no lock on the container is held while it runs.
+pub async fn start_init(shared: Shared, handle: ContainerRef, mark: Mark) -> Result<i32> {
+    let mut c = handle.lock().await;
+    if !c.start.restores() {
+        return plain::start(&shared, &mut c).await;
+    }
+    let run = restore::RestoreRun::begin(&mut c, shared, handle.clone(), mark)?;
+    drop(c);
+    tokio::spawn(run.drive())
+        .await
+        .map_err(|e| Error::Other(format!("restore: {e}")))?
+}

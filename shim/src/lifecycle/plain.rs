@@ -1,0 +1,49 @@
+//! A plain start: `runc start`, then, for a capture plan, the capture in
+//! the background (a cold start can take minutes: Start must not wait).
+
+use std::time::Instant;
+
+use containerd_shim_protos::events::task::TaskStart;
+
+use super::InitStart;
+use crate::container::Container;
+use crate::error::Result;
+use crate::shared::Shared;
+use crate::snapshot::capture::Capture;
+
+pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
+    let started = c.run_start().await;
+    if started.is_ok() {
+        if let InitStart::Capture(s) = &c.start {
+            // The capture holds its own clone of the artifact lock.
+            let capture = Capture {
+                id: c.id.clone(),
+                bundle: c.bundle.clone(),
+                runc: c.runc.clone(),
+                pid: c.init.pid,
+                terminal: c.init.stdio.terminal,
+                snapshot: s.as_ref().clone(),
+                started: Instant::now(),
+            };
+            tokio::spawn(capture.run());
+        }
+    }
+    c.start.release_lock();
+    started?;
+    shared.watch_oom(&c.id, c.init.pid);
+    // Queued under the container's lock: before any exit of the capture's.
+    publish_start(shared, c).await;
+    Ok(c.init.pid)
+}
+
+/// TaskStart of `c`'s init; the caller holds the container's lock.
+pub async fn publish_start(shared: &Shared, c: &Container) {
+    shared
+        .events
+        .send(TaskStart {
+            container_id: c.id.clone(),
+            pid: c.init.pid as u32,
+            ..Default::default()
+        })
+        .await;
+}

@@ -1,0 +1,56 @@
+//! The activation: the restored copy woken through its control dir (or
+//! its barrier released), its canary checked against the manifest's
+//! oracle, its port listening. Until then it is not visible.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::RestoreRun;
+use crate::error::{Error, Result};
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::snapshot::barrier;
+use crate::snapshot::restore::activate_copy;
+
+pub struct Activation;
+
+#[async_trait]
+impl Phase<RestoreRun> for Activation {
+    fn name(&self) -> PhaseName {
+        PhaseName::Activation
+    }
+
+    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
+        let Some(s) = &run.snapshot else {
+            return Ok(());
+        };
+        let (dir, id, host, port, pid) = (
+            s.control_dir.clone(),
+            run.id.clone(),
+            s.plan.host.clone(),
+            s.plan.port,
+            run.pid,
+        );
+        let (profile, deadline, oracle) =
+            (s.profile.clone(), stop.deadline().clone(), s.oracle.clone());
+        let (api_key, owner) = (s.api_key.clone(), s.control_owner.0);
+        let woken = Instant::now();
+        let validated = tokio::task::spawn_blocking(move || -> Result<Duration> {
+            match (profile.ready_path(&dir), profile.release_path(&dir)) {
+                (Some(ready), Some(release)) => {
+                    let started = Instant::now();
+                    barrier::release_and_check(
+                        "restore", &ready, &release, host, port, pid, &deadline, oracle, api_key,
+                    )
+                    .map(|()| started.elapsed())
+                }
+                _ => activate_copy(&dir, owner, &id, host, port, pid, &deadline, oracle),
+            }
+        })
+        .await
+        .map_err(|e| Error::Other(format!("restore: activation: {e}")))??;
+        run.times.activation = validated;
+        run.times.listener = woken.elapsed().saturating_sub(validated);
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! `runc restore` as a job that owns everything it needs, so that it runs
+//! with no lock on the container: the images, CRIU's work dir and flags,
+//! the stdio made ready for it, vsnap's page server where it places the
+//! memory, and the undo of runc's and CRIU's leftovers on failure.
+
+use std::path::PathBuf;
+
+use crate::cleanup::undo_runc_state;
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::prepared::Prepared;
+use crate::runc::{CheckpointFlags, Runc};
+use crate::snapshot::artifact_error;
+use crate::snapshot::criu;
+use crate::snapshot::pages::{PageServer, PlaceError, Placed, Verification};
+
+/// A restore under way: everything `runc restore` needs, owned, so that it
+/// runs with no lock on the container.
+pub struct RestoreJob {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub runc: Runc,
+    pub image: PathBuf,
+    pub work: PathBuf,
+    pub pid_file: PathBuf,
+    pub flags: CheckpointFlags,
+    pub cgroups_path: Option<PathBuf>,
+    pub prepared: Option<Prepared>,
+    /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
+    pub place_pages: bool,
+    /// The pages files the page server checks against their digests while
+    /// placing them (taken out of the restore's other verification).
+    pub page_verification: Option<Verification>,
+    /// What the page server placed, once the restore ran.
+    pub placed: Option<Placed>,
+    pub deadline: Deadline,
+}
+
+impl RestoreJob {
+    /// Runs `runc restore` within the deadline (and until cancelled). On
+    /// failure, runc's and CRIU's leftovers are undone: their mounts first,
+    /// so that removing runc's state can never reach the rootfs.
+    pub async fn run(&mut self) -> Result<()> {
+        let child_stdio = self.prepared.as_mut().and_then(|p| p.child_stdio.take());
+        let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
+        // Listening before CRIU starts: it connects first thing.
+        let pages = match self.place_pages {
+            true => Some(self.page_server()?),
+            false => None,
+        };
+        let restored = self
+            .runc
+            .restore(
+                &self.id,
+                &self.bundle,
+                &self.image,
+                &self.work,
+                &self.pid_file,
+                console.as_deref(),
+                &self.flags,
+                child_stdio,
+                Some(&self.deadline),
+            )
+            .await;
+        // runc's message is generic; CRIU's log says what it could not restore.
+        let restored = restored.map_err(|e| match e {
+            Error::Runc {
+                phase,
+                verb,
+                detail,
+            } => Error::Runc {
+                phase,
+                verb,
+                detail: format!(
+                    "{detail}{}",
+                    criu::log_errors(&self.work.join("restore.log"))
+                ),
+            },
+            e => e,
+        });
+        // CRIU is done; the tree is stopped until every page is in.
+        let restored = match (restored, pages) {
+            (Ok(()), Some(server)) => self.place(server).await,
+            (restored, _) => restored,
+        };
+        if restored.is_err() {
+            self.undo().await;
+        }
+        restored
+    }
+
+    fn page_server(&mut self) -> Result<PageServer> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let verify = self.page_verification.take();
+        PageServer::start(&self.work, &self.image, threads.min(8), verify)
+            .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))
+    }
+
+    /// Waits for the page server to place every page (within the deadline,
+    /// until a kill cancels the restore).
+    async fn place(&mut self, server: PageServer) -> Result<()> {
+        let placed = tokio::select! {
+            placed = server.finish(self.deadline.at) => placed,
+            _ = self.deadline.cancel.cancelled() => Err(PlaceError::from("cancelled")),
+        };
+        match placed {
+            Ok(placed) => {
+                log::info!("{}: pages placed: {placed:?}", self.id);
+                self.placed = Some(placed);
+                Ok(())
+            }
+            Err(PlaceError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
+            Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
+        }
+    }
+
+    /// Removes what a restore left (its tree, stopped or not, mounts, runc
+    /// state, cgroups): after a failure, or when the restore succeeded but
+    /// must not be used.
+    pub async fn undo(&self) {
+        undo_runc_state(
+            &self.runc,
+            &self.id,
+            &self.work,
+            self.cgroups_path.as_deref(),
+        )
+        .await;
+    }
+}

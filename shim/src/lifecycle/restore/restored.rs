@@ -1,0 +1,42 @@
+//! The restored init taken over: its terminal and pid, its exit watched,
+//! and, for a snapshot restore, every process of the tree let run (CRIU
+//! left them stopped).
+
+use async_trait::async_trait;
+
+use super::RestoreRun;
+use crate::error::Result;
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::snapshot::listener;
+
+pub struct Restored;
+
+#[async_trait]
+impl Phase<RestoreRun> for Restored {
+    fn name(&self) -> PhaseName {
+        PhaseName::Restored
+    }
+
+    async fn run(&self, run: &mut RestoreRun, _: &Stop) -> Result<()> {
+        let prepared = run.job.prepared.take().expect("taken once");
+        let mut c = run.handle.lock().await;
+        let pid = c.finish_restore(prepared, Ok(())).await?;
+        run.pid = pid;
+        run.shared.watch(&c.id, "", pid, run.mark);
+        if run.snapshot.is_some() {
+            resume(pid);
+        }
+        Ok(())
+    }
+}
+
+/// Lets the restored tree run: CRIU left every process of it stopped.
+fn resume(pid: i32) {
+    let members = listener::container_pids(pid).unwrap_or_else(|_| vec![pid]);
+    for p in members {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+}

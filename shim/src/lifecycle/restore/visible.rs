@@ -1,0 +1,39 @@
+//! The last step of a restore: the copy counts as running (TaskStart is
+//! queued under the container's lock, before any exit of it) unless it was
+//! killed or exited meanwhile.
+
+use async_trait::async_trait;
+
+use super::RestoreRun;
+use crate::error::{Error, Result};
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::lifecycle::plain::publish_start;
+
+pub struct Visible;
+
+#[async_trait]
+impl Phase<RestoreRun> for Visible {
+    fn name(&self) -> PhaseName {
+        PhaseName::Visible
+    }
+
+    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
+        let mut c = run.handle.lock().await;
+        if stop.deadline().cancel.is_cancelled() {
+            return Err(Error::Cancelled(format!(
+                "restore: {}: cancelled: the task was killed",
+                c.id
+            )));
+        }
+        if let Some(exit) = c.init.exit() {
+            return Err(Error::FailedPrecondition(format!(
+                "restore: {}: the copy exited ({}) before it was started",
+                c.id, exit.code
+            )));
+        }
+        c.visible()?;
+        run.shared.watch_oom(&c.id, run.pid);
+        publish_start(&run.shared, &c).await;
+        Ok(())
+    }
+}
