@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim::mount::mount_rootfs;
-use containerd_shim_protos::api::Mount;
 use log::warn;
 use nix::mount::{umount2, MntFlags};
 use tokio_util::sync::CancellationToken;
@@ -16,6 +15,7 @@ use crate::lifecycle::init_start::InitStart;
 use crate::prepared::Prepared;
 use crate::process::{Process, Status, Transition};
 use crate::runc::{CheckpointFlags, Runc};
+use crate::snapshot::rootfs::RootMount;
 
 pub struct Container {
     pub id: String,
@@ -31,11 +31,19 @@ pub struct Container {
     rootfs_mounted: bool,
 }
 
+/// A CheckpointTask request, unwrapped from the wire.
+pub struct CheckpointRequest {
+    pub image: PathBuf,
+    /// CRIU's work dir; by default the bundle's `criu-work`.
+    pub work: Option<PathBuf>,
+    pub flags: CheckpointFlags,
+}
+
 /// What `create` needs, already unwrapped from the wire.
 pub struct CreateConfig {
     pub id: String,
     pub bundle: PathBuf,
-    pub rootfs: Vec<Mount>,
+    pub rootfs: Vec<RootMount>,
     pub stdio: Stdio,
     pub runc: Runc,
     pub no_pivot: bool,
@@ -90,7 +98,7 @@ impl Container {
         }
     }
 
-    fn mount_rootfs(&mut self, mounts: &[Mount]) -> Result<()> {
+    fn mount_rootfs(&mut self, mounts: &[RootMount]) -> Result<()> {
         if mounts.is_empty() {
             return Ok(());
         }
@@ -98,12 +106,12 @@ impl Container {
         std::fs::create_dir_all(&rootfs)
             .map_err(|e| Error::io(format!("create: mkdir {}", rootfs.display()), e))?;
         for m in mounts {
-            let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
+            let fs_type = (!m.kind.is_empty()).then_some(m.kind.as_str());
             let source = (!m.source.is_empty()).then_some(m.source.as_str());
-            mount_rootfs(fs_type, source, &m.options.to_vec(), &rootfs).map_err(|e| {
+            mount_rootfs(fs_type, source, &m.options, &rootfs).map_err(|e| {
                 Error::InvalidArgument(format!(
                     "create: mount rootfs {} ({}): {e}",
-                    m.source, m.type_
+                    m.source, m.kind
                 ))
             })?;
             self.rootfs_mounted = true;
@@ -382,6 +390,36 @@ impl Container {
         Ok(())
     }
 
+    /// The container's processes, each with its exec id when it is an
+    /// exec's; the container is locked only to read what runc needs.
+    pub async fn pids(handle: &tokio::sync::Mutex<Self>) -> Result<Vec<(i32, Option<String>)>> {
+        let c = handle.lock().await;
+        if c.init.status() == Status::Restoring {
+            // CRIU is restoring: what works on the container is runc (and
+            // CRIU under it). containerd, reconnecting after a restart,
+            // takes a shim with no pids for a leaked one and deletes it.
+            // Between runc's exit and the end of the page placement and the
+            // verification, the restored init (stopped) is what is there.
+            let mut pids = crate::inflight::in_flight_pids(&c.bundle);
+            if pids.is_empty() {
+                pids.extend(crate::cleanup::restored_init_pid(&c.bundle));
+            }
+            return Ok(pids.into_iter().map(|p| (p, None)).collect());
+        }
+        let (runc, id) = (c.runc.clone(), c.id.clone());
+        let execs: HashMap<i32, String> = c
+            .execs
+            .values()
+            .map(|p| (p.pid, p.exec_id.clone()))
+            .collect();
+        drop(c);
+        let pids = runc.ps(&id).await?;
+        Ok(pids
+            .into_iter()
+            .map(|pid| (pid, execs.get(&pid).cloned()))
+            .collect())
+    }
+
     /// Freezes (`pause`) or thaws the container's processes.
     pub async fn pause(&mut self, pause: bool) -> Result<()> {
         let what = if pause { "pause" } else { "resume" };
@@ -403,15 +441,19 @@ impl Container {
         self.init.transition(what, via)
     }
 
-    pub async fn checkpoint(
-        &self,
-        image: &Path,
-        work: &Path,
-        flags: &CheckpointFlags,
-    ) -> Result<()> {
+    /// `runc checkpoint` of the running container (containerd's
+    /// CheckpointTask): a terminal's container is always a shell job.
+    pub async fn checkpoint(&self, req: CheckpointRequest) -> Result<()> {
         self.init.ensure_running("checkpoint")?;
+        let work = req.work.unwrap_or_else(|| self.bundle.join("criu-work"));
+        std::fs::create_dir_all(&work)
+            .map_err(|e| Error::io(format!("checkpoint: mkdir {}", work.display()), e))?;
+        let flags = CheckpointFlags {
+            shell_job: req.flags.shell_job || self.init.stdio.terminal,
+            ..req.flags
+        };
         self.runc
-            .checkpoint(&self.id, image, work, flags, None)
+            .checkpoint(&self.id, &req.image, &work, &flags, None)
             .await
     }
 }

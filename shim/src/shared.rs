@@ -101,4 +101,31 @@ impl Shared {
             })
             .await;
     }
+
+    /// The pod's sandbox is being killed (CRI's StopPodSandbox): restores
+    /// of the pod's other containers in this shim are cancelled, as a kill
+    /// of each would. CRI's StopContainer does nothing to a container whose
+    /// StartContainer has not returned, so without this a restore would
+    /// finish into a pod whose sandbox is gone and come up RUNNING, or fail
+    /// on the vanished namespaces with a CRIU error instead of saying why.
+    pub async fn cancel_restores_beside(&self, sandbox: &str) {
+        let others: Vec<ContainerRef> = self
+            .containers
+            .lock()
+            .expect("containers lock")
+            .iter()
+            .filter(|(id, _)| id.as_str() != sandbox)
+            .map(|(_, c)| c.clone())
+            .collect();
+        for other in others {
+            let c = other.lock().await;
+            if let Some(cancel) = &c.starting {
+                info!(
+                    "{}: restore cancelled: pod sandbox {sandbox} is being stopped",
+                    c.id
+                );
+                cancel.cancel();
+            }
+        }
+    }
 }

@@ -7,7 +7,6 @@
 //! start, exit, delete; exec added, exec started, exit): each is queued while
 //! its container's lock is held.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,22 +23,20 @@ use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
-use log::{info, warn};
+use log::info;
 use tokio::sync::Mutex;
 
-use crate::cleanup;
 use crate::console;
-use crate::container::{Container, CreateConfig};
+use crate::container::{CheckpointRequest, Container};
 use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::exits::Exits;
-use crate::labels;
-use crate::lifecycle::InitStart;
+use crate::lifecycle::create::{CreateRequest, Creator};
 use crate::options;
 use crate::process::{wait_exit, Status};
-use crate::runc::{CheckpointFlags, CriuTools, Runc};
+use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::Snapshot;
+use crate::snapshot::rootfs::RootMount;
 
 pub struct TaskService {
     shared: Shared,
@@ -80,163 +77,17 @@ impl TaskService {
         self.shared.get(id)
     }
 
-    /// The pod's sandbox is being killed (CRI's StopPodSandbox): restores
-    /// of the pod's other containers in this shim are cancelled, as a kill
-    /// of each would. CRI's StopContainer does nothing to a container whose
-    /// StartContainer has not returned, so without this a restore would
-    /// finish into a pod whose sandbox is gone and come up RUNNING, or fail
-    /// on the vanished namespaces with a CRIU error instead of saying why.
-    async fn cancel_restores_beside(&self, sandbox: &str) {
-        let others: Vec<ContainerRef> = self
-            .shared
-            .containers
-            .lock()
-            .expect("containers lock")
-            .iter()
-            .filter(|(id, _)| id.as_str() != sandbox)
-            .map(|(_, c)| c.clone())
-            .collect();
-        for other in others {
-            let c = other.lock().await;
-            if let Some(cancel) = &c.starting {
-                info!(
-                    "{}: restore cancelled: pod sandbox {sandbox} is being stopped",
-                    c.id
-                );
-                cancel.cancel();
-            }
-        }
-    }
-
-    /// The `vsnap.io/` settings: the spec's annotations, over the container's
-    /// and its image's labels (read from containerd unless the annotations
-    /// already choose a plan, or `read_labels` is off).
-    async fn snapshot_settings(
-        &self,
-        bundle: &Path,
-        id: &str,
-        config: &vsnap_config::RuntimeConfig,
-    ) -> Result<HashMap<String, String>> {
-        let annotations = crate::snapshot::spec::annotations(bundle)?;
-        if !config.read_labels
-            || annotations.contains_key(crate::snapshot::plan::PLAN)
-            || annotations.contains_key(crate::snapshot::plan::CRI_CONTAINER_TYPE)
-            || self.containerd_address.is_empty()
-        {
-            return Ok(annotations);
-        }
-        let labels = match labels::vsnap_labels(&self.containerd_address, &self.namespace, id).await
-        {
-            Ok(labels) => labels,
-            Err(e) => {
-                warn!("{id}: labels not read ({e}): only annotations choose a snapshot plan");
-                HashMap::new()
-            }
-        };
-        Ok(labels::merge(annotations, labels))
-    }
-
-    /// For a snapshot container: its image's digest, part of its identity.
-    async fn image_digest(
-        &self,
-        settings: &HashMap<String, String>,
-        id: &str,
-    ) -> Result<Option<String>> {
-        let planned = settings
-            .get(crate::snapshot::plan::PLAN)
-            .is_some_and(|p| p != "off");
-        if !planned || self.containerd_address.is_empty() {
-            return Ok(None);
-        }
-        labels::image_digest(&self.containerd_address, &self.namespace, id)
-            .await
-            .map_err(|e| Error::FailedPrecondition(format!("create: image identity: {e}")))
-    }
-
     async fn do_create(&self, req: api::CreateTaskRequest) -> Result<api::CreateTaskResponse> {
         if self.container(&req.id).is_ok() {
             return Err(already_exists(&req.id));
         }
-        let config = options::from_any(req.options.as_ref())?;
-        // The config can raise the shim's log level (containerd's -debug too).
-        if log::max_level() < config.log_level.filter() {
-            log::set_max_level(config.log_level.filter());
-        }
-        let bundle = PathBuf::from(&req.bundle);
-        let runc = Runc {
-            binary: config.runc_binary.clone(),
-            root: runc_root(config.runc_root.as_deref(), &bundle, &self.namespace),
-            systemd_cgroup: config.systemd_cgroup,
-            log_dir: bundle.clone(),
-            exits: self.shared.exits.clone(),
-            criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
+        let creator = Creator {
+            namespace: &self.namespace,
+            containerd_address: &self.containerd_address,
+            exits: &self.shared.exits,
         };
-        let settings = self.snapshot_settings(&bundle, &req.id, &config).await?;
-        // A restore from a registry reference whose artifact is not here
-        // pulls it first (fetch.rs), so the preflight sees a local artifact.
-        crate::snapshot::fetch::ensure_local(&req.id, &config, &settings).await?;
-        let image_digest = self.image_digest(&settings, &req.id).await?;
-        // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
-        // the runtime thread. The version probes and nvidia-smi spawned there
-        // tolerate the shim's reaper collecting their exit first.
-        let snapshot = {
-            let (bundle, id, ns) = (bundle.clone(), req.id.clone(), self.namespace.clone());
-            let config = config.clone();
-            let layer = crate::snapshot::rootfs::WritableLayer::of(
-                &req.rootfs
-                    .iter()
-                    .map(|m| crate::snapshot::rootfs::RootMount {
-                        kind: m.type_.clone(),
-                        source: m.source.clone(),
-                        options: m.options.to_vec(),
-                    })
-                    .collect::<Vec<_>>(),
-            );
-            tokio::task::spawn_blocking(move || {
-                Snapshot::prepare(
-                    &bundle,
-                    &id,
-                    &ns,
-                    &config,
-                    &settings,
-                    image_digest.as_deref(),
-                    layer,
-                )
-            })
-            .await
-            .map_err(|e| Error::Other(format!("create: {e}")))??
-        };
-        // What a delete after this shim's death needs (cleanup.rs).
-        let record = cleanup::Record {
-            runc_binary: runc.binary.clone(),
-            runc_root: runc.root.clone(),
-            systemd_cgroup: runc.systemd_cgroup,
-            control_dir: snapshot.as_ref().map(|s| s.control_dir.clone()),
-        };
-        if let Err(e) = record.write(&bundle) {
-            if let Some(s) = &snapshot {
-                s.cleanup();
-            }
-            return Err(Error::io(
-                format!("create: write {}", bundle.join(cleanup::RECORD).display()),
-                e,
-            ));
-        }
         let mark = self.shared.exits.mark();
-        let start = InitStart::resolve(
-            (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
-            snapshot,
-        )?;
-        let c = Container::create(CreateConfig {
-            id: req.id.clone(),
-            bundle,
-            rootfs: req.rootfs.clone(),
-            stdio: Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
-            runc,
-            no_pivot: config.no_pivot_root,
-            start,
-        })
-        .await?;
+        let c = creator.create(CreateRequest::try_from(&req)?).await?;
         let pid = c.init.pid;
         let handle = Arc::new(Mutex::new(c));
         // Queued under the container's lock: TaskCreate before its exit.
@@ -253,24 +104,7 @@ impl TaskService {
             self.shared.watch(&req.id, "", pid, mark);
         }
         info!("created {} (pid {pid})", req.id);
-        self.shared
-            .events
-            .send(TaskCreate {
-                container_id: req.id,
-                bundle: req.bundle,
-                rootfs: req.rootfs,
-                io: MessageField::some(TaskIO {
-                    stdin: req.stdin,
-                    stdout: req.stdout,
-                    stderr: req.stderr,
-                    terminal: req.terminal,
-                    ..Default::default()
-                }),
-                checkpoint: req.checkpoint,
-                pid: pid as u32,
-                ..Default::default()
-            })
-            .await;
+        self.shared.events.send(task_create(req, pid)).await;
         drop(guard);
         Ok(api::CreateTaskResponse {
             pid: pid as u32,
@@ -383,46 +217,16 @@ impl TaskService {
 
     async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
         let handle = self.container(&req.id)?;
-        let c = handle.lock().await;
-        if c.init.status() == Status::Restoring {
-            // CRIU is restoring: what works on the container is runc (and
-            // CRIU under it). containerd, reconnecting after a restart,
-            // takes a shim with no pids for a leaked one and deletes it.
-            // Between runc's exit and the end of the page placement and the
-            // verification, the restored init (stopped) is what is there.
-            let mut pids = crate::inflight::in_flight_pids(&c.bundle);
-            if pids.is_empty() {
-                pids.extend(cleanup::restored_init_pid(&c.bundle));
-            }
-            let processes = pids
-                .into_iter()
-                .map(|pid| containerd_shim_protos::types::task::ProcessInfo {
-                    pid: pid as u32,
-                    ..Default::default()
-                })
-                .collect();
-            return Ok(api::PidsResponse {
-                processes,
-                ..Default::default()
-            });
-        }
-        let runc = c.runc.clone();
-        let execs: HashMap<i32, String> = c
-            .execs
-            .values()
-            .map(|p| (p.pid, p.exec_id.clone()))
-            .collect();
-        drop(c);
-        let pids = runc.ps(&req.id).await?;
+        let pids = Container::pids(&handle).await?;
         let mut processes = Vec::with_capacity(pids.len());
-        for pid in pids {
+        for (pid, exec_id) in pids {
             let mut info = containerd_shim_protos::types::task::ProcessInfo {
                 pid: pid as u32,
                 ..Default::default()
             };
-            if let Some(exec_id) = execs.get(&pid) {
+            if let Some(exec_id) = exec_id {
                 let details = ProcessDetails {
-                    exec_id: exec_id.clone(),
+                    exec_id,
                     ..Default::default()
                 };
                 info.info = MessageField::some(convert_to_any(Box::new(details))?);
@@ -460,6 +264,17 @@ impl TaskService {
     }
 
     async fn do_checkpoint(&self, req: api::CheckpointTaskRequest) -> Result<()> {
+        let checkpoint = CheckpointRequest::try_from(&req)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
+        c.checkpoint(checkpoint).await
+    }
+}
+
+impl TryFrom<&api::CheckpointTaskRequest> for CheckpointRequest {
+    type Error = Error;
+
+    fn try_from(req: &api::CheckpointTaskRequest) -> Result<Self> {
         let opts = match req.options.as_ref() {
             Some(any) if !any.value.is_empty() => CheckpointOptions::parse_from_bytes(&any.value)
                 .map_err(|e| {
@@ -467,8 +282,6 @@ impl TaskService {
             })?,
             _ => CheckpointOptions::default(),
         };
-        let handle = self.container(&req.id)?;
-        let c = handle.lock().await;
         let image = PathBuf::from(if opts.image_path.is_empty() {
             &req.path
         } else {
@@ -479,54 +292,66 @@ impl TaskService {
                 "checkpoint: no image path given".into(),
             ));
         }
-        let work = if opts.work_path.is_empty() {
-            c.bundle.join("criu-work")
-        } else {
-            PathBuf::from(&opts.work_path)
-        };
-        std::fs::create_dir_all(&work)
-            .map_err(|e| Error::io(format!("checkpoint: mkdir {}", work.display()), e))?;
-        let flags = CheckpointFlags {
-            leave_running: !opts.exit,
-            tcp_established: opts.open_tcp,
-            ext_unix_sk: opts.external_unix_sockets,
-            file_locks: opts.file_locks,
-            shell_job: opts.terminal || c.init.stdio.terminal,
-            manage_cgroups_mode: (!opts.cgroups_mode.is_empty()).then(|| opts.cgroups_mode.clone()),
-        };
-        c.checkpoint(&image, &work, &flags).await
+        Ok(CheckpointRequest {
+            image,
+            work: (!opts.work_path.is_empty()).then(|| PathBuf::from(&opts.work_path)),
+            flags: CheckpointFlags {
+                leave_running: !opts.exit,
+                tcp_established: opts.open_tcp,
+                ext_unix_sk: opts.external_unix_sockets,
+                file_locks: opts.file_locks,
+                shell_job: opts.terminal,
+                manage_cgroups_mode: (!opts.cgroups_mode.is_empty())
+                    .then(|| opts.cgroups_mode.clone()),
+            },
+        })
+    }
+}
+
+impl TryFrom<&api::CreateTaskRequest> for CreateRequest {
+    type Error = Error;
+
+    fn try_from(req: &api::CreateTaskRequest) -> Result<Self> {
+        Ok(CreateRequest {
+            id: req.id.clone(),
+            bundle: PathBuf::from(&req.bundle),
+            rootfs: req
+                .rootfs
+                .iter()
+                .map(|m| RootMount {
+                    kind: m.type_.clone(),
+                    source: m.source.clone(),
+                    options: m.options.to_vec(),
+                })
+                .collect(),
+            stdio: Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
+            checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
+            config: options::from_any(req.options.as_ref())?,
+        })
+    }
+}
+
+/// The TaskCreate event of `req`, whose init has `pid`.
+fn task_create(req: api::CreateTaskRequest, pid: i32) -> TaskCreate {
+    TaskCreate {
+        container_id: req.id,
+        bundle: req.bundle,
+        rootfs: req.rootfs,
+        io: MessageField::some(TaskIO {
+            stdin: req.stdin,
+            stdout: req.stdout,
+            stderr: req.stderr,
+            terminal: req.terminal,
+            ..Default::default()
+        }),
+        checkpoint: req.checkpoint,
+        pid: pid as u32,
+        ..Default::default()
     }
 }
 
 fn already_exists(id: &str) -> Error {
     Error::AlreadyExists(format!("create: container {id} already exists"))
-}
-
-/// runc's state root for `namespace`: `<runc_root>/<namespace>` when the
-/// runtime options name a root (as containerd's runc shim reads its Root
-/// option); else one per containerd instance, beside containerd's own state,
-/// so two containerds on one host never see each other's containers.
-pub fn runc_root(configured: Option<&Path>, bundle: &Path, namespace: &str) -> PathBuf {
-    match configured {
-        Some(root) => root.join(namespace),
-        None => runc_root_for(bundle, namespace),
-    }
-}
-
-/// `<containerd state>/io.containerd.runtime.v2.task/<ns>/<id>` is the bundle;
-/// runc's root goes beside containerd's own state: `<state>/vsnap-runc/<ns>`.
-fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
-    match bundle.ancestors().nth(3) {
-        Some(state)
-            if bundle
-                .ancestors()
-                .nth(2)
-                .is_some_and(|t| t.ends_with("io.containerd.runtime.v2.task")) =>
-        {
-            state.join("vsnap-runc").join(namespace)
-        }
-        _ => PathBuf::from("/run/vsnap/runc").join(namespace),
-    }
 }
 
 #[async_trait]
@@ -594,7 +419,7 @@ impl Task for TaskService {
         let handle = self.container(&req.id)?;
         let bundle = handle.lock().await.bundle.clone();
         if req.exec_id.is_empty() && req.signal != 0 && is_cri_sandbox(&bundle) {
-            self.cancel_restores_beside(&req.id).await;
+            self.shared.cancel_restores_beside(&req.id).await;
         }
         let c = handle.lock().await;
         c.kill(&req.exec_id, req.signal, req.all).await?;

@@ -6,6 +6,7 @@
 //! token, the error record, the timings and the artifact lock's release.
 //! docs/architecture.md draws it.
 
+pub mod create;
 pub mod driver;
 pub mod init_start;
 pub mod phase;
