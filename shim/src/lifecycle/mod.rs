@@ -1,11 +1,13 @@
 //! The lifecycle of a container's init: how it starts, resolved once at
 //! create ([`InitStart`]), the state machine that is the only writer of its
 //! status (state.rs), and the start itself as phases run by one driver
-//! (driver.rs): a plain `runc start` (plain.rs) or a restore (restore/),
+//! (driver.rs): a plain `runc start` (plain.rs), then for a capture plan
+//! the capture in the background (capture/), or a restore (restore/),
 //! each phase a small unit, the driver owning the deadline, the cancel
 //! token, the error record, the timings and the artifact lock's release.
 //! docs/architecture.md draws it.
 
+pub mod capture;
 pub mod create;
 pub mod driver;
 pub mod init_start;
@@ -30,7 +32,7 @@ pub async fn start_init(shared: Shared, handle: ContainerRef, mark: Mark) -> Res
     }
     let run = restore::RestoreRun::begin(&mut c, shared, handle.clone(), mark)?;
     drop(c);
-    tokio::spawn(run.drive())
+    tokio::spawn(restore::drive(run))
         .await
         .map_err(|e| Error::Other(format!("restore: {e}")))?
 }

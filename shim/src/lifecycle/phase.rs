@@ -26,6 +26,20 @@ pub enum PhaseName {
     Activation,
     /// The last checks before the copy counts as running.
     Visible,
+    /// A capture waiting until the cold-started engine is capture-ready.
+    WaitReady,
+    /// What CRIU could not restore faithfully, refused before the dump.
+    Inventory,
+    /// `runc checkpoint` (CRIU) of the running tree.
+    Checkpoint,
+    /// /dev/shm and the writable layer carried beside the images.
+    Carry,
+    /// Every file of the artifact digested.
+    Digest,
+    /// The manifest sealed and the artifact published.
+    Publish,
+    /// The donor woken (serve) or stopped (exit).
+    Donor,
 }
 
 impl PhaseName {
@@ -37,6 +51,13 @@ impl PhaseName {
             PhaseName::GpuResume => "restore: GPU resume",
             PhaseName::Activation => "restore: activation",
             PhaseName::Visible => "restore: visible",
+            PhaseName::WaitReady => "capture: waiting",
+            PhaseName::Inventory => "capture: inventory",
+            PhaseName::Checkpoint => "capture: checkpoint",
+            PhaseName::Carry => "capture: carry",
+            PhaseName::Digest => "capture: content digests",
+            PhaseName::Publish => "capture: publish",
+            PhaseName::Donor => "capture: donor",
         }
     }
 }
@@ -103,4 +124,14 @@ impl Stop {
             _ => Error::Cancelled(format!("{phase}: stopped")),
         }
     }
+}
+
+/// `f` off the runtime thread, its panic an error of `what`.
+pub async fn blocking<T: Send + 'static>(
+    what: PhaseName,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Other(format!("{what}: {e}")))?
 }

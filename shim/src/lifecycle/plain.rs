@@ -1,31 +1,28 @@
 //! A plain start: `runc start`, then, for a capture plan, the capture in
 //! the background (a cold start can take minutes: Start must not wait).
 
-use std::time::Instant;
-
 use containerd_shim_protos::events::task::TaskStart;
 
+use super::capture::CaptureRun;
 use super::InitStart;
 use crate::container::Container;
 use crate::error::Result;
 use crate::shared::Shared;
-use crate::snapshot::capture::Capture;
 
 pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
     let started = c.run_start().await;
     if started.is_ok() {
         if let InitStart::Capture(s) = &c.start {
             // The capture holds its own clone of the artifact lock.
-            let capture = Capture {
-                id: c.id.clone(),
-                bundle: c.bundle.clone(),
-                runc: c.runc.clone(),
-                pid: c.init.pid,
-                terminal: c.init.stdio.terminal,
-                snapshot: s.as_ref().clone(),
-                started: Instant::now(),
-            };
-            tokio::spawn(capture.run());
+            let capture = CaptureRun::new(
+                &c.id,
+                c.bundle.clone(),
+                c.runc.clone(),
+                c.init.pid,
+                c.init.stdio.terminal,
+                s,
+            );
+            tokio::spawn(super::capture::run(capture));
         }
     }
     c.start.release_lock();

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
+use super::context::RestoreRun;
 use super::verify::joined;
-use super::RestoreRun;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::shm;

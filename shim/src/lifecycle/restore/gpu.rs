@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 
-use super::RestoreRun;
+use super::context::RestoreRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::{criu, cuda, listener};

@@ -8,276 +8,64 @@
 //! (naming the phase) in the bundle.
 
 mod activation;
+mod context;
 mod criu;
 mod gpu;
 pub mod job;
 mod restored;
 mod verify;
+mod verify_first;
 mod visible;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use async_trait::async_trait;
 use log::info;
 
-use super::driver::{self, Run};
-use super::phase::{Phase, PhaseName, Stop};
-use super::InitStart;
-use crate::container::Container;
-use crate::deadline::Deadline;
-use crate::error::{Error, Result};
-use crate::exits::Mark;
-use crate::runc::CheckpointFlags;
-use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::{criu as criu_flags, record_error, RestoreTimings, Snapshot};
-use job::RestoreJob;
-use verify::Verify;
-use vsnap_artifact::ArtifactLock;
+use super::driver;
+use super::phase::Phase;
+use crate::error::Result;
+pub use context::{Kind, RestoreRun};
 
-/// How long a restore of a checkpoint given by containerd (no plan, so no
-/// activation timeout) may take before it is given up.
-const CHECKPOINT_RESTORE_LIMIT: Duration = Duration::from_secs(3600);
+type Units = &'static [&'static dyn Phase<RestoreRun>];
 
 /// The phases of a restore, in order: what `kind` runs.
-pub fn phases(kind: Kind) -> Vec<PhaseName> {
-    use PhaseName::*;
+pub fn phases(kind: Kind) -> Units {
     match kind {
-        Kind::Checkpoint => vec![CriuRestore, Restored, Visible],
+        Kind::Checkpoint => &[&criu::CriuRestore, &restored::Restored, &visible::Visible],
         // CRIU holds the tree stopped: the verification runs beside it.
-        Kind::Snapshot { gpu: false } => vec![CriuRestore, Restored, Activation, Visible],
+        Kind::Snapshot { gpu: false } => &[
+            &criu::CriuRestore,
+            &restored::Restored,
+            &activation::Activation,
+            &visible::Visible,
+        ],
         // It cannot with GPUs: every byte first, then CRIU.
-        Kind::Snapshot { gpu: true } => {
-            vec![
-                Verify,
-                CriuRestore,
-                Restored,
-                GpuResume,
-                Activation,
-                Visible,
-            ]
+        Kind::Snapshot { gpu: true } => &[
+            &verify_first::VerifyFirst,
+            &criu::CriuRestore,
+            &restored::Restored,
+            &gpu::GpuResume,
+            &activation::Activation,
+            &visible::Visible,
+        ],
+    }
+}
+
+/// Runs the phases; the restored init's pid, or the start's error.
+pub async fn drive(mut run: RestoreRun) -> Result<i32> {
+    let (stop, units) = (run.stop.clone(), phases(run.kind));
+    match driver::drive(&mut run, units, &stop, driver::GRACE).await {
+        Ok(phases) => {
+            log::debug!("{}: restore phases: {phases:?}", run.id);
+            run.record_timings();
+            Ok(run.pid)
         }
-    }
-}
-
-/// What decides a restore's phases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// containerd's checkpoint: no plan, no activation.
-    Checkpoint,
-    Snapshot {
-        gpu: bool,
-    },
-}
-
-fn unit(name: PhaseName) -> &'static dyn Phase<RestoreRun> {
-    match name {
-        PhaseName::Verify => &verify::VerifyFirst,
-        PhaseName::CriuRestore => &criu::CriuRestore,
-        PhaseName::Restored => &restored::Restored,
-        PhaseName::GpuResume => &gpu::GpuResume,
-        PhaseName::Activation => &activation::Activation,
-        PhaseName::Visible => &visible::Visible,
-    }
-}
-
-/// Where the phases spent their time (RestoreTimings is the record).
-#[derive(Default)]
-struct Times {
-    verify: Duration,
-    criu_restore: Duration,
-    activation: Duration,
-    listener: Duration,
-}
-
-/// A restore under way: the start's context every phase works on.
-pub struct RestoreRun {
-    shared: Shared,
-    handle: ContainerRef,
-    mark: Mark,
-    id: String,
-    bundle: PathBuf,
-    kind: Kind,
-    job: RestoreJob,
-    /// The snapshot plan (without the lock: that is `lock`).
-    snapshot: Option<Snapshot>,
-    /// The container's hold on the artifact lock, taken at begin.
-    lock: Option<Arc<ArtifactLock>>,
-    /// The verification not yet started (beside CRIU or first).
-    verify: Option<Verify>,
-    host_shm: Option<PathBuf>,
-    stop: Stop,
-    times: Times,
-    /// `runc restore` was started, and (after a failure) its leftovers
-    /// were undone already.
-    criu_started: bool,
-    criu_undone: bool,
-    pid: i32,
-}
-
-impl RestoreRun {
-    /// The restore of `c` begins: its init becomes Restoring, its stdio is
-    /// made ready, and everything the phases need is taken from it.
-    pub fn begin(
-        c: &mut Container,
-        shared: Shared,
-        handle: ContainerRef,
-        mark: Mark,
-    ) -> Result<Self> {
-        let image = c.start.images().ok_or_else(|| {
-            Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
-        })?;
-        let (snapshot, lock) = match &mut c.start {
-            // The container's hold on the lock is the restore's from now.
-            InitStart::Restore(s) => {
-                let lock = s.lock.take();
-                (Some(s.as_ref().clone()), lock)
-            }
-            _ => (None, None),
-        };
-        let deadline = match &snapshot {
-            Some(s) => s.activation_deadline(),
-            None => Deadline::new(
-                Instant::now() + CHECKPOINT_RESTORE_LIMIT,
-                "the checkpoint restore limit of 3600s",
-            ),
-        };
-        let mut verify = snapshot.as_ref().and_then(|s| {
-            Some(Verify {
-                dir: s.artifact_dir(),
-                contents: s.contents.clone()?,
-                beside_criu: s.holds_stopped(),
-                hashed_elsewhere: s.verified_at_create.clone(),
-            })
-        });
-        // The page server hashes the pages files as it places them.
-        let place_pages = snapshot.as_ref().is_some_and(|s| s.place_pages);
-        let page_verification = verify
-            .as_mut()
-            .filter(|_| place_pages)
-            .and_then(Verify::hand_pages_to_the_page_server);
-        let work = c.bundle.join("criu-work");
-        std::fs::create_dir_all(&work)
-            .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
-        let prepared = c.begin_restore(deadline.cancel.clone())?;
-        let job = RestoreJob {
-            id: c.id.clone(),
-            bundle: c.bundle.clone(),
-            runc: c.runc.clone(),
-            image,
-            work,
-            pid_file: c.pid_file(),
-            // A snapshot restore takes the options its capture used.
-            flags: match &snapshot {
-                Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
-                None => CheckpointFlags {
-                    shell_job: c.init.stdio.terminal,
-                    ..Default::default()
-                },
-            },
-            cgroups_path: c.cgroups_path(),
-            prepared: Some(prepared),
-            place_pages,
-            page_verification,
-            placed: None,
-            // Its own token below the kill's: the verification stops CRIU
-            // with it on damage, which is not a kill of the start.
-            deadline: Deadline {
-                cancel: deadline.cancel.child_token(),
-                ..deadline.clone()
-            },
-        };
-        let kind = match &snapshot {
-            Some(s) => Kind::Snapshot {
-                gpu: !s.gpus.is_empty(),
-            },
-            None => Kind::Checkpoint,
-        };
-        Ok(Self {
-            shared,
-            handle,
-            mark,
-            id: c.id.clone(),
-            bundle: c.bundle.clone(),
-            kind,
-            job,
-            host_shm: snapshot.as_ref().and_then(|s| s.host_shm.clone()),
-            snapshot,
-            lock,
-            verify,
-            stop: Stop::new(deadline),
-            times: Times::default(),
-            criu_started: false,
-            criu_undone: false,
-            pid: 0,
-        })
-    }
-
-    /// Runs the phases; the restored init's pid, or the start's error.
-    pub async fn drive(mut self) -> Result<i32> {
-        let units: Vec<&dyn Phase<RestoreRun>> = phases(self.kind).into_iter().map(unit).collect();
-        let stop = self.stop.clone();
-        match driver::drive(&mut self, &units, &stop, driver::GRACE).await {
-            Ok(phases) => {
-                log::debug!("{}: restore phases: {phases:?}", self.id);
-                self.record_timings();
-                Ok(self.pid)
-            }
-            Err(failed) => {
-                info!(
-                    "{}: restore failed in {} after {:?} there",
-                    self.id,
-                    failed.phase,
-                    failed.timings.of(failed.phase)
-                );
-                Err(failed.error)
-            }
-        }
-    }
-
-    fn record_timings(&self) {
-        let Some(s) = &self.snapshot else { return };
-        let timings = RestoreTimings {
-            preflight: s.preflight,
-            verify: self.times.verify,
-            criu_restore: self.times.criu_restore,
-            activation: self.times.activation,
-            listener: self.times.listener,
-            rootfs: s.rootfs_unpack,
-            pages: self.job.placed,
-        };
-        info!(
-            "{}: restored copy validated and listening: {timings:?}",
-            self.id
-        );
-        timings.record(&self.bundle);
-    }
-}
-
-#[async_trait]
-impl Run for RestoreRun {
-    fn release_lock(&mut self) {
-        drop(self.lock.take());
-    }
-
-    fn record_error(&mut self, phase: PhaseName, e: &Error) {
-        record_error(&self.bundle, &self.id, Some(phase.as_str()), e);
-    }
-
-    /// Nothing of a failed restore runs or is seen: runc's and CRIU's
-    /// leftovers go when the CRIU phase did not undo them itself; the copy
-    /// is killed (its exit comes through the reaper) or, with no process,
-    /// the init is recorded as killed and its exit published here.
-    async fn abort(&mut self, _: PhaseName, _: &Error) {
-        if self.criu_started && !self.criu_undone && self.pid == 0 {
-            self.job.undo().await;
-            self.criu_undone = true;
-        }
-        let mut c = self.handle.lock().await;
-        c.starting = None;
-        if let Some(exit) = c.start_failed().await {
-            self.shared.publish_exit(&c.id, "", 0, exit).await;
+        Err(failed) => {
+            info!(
+                "{}: restore failed in {} after {:?} there",
+                run.id,
+                failed.phase,
+                failed.timings.of(failed.phase)
+            );
+            Err(failed.error)
         }
     }
 }
@@ -285,11 +73,15 @@ impl Run for RestoreRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use PhaseName::*;
+    use crate::lifecycle::phase::PhaseName::{self, *};
+
+    fn names(kind: Kind) -> Vec<PhaseName> {
+        phases(kind).iter().map(|p| p.name()).collect()
+    }
 
     #[test]
     fn a_gpu_restore_verifies_before_criu_and_checks_the_gpus() {
-        let p = phases(Kind::Snapshot { gpu: true });
+        let p = names(Kind::Snapshot { gpu: true });
         let at = |n| p.iter().position(|x| *x == n).unwrap();
         assert!(at(Verify) < at(CriuRestore));
         assert!(at(CriuRestore) < at(GpuResume) && at(GpuResume) < at(Activation));
@@ -297,8 +89,7 @@ mod tests {
 
     #[test]
     fn a_cpu_restore_verifies_inside_the_criu_phase() {
-        let p = phases(Kind::Snapshot { gpu: false });
-        assert!(!p.contains(&Verify) && !p.contains(&GpuResume));
+        let p = names(Kind::Snapshot { gpu: false });
         assert_eq!(p, [CriuRestore, Restored, Activation, Visible]);
     }
 
@@ -309,7 +100,7 @@ mod tests {
             Kind::Snapshot { gpu: false },
             Kind::Snapshot { gpu: true },
         ] {
-            let p = phases(kind);
+            let p = names(kind);
             assert_eq!(p.last(), Some(&Visible), "{kind:?}");
             let at = |n| p.iter().position(|x| *x == n).unwrap();
             assert!(at(CriuRestore) < at(Restored), "{kind:?}");
@@ -318,9 +109,10 @@ mod tests {
                 kind != Kind::Checkpoint,
                 "{kind:?}"
             );
-            for n in p {
-                assert_eq!(unit(n).name(), n);
-            }
+            assert!(
+                p.iter().all(|n| n.as_str().starts_with("restore: ")),
+                "{p:?}"
+            );
         }
     }
 }

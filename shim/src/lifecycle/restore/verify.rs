@@ -1,23 +1,20 @@
-//! The verification phase: every byte of the artifact hashed against its
-//! manifest's digests, stopping between chunks once the start is stopped.
-//! Beside CRIU where CRIU holds the restored tree stopped (criu.rs runs it
-//! in the background), before CRIU where it cannot (GPUs: this phase).
+//! The verification of a restore: every byte of the artifact hashed against
+//! its manifest's digests, stopping between chunks once the start is
+//! stopped. Beside CRIU where CRIU holds the restored tree stopped (criu.rs
+//! runs it in the background), before CRIU where it cannot (GPUs:
+//! verify_first.rs).
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tokio::task::JoinHandle;
 
-use super::RestoreRun;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::artifact_error;
-use crate::snapshot::capture::DIGEST_THREADS;
-use crate::snapshot::pages;
+use crate::snapshot::{pages, DIGEST_THREADS};
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.
@@ -109,23 +106,4 @@ pub async fn joined(verifying: Option<Verifying>, deadline: &Deadline) -> Result
 fn threads_beside_criu() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     cores.saturating_sub(1).clamp(1, DIGEST_THREADS)
-}
-
-/// Verification first (a GPU restore: CRIU cannot hold the tree stopped).
-pub struct VerifyFirst;
-
-#[async_trait]
-impl Phase<RestoreRun> for VerifyFirst {
-    fn name(&self) -> PhaseName {
-        PhaseName::Verify
-    }
-
-    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
-        let Some(v) = run.verify.take() else {
-            return Ok(());
-        };
-        let verifying = v.spawn(stop.flag(), run.job.deadline.cancel.clone());
-        run.times.verify = joined(Some(verifying), stop.deadline()).await?;
-        Ok(())
-    }
 }

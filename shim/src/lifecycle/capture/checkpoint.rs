@@ -1,0 +1,106 @@
+//! The checkpoint: `runc checkpoint` (CRIU) of the running tree into a
+//! fresh staging dir, left running, within the checkpoint timeout. A dump
+//! killed at its deadline leaves the tree thawed (CRIU froze its cgroup)
+//! and its GPUs resumed; CRIU's log says what it could not dump.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use log::info;
+use vsnap_artifact::{ensure_root, Clocks, Staging};
+
+use super::context::CaptureRun;
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::runc::CheckpointFlags;
+use crate::snapshot::{artifact_error, criu, cuda};
+
+pub struct Checkpoint;
+
+#[async_trait]
+impl Phase<CaptureRun> for Checkpoint {
+    fn name(&self) -> PhaseName {
+        PhaseName::Checkpoint
+    }
+
+    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+        let s = &run.snapshot;
+        ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
+        let staging =
+            Staging::new(&s.root, &s.artifact).map_err(|e| artifact_error("capture", e))?;
+        let t = Instant::now();
+        let flags = CheckpointFlags {
+            leave_running: true,
+            ..criu::snapshot_flags(run.terminal)
+        };
+        let deadline = Deadline::new(
+            Instant::now() + s.checkpoint_timeout,
+            format!(
+                "the checkpoint timeout of {}s (checkpoint_timeout_s)",
+                s.checkpoint_timeout.as_secs()
+            ),
+        );
+        // Right before the dump: CRIU freezes the tree within moments of
+        // runc starting it, so the engine's timers were set on these clocks.
+        run.clocks = Some(Clocks::now());
+        let dumped = run
+            .runc
+            .checkpoint(
+                &run.id,
+                &staging.images(),
+                &staging.work(),
+                &flags,
+                Some(&deadline),
+            )
+            .await;
+        let dump_log = staging.work().join("dump.log");
+        run.staging = Some(staging);
+        if let Err(e) = dumped {
+            if matches!(e, Error::DeadlineExceeded(_)) {
+                // runc and CRIU are gone; the tree may be frozen, its GPU
+                // locked: let it go on before it is stopped.
+                thaw(run).await;
+            }
+            // runc's own message is generic; CRIU's log says what it could not dump.
+            let mut criu = criu::log_errors(&dump_log);
+            criu.push_str(&criu::dump_hint(&criu));
+            return Err(match e {
+                Error::DeadlineExceeded(m) => {
+                    Error::DeadlineExceeded(format!("capture: {m}{criu}"))
+                }
+                e => Error::Other(format!("capture: {e}{criu}")),
+            });
+        }
+        if !run.snapshot.gpus.is_empty() {
+            let log = std::fs::read_to_string(&dump_log).unwrap_or_default();
+            criu::check_cuda_plugin_ran(&log)
+                .map_err(|e| Error::FailedPrecondition(format!("capture: checkpoint: {e}")))?;
+        }
+        run.times.checkpoint = t.elapsed();
+        Ok(())
+    }
+}
+
+/// After a dump killed past its deadline: the tree thawed (CRIU froze its
+/// cgroup), every process continued, and for GPUs every process
+/// cuda-checkpoint reports locked or checkpointed resumed. Best effort.
+async fn thaw(run: &CaptureRun) {
+    if let Err(e) = run.runc.resume(&run.id).await {
+        info!("{}: thaw after the killed dump: {e}", run.id);
+    }
+    for p in &run.pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*p),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+    if !run.snapshot.gpus.is_empty() {
+        let (tool, pids) = (run.snapshot.tools.cuda_checkpoint.clone(), run.pids.clone());
+        if let Ok(done) =
+            tokio::task::spawn_blocking(move || cuda::resume_gpu_best_effort(&tool, &pids)).await
+        {
+            info!("{}: GPU after the killed dump: {done:?}", run.id);
+        }
+    }
+}

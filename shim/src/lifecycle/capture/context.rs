@@ -1,0 +1,131 @@
+//! A capture's context: what its phases read and leave for the next
+//! (the engine's ready message, the tree's pids, the staging dir, the
+//! carried layer, the digests), and what the driver does at its ends.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
+use vsnap_artifact::{ArtifactLock, Clocks, Contents, Staging};
+use vsnap_protocol::{CaptureReady, Oracle};
+
+use crate::deadline::Deadline;
+use crate::error::Error;
+use crate::lifecycle::driver::Run;
+use crate::lifecycle::phase::PhaseName;
+use crate::runc::Runc;
+use crate::snapshot::{record_error, Snapshot};
+
+/// What the engine said when it was capture-ready.
+pub(super) struct Ready {
+    pub(super) capture_id: String,
+    /// The control-dir protocol's message (None for the barrier profile).
+    pub(super) message: Option<CaptureReady>,
+    pub(super) oracle: Oracle,
+    pub(super) cold_start: Duration,
+}
+
+/// A capture under way: the context every phase works on.
+pub struct CaptureRun {
+    pub(super) id: String,
+    pub(super) bundle: PathBuf,
+    pub(super) runc: Runc,
+    pub(super) pid: i32,
+    pub(super) terminal: bool,
+    pub(super) snapshot: Snapshot,
+    pub(super) started: Instant,
+    /// The capture's own hold on the artifact's exclusive lock.
+    pub(super) lock: Option<Arc<ArtifactLock>>,
+    pub(super) ready: Option<Ready>,
+    pub(super) pids: Vec<i32>,
+    pub(super) volume_files: Vec<OpenFile>,
+    pub(super) staging: Option<Staging>,
+    pub(super) clocks: Option<Clocks>,
+    pub(super) layer: Option<RootfsLayer>,
+    pub(super) contents: Option<Contents>,
+    pub(super) published: Option<PathBuf>,
+    pub(super) times: Times,
+}
+
+#[derive(Default)]
+pub(super) struct Times {
+    pub(super) inventory: Duration,
+    pub(super) checkpoint: Duration,
+    pub(super) rootfs: Duration,
+}
+
+impl CaptureRun {
+    /// The capture of the init `pid` of `id`, just started with `runc start`.
+    pub fn new(
+        id: &str,
+        bundle: PathBuf,
+        runc: Runc,
+        pid: i32,
+        terminal: bool,
+        s: &Snapshot,
+    ) -> Self {
+        Self {
+            id: id.to_string(),
+            bundle,
+            runc,
+            pid,
+            terminal,
+            lock: s.lock.clone(),
+            snapshot: Snapshot {
+                lock: None,
+                ..s.clone()
+            },
+            started: Instant::now(),
+            ready: None,
+            pids: Vec::new(),
+            volume_files: Vec::new(),
+            staging: None,
+            clocks: None,
+            layer: None,
+            contents: None,
+            published: None,
+            times: Times::default(),
+        }
+    }
+
+    /// The bound on the whole capture: each phase keeps its own (the
+    /// capture timeout while waiting, the checkpoint timeout around runc,
+    /// the activation timeout for the donor); this one only ends a capture
+    /// wedged past all of them.
+    pub fn outer_deadline(&self) -> Deadline {
+        let s = &self.snapshot;
+        let total = s.capture_timeout + s.checkpoint_timeout + s.activation_timeout;
+        Deadline::new(
+            Instant::now() + total * 2,
+            format!("twice the capture's own timeouts ({}s)", total.as_secs()),
+        )
+    }
+
+    pub(super) fn ready(&self) -> &Ready {
+        self.ready.as_ref().expect("the wait phase ran")
+    }
+
+    pub(super) fn staging(&self) -> &Staging {
+        self.staging.as_ref().expect("the checkpoint phase ran")
+    }
+}
+
+#[async_trait]
+impl Run for CaptureRun {
+    fn release_lock(&mut self) {
+        drop(self.lock.take());
+    }
+
+    fn record_error(&mut self, phase: PhaseName, e: &Error) {
+        record_error(&self.bundle, &self.id, Some(phase.as_str()), e);
+    }
+
+    /// The task is killed so that it exits non-zero; the staging dir goes
+    /// with its Drop (nothing half published).
+    async fn abort(&mut self, _: PhaseName, _: &Error) {
+        drop(self.staging.take());
+        let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
+    }
+}

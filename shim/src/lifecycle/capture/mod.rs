@@ -1,0 +1,72 @@
+//! The background half of the capture plan: once the cold-started engine
+//! is capture-ready, its inventory taken, the tree checkpointed with runc +
+//! CRIU (left running), its writable layer and /dev/shm carried, every file
+//! digested, the manifest sealed and the artifact published, then the donor
+//! woken or stopped. Phases, one file each, run by the driver
+//! (../driver.rs): any failure publishes nothing, leaves an error record
+//! naming the phase, and kills the task so it exits non-zero.
+
+mod carry;
+mod checkpoint;
+mod context;
+mod donor;
+mod inventory;
+mod publish;
+mod ready;
+
+use log::info;
+
+use super::driver;
+use super::phase::{Phase, Stop};
+pub use context::CaptureRun;
+
+/// The phases of a capture, in order.
+pub const PHASES: [&dyn Phase<CaptureRun>; 7] = [
+    &ready::WaitReady,
+    &inventory::Inventory,
+    &checkpoint::Checkpoint,
+    &carry::Carry,
+    &publish::Digest,
+    &publish::Publish,
+    &donor::Donor,
+];
+
+/// Runs the capture to the end; then pushes the artifact where the plan
+/// says (after the lock is gone), or, on failure, the task is killed.
+pub async fn run(mut capture: CaptureRun) {
+    let stop = Stop::new(capture.outer_deadline());
+    if driver::drive(&mut capture, &PHASES, &stop, driver::GRACE)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    if let Some(path) = &capture.published {
+        info!("{}: artifact published at {}", capture.id, path.display());
+    }
+    if let Some(target) = capture.snapshot.push_to.clone() {
+        target.push_in_background(capture.id.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::phase::PhaseName;
+
+    #[test]
+    fn a_capture_publishes_only_after_every_byte_is_digested_and_wakes_the_donor_last() {
+        let names: Vec<PhaseName> = PHASES.iter().map(|p| p.name()).collect();
+        let at = |n| names.iter().position(|x| *x == n).unwrap();
+        assert_eq!(at(PhaseName::WaitReady), 0);
+        assert!(at(PhaseName::Inventory) < at(PhaseName::Checkpoint));
+        assert!(at(PhaseName::Checkpoint) < at(PhaseName::Carry));
+        assert!(at(PhaseName::Carry) < at(PhaseName::Digest));
+        assert!(at(PhaseName::Digest) < at(PhaseName::Publish));
+        assert_eq!(names.last(), Some(&PhaseName::Donor));
+        assert!(
+            names.iter().all(|n| n.as_str().starts_with("capture: ")),
+            "{names:?}"
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! The artifact made whole: the control dir copied in, every file's digest
+//! taken, then the manifest (timings, host and workload identity, clocks,
+//! the carried layer) sealed with the host key and the staging dir
+//! published in one rename.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use log::info;
+use vsnap_artifact::rootfs as artifact_rootfs;
+use vsnap_artifact::{layout, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
+
+use super::context::CaptureRun;
+use crate::error::Result;
+use crate::lifecycle::phase::blocking;
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::snapshot::{artifact_error, DIGEST_THREADS};
+
+pub struct Digest;
+
+#[async_trait]
+impl Phase<CaptureRun> for Digest {
+    fn name(&self) -> PhaseName {
+        PhaseName::Digest
+    }
+
+    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+        let t = Instant::now();
+        let staging = run.staging();
+        layout::copy_files(&run.snapshot.control_dir, &staging.control())
+            .map_err(|e| artifact_error("capture", e))?;
+        let dir = staging.dir.clone();
+        let contents = blocking(PhaseName::Digest, move || {
+            vsnap_artifact::content::digest(&dir, DIGEST_THREADS)
+                .map_err(|e| artifact_error("capture: content digests", e))
+        })
+        .await?;
+        info!("{}: content digests in {:?}", run.id, t.elapsed());
+        run.contents = Some(contents);
+        Ok(())
+    }
+}
+
+pub struct Publish;
+
+#[async_trait]
+impl Phase<CaptureRun> for Publish {
+    fn name(&self) -> PhaseName {
+        PhaseName::Publish
+    }
+
+    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+        let t = Instant::now();
+        let root = run.snapshot.root.clone();
+        let key =
+            HostKey::load_or_create(&root).map_err(|e| artifact_error("capture: host key", e))?;
+        let mut manifest = manifest(run);
+        manifest.seal(&key);
+        let staging = run.staging.take().expect("the checkpoint phase ran");
+        let published = blocking(PhaseName::Publish, move || {
+            staging
+                .publish(&root, &manifest.to_bytes())
+                .map_err(|e| artifact_error("capture: publish", e))
+        })
+        .await?;
+        info!("{}: published in {:?}", run.id, t.elapsed());
+        run.published = Some(published);
+        Ok(())
+    }
+}
+
+/// The manifest of what the phases made, not yet sealed.
+fn manifest(run: &mut CaptureRun) -> Manifest {
+    let (contents, clocks) = (run.contents.take(), run.clocks.take());
+    let layer = run.layer.take().expect("the carry phase ran");
+    let open_files = std::mem::take(&mut run.volume_files);
+    let s = &run.snapshot;
+    let staging = run.staging();
+    let ready = run.ready();
+    Manifest {
+        schema_version: SCHEMA_VERSION,
+        name: s.artifact.clone(),
+        created_at: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        capture_id: ready.capture_id.clone(),
+        oracle: ready.oracle.clone(),
+        source_container: run.id.clone(),
+        image_bytes: layout::bytes_under(&staging.images()),
+        contents: contents.expect("the digest phase ran"),
+        timings_ms: Timings {
+            cold_start_to_capture_ready: ms(ready.cold_start),
+            inventory: ms(run.times.inventory),
+            checkpoint: ms(run.times.checkpoint),
+            rootfs: ms(run.times.rootfs),
+        },
+        host: HostIdentity {
+            gpus: s.gpus.clone(),
+            ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
+        },
+        workload: s.workload.clone(),
+        clocks,
+        origin: None,
+        rootfs: Some(artifact_rootfs::Rootfs { layer, open_files }),
+        mac: String::new(),
+    }
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}

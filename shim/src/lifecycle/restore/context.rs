@@ -1,0 +1,217 @@
+//! A restore's context: what its phases read and leave for the next (the
+//! runc restore job, the verification, the restored init's pid, the
+//! times), taken from the container when the restore begins, and what the
+//! driver does at its ends.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use log::info;
+use vsnap_artifact::ArtifactLock;
+
+use super::job::RestoreJob;
+use super::verify::Verify;
+use crate::container::Container;
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::exits::Mark;
+use crate::lifecycle::driver::Run;
+use crate::lifecycle::init_start::InitStart;
+use crate::lifecycle::phase::{PhaseName, Stop};
+use crate::runc::CheckpointFlags;
+use crate::shared::{ContainerRef, Shared};
+use crate::snapshot::{criu as criu_flags, record_error, RestoreTimings, Snapshot};
+
+/// How long a restore of a checkpoint given by containerd (no plan, so no
+/// activation timeout) may take before it is given up.
+const CHECKPOINT_RESTORE_LIMIT: Duration = Duration::from_secs(3600);
+
+/// What decides a restore's phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// containerd's checkpoint: no plan, no activation.
+    Checkpoint,
+    Snapshot {
+        gpu: bool,
+    },
+}
+
+/// Where the phases spent their time (RestoreTimings is the record).
+#[derive(Default)]
+pub(super) struct Times {
+    pub(super) verify: Duration,
+    pub(super) criu_restore: Duration,
+    pub(super) activation: Duration,
+    pub(super) listener: Duration,
+}
+
+/// A restore under way: the start's context every phase works on.
+pub struct RestoreRun {
+    pub(super) shared: Shared,
+    pub(super) handle: ContainerRef,
+    pub(super) mark: Mark,
+    pub(super) id: String,
+    pub(super) bundle: PathBuf,
+    pub(super) kind: Kind,
+    pub(super) job: RestoreJob,
+    /// The snapshot plan (without the lock: that is `lock`).
+    pub(super) snapshot: Option<Snapshot>,
+    /// The container's hold on the artifact lock, taken at begin.
+    pub(super) lock: Option<Arc<ArtifactLock>>,
+    /// The verification not yet started (beside CRIU or first).
+    pub(super) verify: Option<Verify>,
+    pub(super) host_shm: Option<PathBuf>,
+    pub(super) stop: Stop,
+    pub(super) times: Times,
+    /// `runc restore` was started, and (after a failure) its leftovers
+    /// were undone already.
+    pub(super) criu_started: bool,
+    pub(super) criu_undone: bool,
+    pub(super) pid: i32,
+}
+
+impl RestoreRun {
+    /// The restore of `c` begins: its init becomes Restoring, its stdio is
+    /// made ready, and everything the phases need is taken from it.
+    pub fn begin(
+        c: &mut Container,
+        shared: Shared,
+        handle: ContainerRef,
+        mark: Mark,
+    ) -> Result<Self> {
+        let image = c.start.images().ok_or_else(|| {
+            Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
+        })?;
+        let (snapshot, lock) = match &mut c.start {
+            // The container's hold on the lock is the restore's from now.
+            InitStart::Restore(s) => {
+                let lock = s.lock.take();
+                (Some(s.as_ref().clone()), lock)
+            }
+            _ => (None, None),
+        };
+        let deadline = match &snapshot {
+            Some(s) => s.activation_deadline(),
+            None => Deadline::new(
+                Instant::now() + CHECKPOINT_RESTORE_LIMIT,
+                "the checkpoint restore limit of 3600s",
+            ),
+        };
+        let mut verify = snapshot.as_ref().and_then(|s| {
+            Some(Verify {
+                dir: s.artifact_dir(),
+                contents: s.contents.clone()?,
+                beside_criu: s.holds_stopped(),
+                hashed_elsewhere: s.verified_at_create.clone(),
+            })
+        });
+        // The page server hashes the pages files as it places them.
+        let place_pages = snapshot.as_ref().is_some_and(|s| s.place_pages);
+        let page_verification = verify
+            .as_mut()
+            .filter(|_| place_pages)
+            .and_then(Verify::hand_pages_to_the_page_server);
+        let work = c.bundle.join("criu-work");
+        std::fs::create_dir_all(&work)
+            .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
+        let prepared = c.begin_restore(deadline.cancel.clone())?;
+        let job = RestoreJob {
+            id: c.id.clone(),
+            bundle: c.bundle.clone(),
+            runc: c.runc.clone(),
+            image,
+            work,
+            pid_file: c.pid_file(),
+            // A snapshot restore takes the options its capture used.
+            flags: match &snapshot {
+                Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
+                None => CheckpointFlags {
+                    shell_job: c.init.stdio.terminal,
+                    ..Default::default()
+                },
+            },
+            cgroups_path: c.cgroups_path(),
+            prepared: Some(prepared),
+            place_pages,
+            page_verification,
+            placed: None,
+            // Its own token below the kill's: the verification stops CRIU
+            // with it on damage, which is not a kill of the start.
+            deadline: Deadline {
+                cancel: deadline.cancel.child_token(),
+                ..deadline.clone()
+            },
+        };
+        let kind = match &snapshot {
+            Some(s) => Kind::Snapshot {
+                gpu: !s.gpus.is_empty(),
+            },
+            None => Kind::Checkpoint,
+        };
+        Ok(Self {
+            shared,
+            handle,
+            mark,
+            id: c.id.clone(),
+            bundle: c.bundle.clone(),
+            kind,
+            job,
+            host_shm: snapshot.as_ref().and_then(|s| s.host_shm.clone()),
+            snapshot,
+            lock,
+            verify,
+            stop: Stop::new(deadline),
+            times: Times::default(),
+            criu_started: false,
+            criu_undone: false,
+            pid: 0,
+        })
+    }
+
+    pub(super) fn record_timings(&self) {
+        let Some(s) = &self.snapshot else { return };
+        let timings = RestoreTimings {
+            preflight: s.preflight,
+            verify: self.times.verify,
+            criu_restore: self.times.criu_restore,
+            activation: self.times.activation,
+            listener: self.times.listener,
+            rootfs: s.rootfs_unpack,
+            pages: self.job.placed,
+        };
+        info!(
+            "{}: restored copy validated and listening: {timings:?}",
+            self.id
+        );
+        timings.record(&self.bundle);
+    }
+}
+
+#[async_trait]
+impl Run for RestoreRun {
+    fn release_lock(&mut self) {
+        drop(self.lock.take());
+    }
+
+    fn record_error(&mut self, phase: PhaseName, e: &Error) {
+        record_error(&self.bundle, &self.id, Some(phase.as_str()), e);
+    }
+
+    /// Nothing of a failed restore runs or is seen: runc's and CRIU's
+    /// leftovers go when the CRIU phase did not undo them itself; the copy
+    /// is killed (its exit comes through the reaper) or, with no process,
+    /// the init is recorded as killed and its exit published here.
+    async fn abort(&mut self, _: PhaseName, _: &Error) {
+        if self.criu_started && !self.criu_undone && self.pid == 0 {
+            self.job.undo().await;
+            self.criu_undone = true;
+        }
+        let mut c = self.handle.lock().await;
+        c.starting = None;
+        if let Some(exit) = c.start_failed().await {
+            self.shared.publish_exit(&c.id, "", 0, exit).await;
+        }
+    }
+}
