@@ -19,6 +19,7 @@
 //! | `machine_id` | may differ | identity, not compatibility: the MAC and the signature decide whose artifact is used |
 
 use crate::fingerprint::HostIdentity;
+use crate::gpu::Gpu;
 
 pub use crate::cpu::{cpu_flags, RELEVANT_CPU_FLAGS};
 
@@ -35,14 +36,13 @@ pub fn kernel_series(release: &str) -> String {
 }
 
 /// `name driver` of a `name uuid driver` GPU entry: which GPU it is does
-/// not matter, what it is does. A name holds spaces; the UUID and driver
-/// are the last two words.
+/// not matter, what it is does ([`Gpu::model_and_driver`]). An entry that is
+/// no GPU is compared whole.
 pub fn gpu_model_and_driver(entry: &str) -> String {
-    let mut words = entry.rsplitn(3, ' ');
-    match (words.next(), words.next(), words.next()) {
-        (Some(driver), Some(_uuid), Some(name)) => format!("{name} {driver}"),
-        _ => entry.to_string(),
-    }
+    entry
+        .parse::<Gpu>()
+        .map(|gpu| gpu.model_and_driver())
+        .unwrap_or_else(|_| entry.to_string())
 }
 
 /// What a comparison found: the differences that forbid a restore, and

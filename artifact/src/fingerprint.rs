@@ -57,6 +57,7 @@ pub struct HostIdentity {
     pub shim_version: String,
     /// `name uuid driver` of each GPU the container uses (empty without one);
     /// filled by the shim from nvidia-smi when the spec has NVIDIA devices.
+    /// Each is a [`crate::Gpu`] as it displays ([`crate::gpu::entries`]).
     #[serde(default)]
     pub gpus: Vec<String>,
 }
