@@ -79,8 +79,8 @@ pub struct Snapshot {
     pub api_key: Option<canary::ApiKey>,
     /// Time spent validating the artifact at create (a restore's preflight).
     pub preflight: Duration,
-    /// `name uuid driver` of the GPUs, when the container has NVIDIA devices.
-    pub gpus: Vec<String>,
+    /// The container's GPUs, when it has NVIDIA devices.
+    pub gpus: Vec<cuda::Gpu>,
     /// The host folder mounted at /dev/shm, when it is one.
     pub host_shm: Option<PathBuf>,
     /// For a restore: the canary answer from the MAC'd manifest, the only
@@ -237,7 +237,7 @@ impl Snapshot {
                 let manifest = Manifest::load_verified(&root, &name).map_err(preflight)?;
                 let mut live =
                     HostIdentity::probe_cached(&tools, env!("CARGO_PKG_VERSION"), Some(&root));
-                live.gpus = gpus.clone();
+                live.gpus = artifact::gpu::entries(&gpus);
                 // Compatibility, not identity (artifact/src/compat.rs): the
                 // MAC above already says whose artifact this is.
                 let host = artifact::compat::compare(&manifest.host, &live);
@@ -505,7 +505,7 @@ fn check_replace(root: &Path, name: &str, namespace: &str, allowed: bool) -> Res
 /// For a container with NVIDIA devices: the CUDA preflight (plugin,
 /// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it was
 /// given (not every GPU of the host). GPUs given by an OCI hook are refused.
-fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<String>> {
+fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<cuda::Gpu>> {
     cuda::check_no_gpu_hook(spec).map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
     let devices = cuda::spec_nvidia_devices(spec);
     if devices.is_empty() {
@@ -518,12 +518,8 @@ fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<Strin
     };
     let identity = cuda::preflight(&tools, cuda::MIN_DRIVER_PROCESS_TREE)
         .map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
-    let mine = cuda::container_gpus(&identity, &devices, Path::new("/proc"))
-        .map_err(|e| Error::FailedPrecondition(format!("create: preflight: {e}")))?;
-    Ok(mine
-        .iter()
-        .map(|g| format!("{} {} {}", g.name, g.uuid, g.driver))
-        .collect())
+    cuda::container_gpus(&identity, &devices, Path::new("/proc"))
+        .map_err(|e| Error::FailedPrecondition(format!("create: preflight: {e}")))
 }
 
 /// Leaves `vsnap-error.json` in the bundle: the container, the phase that

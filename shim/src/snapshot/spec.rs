@@ -335,12 +335,8 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
                 fingerprint.push("--fingerprint-key".into());
                 fingerprint.push(text(key));
             }
-            // `name uuid driver`: the container's own GPUs, not the host's.
-            let uuids: Vec<&str> = s
-                .gpus
-                .iter()
-                .filter_map(|g| g.split(' ').find(|t| t.starts_with("GPU-")))
-                .collect();
+            // The container's own GPUs, not the host's.
+            let uuids: Vec<&str> = s.gpus.iter().map(|g| g.uuid.as_str()).collect();
             if !uuids.is_empty() {
                 fingerprint.push("--gpu-uuids".into());
                 fingerprint.push(uuids.join(","));

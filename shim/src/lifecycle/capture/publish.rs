@@ -95,7 +95,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
             rootfs: ms(run.times.rootfs),
         },
         host: HostIdentity {
-            gpus: s.gpus.clone(),
+            gpus: vsnap_artifact::gpu::entries(&s.gpus),
             ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
         },
         workload: s.workload.clone(),

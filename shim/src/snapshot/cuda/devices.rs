@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use serde_json::Value;
+use vsnap_artifact::Gpu;
 
-use super::nvidia_smi::{Gpu, GpuIdentity};
+use super::nvidia_smi::GpuIdentity;
 
 pub(super) fn is_nvidia_path(p: &str) -> bool {
     p.starts_with("/dev/nvidia")

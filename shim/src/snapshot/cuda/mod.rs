@@ -24,7 +24,8 @@
 //! One file per concern:
 //! * `preflight`: the plugin, cuda-checkpoint and driver checks (`driver`:
 //!   the driver versions they need);
-//! * `nvidia_smi`: the one nvidia-smi query and its answer;
+//! * `nvidia_smi`: the one nvidia-smi query, its answer read by the parser
+//!   the hooks share (`vsnap_artifact::gpu`, where [`Gpu`] lives);
 //! * `devices`: the GPUs a container's spec gives it, matched through `/proc`;
 //! * `holders`: the processes holding GPUs, one GPU per tree;
 //! * `checkpoint`: cuda-checkpoint's state and restore-thread answers;
@@ -49,3 +50,4 @@ pub use driver::MIN_DRIVER_PROCESS_TREE;
 pub use holders::{check_single_gpu, cuda_holders};
 pub use hook::check_no_gpu_hook;
 pub use preflight::{preflight, CudaTools};
+pub use vsnap_artifact::Gpu;

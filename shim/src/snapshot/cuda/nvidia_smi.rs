@@ -5,16 +5,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use vsnap_artifact::gpu::{parse_nvidia_smi, Gpu, GpuError, NVIDIA_SMI_ARGS};
 
-use super::driver::driver_major;
 use super::error::CudaError;
 use super::tool::{run_tool, ToolError};
 
-/// What nvidia-smi is asked for (one CSV line per GPU).
-pub const NVIDIA_SMI_ARGS: [&str; 2] = [
-    "--query-gpu=name,uuid,driver_version",
-    "--format=csv,noheader",
-];
 /// How long nvidia-smi may take (it can hang on a wedged driver).
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -25,18 +20,8 @@ pub struct GpuIdentity {
     pub gpus: Vec<Gpu>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Gpu {
-    /// e.g. `NVIDIA H200`.
-    pub name: String,
-    /// e.g. `GPU-5f1c...`.
-    pub uuid: String,
-    /// The driver version, e.g. `570.124.06`.
-    pub driver: String,
-}
-
-/// The GPUs nvidia-smi at `path` lists, asked once, within `timeout`.
+/// The GPUs nvidia-smi at `path` lists, asked once ([`NVIDIA_SMI_ARGS`]),
+/// within `timeout`.
 pub(super) fn query(path: &Path, timeout: Duration) -> Result<GpuIdentity, CudaError> {
     parse_gpus(&run_nvidia_smi(path, timeout)?)
 }
@@ -56,31 +41,15 @@ fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
     }
 }
 
-/// Parses `name, uuid, driver_version` lines (empty lines ignored). The name
-/// is everything before the last two commas.
-pub fn parse_gpus(output: &str) -> Result<GpuIdentity, CudaError> {
-    let mut gpus = Vec::new();
-    for line in output.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let bad = || CudaError::NvidiaSmiOutput {
-            line: line.to_string(),
-        };
-        let mut fields = line.rsplitn(3, ',').map(str::trim);
-        let (Some(driver), Some(uuid), Some(name)) = (fields.next(), fields.next(), fields.next())
-        else {
-            return Err(bad());
-        };
-        if name.is_empty() || !uuid.starts_with("GPU-") || driver_major(driver).is_none() {
-            return Err(bad());
+/// nvidia-smi's answer read by the workspace's one parser
+/// ([`parse_nvidia_smi`]), its refusals as the preflight's.
+pub(super) fn parse_gpus(output: &str) -> Result<GpuIdentity, CudaError> {
+    let gpus = parse_nvidia_smi(output).map_err(|e| match e {
+        GpuError::Row { line } | GpuError::Entry { entry: line } => {
+            CudaError::NvidiaSmiOutput { line }
         }
-        gpus.push(Gpu {
-            name: name.to_string(),
-            uuid: uuid.to_string(),
-            driver: driver.to_string(),
-        });
-    }
-    if gpus.is_empty() {
-        return Err(CudaError::NoGpu);
-    }
+        GpuError::NoGpu => CudaError::NoGpu,
+    })?;
     Ok(GpuIdentity { gpus })
 }
 
@@ -91,6 +60,7 @@ mod tests {
     use super::super::testutil::{fake_host, write_script, H200};
     use super::*;
     use std::time::Instant;
+    use vsnap_artifact::gpu::driver_major;
 
     #[test]
     fn nvidia_smi_failures_are_reported_with_its_message() {

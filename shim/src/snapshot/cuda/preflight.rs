@@ -5,7 +5,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::driver::driver_major;
+use vsnap_artifact::gpu::driver_major;
+
 use super::error::CudaError;
 use super::nvidia_smi::{self, GpuIdentity, NVIDIA_SMI_TIMEOUT};
 
@@ -118,10 +119,10 @@ fn check_cuda_checkpoint(path: &Path) -> Result<(), CudaError> {
 #[cfg(test)]
 mod tests {
     use super::super::driver::{MIN_DRIVER_PROCESS_TREE, MIN_DRIVER_SINGLE_PROCESS};
-    use super::super::nvidia_smi::Gpu;
     use super::super::testutil::{fake_host, H200};
     use super::*;
     use std::fs;
+    use vsnap_artifact::Gpu;
 
     #[test]
     fn happy_path_returns_every_gpu() {

@@ -5,7 +5,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use super::nvidia_smi::NVIDIA_SMI_ARGS;
+use vsnap_artifact::gpu::NVIDIA_SMI_ARGS;
+
 use super::preflight::{CudaTools, PLUGIN_FILE};
 
 pub const H200: &str = "NVIDIA H200, GPU-5f1c2a3b-0000-1111-2222-333344445555, 570.124.06";
