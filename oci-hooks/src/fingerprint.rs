@@ -32,6 +32,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vsnap_artifact::gpu::{self, Gpu, GpuError, NVIDIA_SMI_ARGS};
 use vsnap_artifact::{HostIdentity, Manifest, Tools, Workload};
 
 use crate::{artifact_name, read_spec, Failure, Flags, StateSource, CONTROL_MOUNT};
@@ -86,12 +87,13 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
         let nvidia_smi = flags
             .path("--nvidia-smi")
             .unwrap_or_else(|| PathBuf::from("nvidia-smi"));
-        live.gpus = gpus(&nvidia_smi, NVIDIA_SMI_TIMEOUT)?;
+        let mut gpus = gpus(&nvidia_smi, NVIDIA_SMI_TIMEOUT)?;
         // The container's own GPUs, as the shim recorded them (not every
         // GPU of the host).
         if let Some(list) = flags.value("--gpu-uuids") {
-            live.gpus = own_gpus(live.gpus, list);
+            gpus = own_gpus(gpus, list);
         }
+        live.gpus = gpu::entries(&gpus);
     }
     let key = flags.abs_path("--fingerprint-key")?;
     compare(&root, key.as_deref(), &manifest, &live, &spec)?;
@@ -122,12 +124,11 @@ pub fn check_clocks(root: &Path, manifest: &Manifest) -> Result<(), Failure> {
     })
 }
 
-/// The `name uuid driver` lines of `gpus` whose UUID is in the
-/// comma-separated `uuids`.
-pub fn own_gpus(gpus: Vec<String>, uuids: &str) -> Vec<String> {
+/// The GPUs of `gpus` whose UUID is in the comma-separated `uuids`.
+pub fn own_gpus(gpus: Vec<Gpu>, uuids: &str) -> Vec<Gpu> {
     let wanted: Vec<&str> = uuids.split(',').filter(|u| !u.is_empty()).collect();
     gpus.into_iter()
-        .filter(|g| g.split(' ').any(|t| wanted.contains(&t)))
+        .filter(|g| wanted.contains(&g.uuid.as_str()))
         .collect()
 }
 
@@ -135,18 +136,12 @@ pub fn own_gpus(gpus: Vec<String>, uuids: &str) -> Vec<String> {
 /// hook's own 30 s.
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The GPUs as the shim records them: `name uuid driver` per line of
-/// `nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader`.
-pub fn gpus(nvidia_smi: &Path, timeout: Duration) -> Result<Vec<String>, Failure> {
-    let what = format!(
-        "{} --query-gpu=name,uuid,driver_version",
-        nvidia_smi.display()
-    );
+/// The GPUs nvidia-smi lists, asked and read as the shim does
+/// ([`NVIDIA_SMI_ARGS`], [`gpu::parse_nvidia_smi`]).
+pub fn gpus(nvidia_smi: &Path, timeout: Duration) -> Result<Vec<Gpu>, Failure> {
+    let what = format!("{} {}", nvidia_smi.display(), NVIDIA_SMI_ARGS[0]);
     let mut child = Command::new(nvidia_smi)
-        .args([
-            "--query-gpu=name,uuid,driver_version",
-            "--format=csv,noheader",
-        ])
+        .args(NVIDIA_SMI_ARGS)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -177,21 +172,14 @@ pub fn gpus(nvidia_smi: &Path, timeout: Duration) -> Result<Vec<String>, Failure
     if !status.success() {
         return Err(Failure::Check(format!("{what}: {status}")));
     }
-    let mut gpus = Vec::new();
-    for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let mut fields = line.rsplitn(3, ',').map(str::trim);
-        match (fields.next(), fields.next(), fields.next()) {
-            (Some(driver), Some(uuid), Some(name)) if !name.is_empty() => {
-                gpus.push(format!("{name} {uuid} {driver}"))
-            }
-            _ => {
-                return Err(Failure::Check(format!(
-                    "{what}: line {line:?} is not `name, uuid, driver_version`"
-                )))
-            }
-        }
-    }
-    Ok(gpus)
+    gpu::parse_nvidia_smi(&out).map_err(|e| match e {
+        GpuError::NoGpu => Failure::Check(format!(
+            "{what}: lists no GPU (the artifact was made with GPUs)"
+        )),
+        GpuError::Row { line } | GpuError::Entry { entry: line } => Failure::Check(format!(
+            "{what}: line {line:?} is not `name, uuid, driver_version`"
+        )),
+    })
 }
 
 /// Drops a trailing `--snapshot-config JSON` pair naming vsnap's control
@@ -260,16 +248,58 @@ mod tests {
 
     #[test]
     fn only_the_containers_gpus_are_compared() {
-        let host = vec![
-            "NVIDIA H200 GPU-aaaa 570.124.06".to_string(),
-            "NVIDIA H200 GPU-bbbb 570.124.06".to_string(),
-        ];
+        let host = gpu::parse_nvidia_smi(
+            "NVIDIA H200, GPU-aaaa, 570.124.06\nNVIDIA H200, GPU-bbbb, 570.124.06",
+        )
+        .unwrap();
         assert_eq!(
-            own_gpus(host.clone(), "GPU-bbbb"),
+            gpu::entries(&own_gpus(host.clone(), "GPU-bbbb")),
             ["NVIDIA H200 GPU-bbbb 570.124.06"]
         );
         assert_eq!(own_gpus(host.clone(), "GPU-aaaa,GPU-bbbb"), host);
         assert!(own_gpus(host, "GPU-cccc").is_empty());
+    }
+
+    fn fake_nvidia_smi(dir: &Path, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn nvidia_smi_is_read_as_the_shim_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let expected = NVIDIA_SMI_ARGS.join(" ");
+        let smi = fake_nvidia_smi(
+            dir.path(),
+            "nvidia-smi",
+            &format!(
+                "[ \"$*\" = \"{expected}\" ] || exit 2\n\
+                 echo 'NVIDIA H200, GPU-aaaa, 570.124.06'"
+            ),
+        );
+        let found = gpus(&smi, Duration::from_secs(10)).unwrap();
+        assert_eq!(gpu::entries(&found), ["NVIDIA H200 GPU-aaaa 570.124.06"]);
+
+        // What the shim's preflight refuses, the hook refuses too.
+        for (i, (answer, refusal)) in [
+            ("", "lists no GPU (the artifact was made with GPUs)"),
+            (
+                "echo 'NVIDIA H200, 5f1c, 570.124.06'",
+                "line \"NVIDIA H200, 5f1c, 570.124.06\" is not `name, uuid, driver_version`",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let smi = fake_nvidia_smi(dir.path(), &format!("nvidia-smi-{i}"), answer);
+            match gpus(&smi, Duration::from_secs(10)) {
+                Err(Failure::Check(e)) => assert!(e.ends_with(refusal), "{e}"),
+                other => panic!("{answer:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]
