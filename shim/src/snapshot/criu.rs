@@ -49,7 +49,7 @@ pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
 /// runc's default), then vsnap's lines, which come last so that they win:
 /// the ghost-file limit, the plugin folder and, for a restore whose tree must
 /// stay stopped until vsnap let it run, `leave-stopped`; with vsnap's page
-/// server (pages.rs) placing the memory, `lazy-pages`.
+/// server (pages/) placing the memory, `lazy-pages`.
 pub fn config_text(
     base: Option<(&Path, &str)>,
     plugin_dir: &Path,

@@ -89,7 +89,7 @@ pub struct Snapshot {
     /// For a restore with `verify_contents`: the digests every file of the
     /// artifact is checked against while CRIU restores.
     pub contents: Option<vsnap_artifact::Contents>,
-    /// vsnap's page server places the restore's memory (pages.rs).
+    /// vsnap's page server places the restore's memory (pages/).
     pub place_pages: bool,
     /// Where an `auto` create pushes its artifact once published
     /// (`push_created` and `vsnap.io/artifact-ref`; fetch.rs).
@@ -292,7 +292,7 @@ impl Snapshot {
         ControlDir::create_owned_by(&control_dir, control_owner.0, Some(control_owner.1))
             .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
         // Only where the tree is held stopped: the page server does not
-        // follow a running tree's address space (pages.rs).
+        // follow a running tree's address space (pages/).
         let place_pages = mode == Mode::Restore
             && gpus.is_empty()
             && config.page_placement == PagePlacement::Parallel;

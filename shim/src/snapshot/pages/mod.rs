@@ -1,0 +1,48 @@
+//! vsnap's page server: places a restored tree's memory with several
+//! threads, where CRIU alone copies it with one.
+//!
+//! With `lazy-pages` in its config, CRIU restores everything but the pages
+//! of private anonymous memory (what an engine's heap and weights are): each
+//! restored task registers those ranges with a userfaultfd and CRIU hands
+//! the descriptor to a server listening on `lazy-pages.socket` in its work
+//! folder (`criu/uffd.c`: per task an `int` pid then the fd with one byte;
+//! a negative pid for a zombie; `RESTORE_FINISHED` once every task is in
+//! place). This server reads each task's pagemap and pages from the
+//! artifact's own images and fills every range with `UFFDIO_COPY` from
+//! `threads` threads once the restore finished, serving any page a task
+//! touches before that at once.
+//!
+//! It also verifies the pages files: each thread takes a 64 MiB chunk,
+//! reads it in pieces, hashes each piece and places its lazy pages from
+//! the same buffer, then checks the chunk's digest from the manifest. Every
+//! byte is read once, hashed once and copied once, on every core; a damaged
+//! chunk fails the restore before anything of the tree has run.
+//!
+//! The tree stays stopped meanwhile (CRIU's `leave-stopped`, as for every
+//! CPU restore): no task runs, forks, unmaps or discards memory before all
+//! its pages are in, so the server never has to follow a changing address
+//! space. An event other than a page fault is therefore an error, and so
+//! is any range that could not be filled: a registered range left empty
+//! would read as zeros once the descriptor is closed.
+//!
+//! - `protocol`: CRIU's side of the socket;
+//! - `task`: a restored task read from its images, and the pages files of
+//!   an image folder;
+//! - `place`: `UFFDIO_COPY`, early faults and the poll over the tasks;
+//! - `verify`: the pages files read chunk by chunk against their digests;
+//! - `server`: the threads;
+//! - `outcome`: what was placed, or why not.
+
+mod outcome;
+mod place;
+mod protocol;
+mod server;
+mod task;
+#[cfg(test)]
+mod testing;
+mod verify;
+
+pub use outcome::{PlaceError, Placed};
+pub use server::PageServer;
+pub use task::task_pages_files;
+pub use verify::Verification;

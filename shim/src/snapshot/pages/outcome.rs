@@ -1,0 +1,44 @@
+//! What the page server placed, and why it could not.
+
+use std::time::Duration;
+
+use vsnap_artifact::ArtifactError;
+
+/// What the server placed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placed {
+    pub tasks: usize,
+    pub bytes: u64,
+    pub faults: u64,
+    /// From the end of CRIU's restore to the last page in place.
+    pub fill: Duration,
+}
+
+/// Why pages could not be placed.
+#[derive(Debug)]
+pub enum PlaceError {
+    /// A pages file differs from its digest: the artifact is damaged.
+    Damaged(ArtifactError),
+    Failed(String),
+}
+
+impl From<String> for PlaceError {
+    fn from(e: String) -> Self {
+        PlaceError::Failed(e)
+    }
+}
+
+impl From<&str> for PlaceError {
+    fn from(e: &str) -> Self {
+        PlaceError::Failed(e.to_string())
+    }
+}
+
+impl std::fmt::Display for PlaceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlaceError::Damaged(e) => e.fmt(f),
+            PlaceError::Failed(e) => f.write_str(e),
+        }
+    }
+}

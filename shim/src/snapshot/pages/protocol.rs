@@ -1,0 +1,109 @@
+//! CRIU's side of the lazy-pages socket (`criu/uffd.c`): listening on
+//! `lazy-pages.socket` in the work folder, then per task an `int` pid and
+//! its userfaultfd with one byte, a negative pid for a zombie, and
+//! `RESTORE_FINISHED` once every task is in place.
+
+use std::fs::File;
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// CRIU connects to this name in its work folder.
+pub const SOCKET_NAME: &str = "lazy-pages.socket";
+/// `LAZY_PAGES_RESTORE_FINISHED` ("RSTF").
+pub(super) const RESTORE_FINISHED: u32 = 0x5253_5446;
+
+/// Binds `socket`; a path too long for `sun_path` is reached through the
+/// folder's descriptor.
+pub(super) fn bind(work: &Path, socket: &Path) -> Result<UnixListener, String> {
+    let fail = |e: std::io::Error| format!("listen on {}: {e}", socket.display());
+    if socket.as_os_str().len() < 100 {
+        return UnixListener::bind(socket).map_err(fail);
+    }
+    let dir = File::open(work).map_err(fail)?;
+    UnixListener::bind(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir.as_raw_fd())).map_err(fail)
+}
+
+pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixStream, String> {
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false)
+                    .map_err(|e| format!("the CRIU connection: {e}"))?;
+                return Ok(conn);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stop.load(Ordering::SeqCst) {
+                    return Err("cancelled before CRIU connected".into());
+                }
+                let mut p = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, 50) };
+            }
+            Err(e) => return Err(format!("accept CRIU's connection: {e}")),
+        }
+    }
+}
+
+pub(super) enum Message {
+    Task(i32, OwnedFd),
+    Zombie,
+    Finished,
+}
+
+/// One message of CRIU's lazy-pages protocol.
+pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
+    let mut word = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let (n, _) = recv(conn, &mut word[got..])?;
+        if n == 0 {
+            return Err("CRIU closed the connection before the restore finished".into());
+        }
+        got += n;
+    }
+    let value = u32::from_ne_bytes(word);
+    if value == RESTORE_FINISHED {
+        return Ok(Message::Finished);
+    }
+    let pid = value as i32;
+    if pid < 0 {
+        return Ok(Message::Zombie);
+    }
+    let mut byte = [0u8; 1];
+    match recv(conn, &mut byte)? {
+        (1, Some(fd)) => Ok(Message::Task(pid, fd)),
+        _ => Err(format!("CRIU sent pid {pid} without its userfaultfd")),
+    }
+}
+
+/// `recvmsg` of up to `buf.len()` bytes and at most one descriptor.
+fn recv(conn: &UnixStream, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), String> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut space = nix::cmsg_space!(RawFd);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("receive from CRIU: {e}"))?;
+    let mut fd = None;
+    for c in msg.cmsgs().map_err(|e| format!("receive from CRIU: {e}"))? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for raw in fds {
+                // SAFETY: a descriptor just received, owned by nobody else.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                fd.get_or_insert(owned);
+            }
+        }
+    }
+    Ok((msg.bytes, fd))
+}

@@ -1,0 +1,362 @@
+//! The page server's threads: one takes CRIU's connection and the tasks'
+//! descriptors and serves early faults until the restore finished; then
+//! `threads` fillers read and place the pages files chunk by chunk while
+//! one more serves the faults of tasks waiting for a page.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use vsnap_artifact::content::CHUNK;
+
+use super::outcome::{PlaceError, Placed};
+use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK, FILL_CHUNK};
+use super::protocol::{accept, bind, receive, Message, SOCKET_NAME};
+use super::task::Task;
+use super::verify::{pages_files, place_chunk, PagesFile, Verification};
+
+/// A page server listening for one restore.
+pub struct PageServer {
+    socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    result: Option<tokio::sync::oneshot::Receiver<Result<Placed, PlaceError>>>,
+}
+
+impl PageServer {
+    /// Listens on `<work>/lazy-pages.socket` (before CRIU starts: it
+    /// connects first thing) for the restore of `images`.
+    pub fn start(
+        work: &Path,
+        images: &Path,
+        threads: usize,
+        verify: Option<Verification>,
+    ) -> Result<Self, String> {
+        let socket = work.join(SOCKET_NAME);
+        let _ = std::fs::remove_file(&socket);
+        let listener = bind(work, &socket)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("{}: {e}", socket.display()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (images, flag) = (images.to_path_buf(), stop.clone());
+        std::thread::Builder::new()
+            .name("vsnap-pages".into())
+            .spawn(move || {
+                let _ = tx.send(serve(listener, &images, threads.max(1), verify, &flag));
+            })
+            .map_err(|e| format!("start the page server: {e}"))?;
+        Ok(PageServer {
+            socket,
+            stop,
+            result: Some(rx),
+        })
+    }
+
+    /// Waits until every page is in place (after CRIU's restore returned),
+    /// at most until `deadline`.
+    pub async fn finish(mut self, deadline: Instant) -> Result<Placed, PlaceError> {
+        let rx = self.result.take().expect("finished once");
+        match tokio::time::timeout_at(deadline.into(), rx).await {
+            Ok(Ok(placed)) => placed,
+            Ok(Err(_)) => Err("the page server thread ended without a result".into()),
+            Err(_) => Err("pages not in place by the deadline".into()),
+        }
+    }
+}
+
+impl Drop for PageServer {
+    fn drop(&mut self) {
+        // Ends the thread wherever it waits; its descriptors go with it.
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn serve(
+    listener: UnixListener,
+    images: &Path,
+    threads: usize,
+    verify: Option<Verification>,
+    stop: &AtomicBool,
+) -> Result<Placed, PlaceError> {
+    let conn = accept(&listener, stop)?;
+    drop(listener);
+    let faults = AtomicU64::new(0);
+    let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
+    let tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
+    let started = Instant::now();
+    let files = pages_files(images, &tasks, verify.as_ref())?;
+    let dir = verify.map(|v| v.dir).unwrap_or_default();
+    let fill = Fill {
+        files: &files,
+        tasks: &tasks,
+        dir: &dir,
+        stop,
+    };
+    fill.run(threads, &mut fault_buf, &faults)?;
+    // Anything still queued must be a fault, now satisfied.
+    let mut buf = Buffer::new(FAULT_CHUNK as usize);
+    for t in &tasks {
+        serve_faults(t, &mut buf, &faults)?;
+    }
+    Ok(Placed {
+        tasks: tasks.len(),
+        bytes: tasks.iter().map(|t| t.lazy.bytes()).sum(),
+        faults: faults.load(Ordering::Relaxed),
+        fill: started.elapsed(),
+    })
+}
+
+/// Until CRIU says the restore finished: takes each task's descriptor,
+/// serves the pages touched meanwhile.
+fn take_tasks(
+    conn: &UnixStream,
+    images: &Path,
+    stop: &AtomicBool,
+    fault_buf: &mut Buffer,
+    faults: &AtomicU64,
+) -> Result<Vec<Task>, PlaceError> {
+    let mut tasks: Vec<Task> = Vec::new();
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Err("cancelled".into());
+        }
+        let ready = wait(conn.as_raw_fd(), &tasks)?;
+        for t in ready.iter().filter_map(|&i| tasks.get(i)) {
+            serve_faults(t, fault_buf, faults)?;
+        }
+        if ready.contains(&usize::MAX) {
+            match receive(conn)? {
+                Message::Task(pid, uffd) => tasks.push(Task::open(images, pid, uffd)?),
+                Message::Zombie => {}
+                Message::Finished => return Ok(tasks),
+            }
+        }
+    }
+}
+
+/// The pages files to place once the restore finished.
+struct Fill<'a> {
+    files: &'a [PagesFile],
+    tasks: &'a [Task],
+    /// The artifact, named in a damaged chunk's error.
+    dir: &'a Path,
+    stop: &'a AtomicBool,
+}
+
+impl Fill<'_> {
+    /// Every chunk of every file placed by `threads` fillers, while one more
+    /// thread serves the faults of tasks waiting for a page. The first error
+    /// stops the fillers.
+    fn run(
+        &self,
+        threads: usize,
+        fault_buf: &mut Buffer,
+        faults: &AtomicU64,
+    ) -> Result<(), PlaceError> {
+        let work: Vec<(usize, usize)> = self
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(i, f)| (0..f.size.div_ceil(CHUNK) as usize).map(move |c| (i, c)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let done = AtomicBool::new(false);
+        let tasks = self.tasks;
+        std::thread::scope(|s| {
+            let fillers: Vec<_> = (0..threads)
+                .map(|_| s.spawn(|| self.fill(&work, &next)))
+                .collect();
+            // Meanwhile: the faults of tasks waiting for a page.
+            let serving = s.spawn(|| -> Result<(), PlaceError> {
+                while !done.load(Ordering::SeqCst) {
+                    for i in wait(-1, tasks)? {
+                        serve_faults(&tasks[i], fault_buf, faults)?;
+                    }
+                }
+                Ok(())
+            });
+            let mut result = Ok(());
+            for f in fillers {
+                let r = f
+                    .join()
+                    .unwrap_or_else(|_| Err("a filling thread panicked".into()));
+                if result.is_ok() {
+                    result = r;
+                }
+                if result.is_err() {
+                    self.stop.store(true, Ordering::SeqCst);
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+            let served = serving
+                .join()
+                .unwrap_or_else(|_| Err("the fault thread panicked".into()));
+            result.and(served)
+        })
+    }
+
+    /// One filler: takes the next `(file, chunk)` of `work` until none is
+    /// left or the server stops.
+    fn fill(&self, work: &[(usize, usize)], next: &AtomicUsize) -> Result<(), PlaceError> {
+        let mut buf = Buffer::new(FILL_CHUNK as usize);
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Err(PlaceError::from("cancelled"));
+            }
+            let Some(&(file, chunk)) = work.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return Ok(());
+            };
+            let f = &self.files[file];
+            let task = f.task.map(|t| &self.tasks[t]);
+            place_chunk(f, chunk, task, self.dir, &mut buf)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The server against this process's own memory (`super::super::testing`).
+    use super::super::protocol::RESTORE_FINISHED;
+    use super::super::testing::{
+        artifact, connect, deadline, region, send_task, write_images, UFFD_FEATURE_EVENT_UNMAP,
+    };
+    use super::*;
+    use crate::snapshot::criu_image::PAGE_SIZE;
+    use std::io::Write;
+
+    #[tokio::test]
+    async fn every_lazy_page_is_placed_and_a_touched_page_is_served_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = (5 << 20) + 3 * PAGE_SIZE as usize; // several fill chunks and a tail
+        let r = region(len, 0);
+        let data = write_images(dir.path(), 7, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 7, &r.uffd);
+        conn.write_all(&(-9i32).to_ne_bytes()).unwrap(); // a zombie: no descriptor
+                                                         // A task touching its memory before the restore finished waits only
+                                                         // for its own page.
+        let at = r.addr as usize + (3 << 20) + 5;
+        let touched = std::thread::spawn(move || {
+            // SAFETY: inside the region, which outlives this thread (joined below).
+            unsafe { std::ptr::read_volatile(at as *const u8) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(touched, data[(3 << 20) + 5]);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!((placed.tasks, placed.bytes), (1, len as u64));
+        assert!(placed.faults >= 1, "{placed:?}");
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..], "the region holds the image's bytes");
+        assert!(
+            !dir.path().join(SOCKET_NAME).exists(),
+            "the socket went with the server"
+        );
+    }
+
+    #[tokio::test]
+    async fn pages_are_checked_against_their_digests_as_they_are_placed() {
+        // Past one 64 MiB digest chunk, so two threads share the work.
+        let len = (CHUNK + (3 << 20)) as usize;
+        let r = region(len, 0);
+        let (dir, v, data) = artifact(11, &r);
+        let images = dir.path().join("images");
+        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 11, &r.uffd);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!(placed.bytes, len as u64);
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..]);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_pages_chunk_fails_naming_the_file_and_the_chunk() {
+        let len = (CHUNK + (1 << 20)) as usize;
+        let r = region(len, 0);
+        let (dir, v, _) = artifact(12, &r);
+        let images = dir.path().join("images");
+        // One bit of the second chunk, after the digests were taken.
+        let path = images.join("pages-1.img");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[CHUNK as usize + 4096 * 3 + 17] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 12, &r.uffd);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        match server.finish(deadline()).await.unwrap_err() {
+            PlaceError::Damaged(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("images/pages-1.img chunk 1 (bytes 67108864-"),
+                    "{e}"
+                );
+            }
+            other => panic!("not a damage: {other}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_address_space_change_while_pages_are_placed_fails_the_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 20, UFFD_FEATURE_EVENT_UNMAP);
+        write_images(dir.path(), 8, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 8, &r.uffd);
+        // The "tree" runs and unmaps part of its memory: it waits until the
+        // server read the event, which the server refuses.
+        let at = r.addr as usize;
+        let unmapped = std::thread::spawn(move || {
+            // SAFETY: the first page of the region; nothing reads it after.
+            unsafe { libc::munmap(at as *mut libc::c_void, PAGE_SIZE as usize) }
+        });
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
+        assert!(e.contains("event 0x16") && e.contains("pid 8"), "{e}");
+        assert_eq!(unmapped.join().unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn criu_going_away_before_the_restore_finished_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 16, 0);
+        write_images(dir.path(), 9, &r);
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 9, &r.uffd);
+        drop(conn);
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
+        assert!(e.contains("before the restore finished"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_task_without_images_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(1 << 16, 0);
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 10, &r.uffd);
+        let e = server.finish(deadline()).await.unwrap_err().to_string();
+        assert!(e.contains("pagemap-10.img"), "{e}");
+    }
+
+    #[test]
+    fn dropping_the_server_removes_its_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        assert!(dir.path().join(SOCKET_NAME).exists());
+        drop(server);
+        assert!(!dir.path().join(SOCKET_NAME).exists());
+    }
+}

@@ -1,0 +1,70 @@
+//! A restored task as the page server knows it (its userfaultfd, pages
+//! file and lazy ranges, read from its CRIU images), and which pages files
+//! the tasks of an image folder read.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use crate::snapshot::criu_image::{self, LazyPages};
+
+/// One restored task: its userfaultfd, pages file and lazy ranges.
+pub(super) struct Task {
+    pub(super) pid: i32,
+    pub(super) uffd: OwnedFd,
+    /// `images/pages-<id>.img`.
+    pub(super) pages_rel: String,
+    pub(super) pages: File,
+    pub(super) lazy: LazyPages,
+}
+
+impl Task {
+    pub(super) fn open(images: &Path, pid: i32, uffd: OwnedFd) -> Result<Self, String> {
+        let lazy = criu_image::lazy_pages(images, pid)?;
+        let name = format!("pages-{}.img", lazy.pages_id);
+        let path = images.join(&name);
+        let pages = File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        Ok(Task {
+            pid,
+            uffd,
+            pages_rel: format!("images/{name}"),
+            pages,
+            lazy,
+        })
+    }
+}
+
+/// The pages files of the tasks in `images`, as `images/pages-<id>.img`:
+/// what the page server reads whole (shared memory's pages files are not
+/// among them: CRIU places those itself).
+pub fn task_pages_files(images: &Path) -> Result<Vec<String>, String> {
+    let entries =
+        std::fs::read_dir(images).map_err(|e| format!("read {}: {e}", images.display()))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let name = entry
+            .map_err(|e| format!("read {}: {e}", images.display()))?
+            .file_name();
+        let name = name.to_string_lossy();
+        let pid = name
+            .strip_prefix("pagemap-")
+            .and_then(|n| n.strip_suffix(".img"))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if pid.is_some() {
+            let path = images.join(&*name);
+            let bytes =
+                std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+            let (id, _) = criu_image::parse_pagemap(&bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            out.push(format!("images/pages-{id}.img"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}

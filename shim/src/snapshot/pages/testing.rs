@@ -1,0 +1,144 @@
+//! Test fixtures of the page server: this process's own memory registered
+//! with a real userfaultfd, images written as CRIU writes them, and the
+//! descriptor handed over as CRIU's restore does.
+
+use std::fs::File;
+use std::io::{IoSlice, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::snapshot::criu_image::testing::{entry, image, mm};
+use crate::snapshot::criu_image::{self, PAGE_SIZE};
+
+use super::protocol::SOCKET_NAME;
+use super::task::task_pages_files;
+use super::verify::Verification;
+
+const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+
+pub struct Region {
+    pub addr: *mut u8,
+    pub len: usize,
+    pub uffd: OwnedFd,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // The descriptor first: with it open, an unmap would wait for a
+        // reader of its event.
+        let fd = std::mem::replace(&mut self.uffd, File::open("/dev/null").unwrap().into());
+        drop(fd);
+        // SAFETY: mapped in `region`, no reference to it outlives the test.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// `len` bytes of fresh anonymous memory whose missing pages go to the
+/// returned userfaultfd.
+pub fn region(len: usize, features: u64) -> Region {
+    // SAFETY: plain syscalls on memory and descriptors this test owns.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED);
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+        let uffd = OwnedFd::from_raw_fd(fd as RawFd);
+        let mut api = [0xAAu64, features, 0];
+        assert_eq!(libc::ioctl(fd as RawFd, UFFDIO_API, api.as_mut_ptr()), 0);
+        let mut reg = [addr as u64, len as u64, 1 /* MISSING */, 0];
+        assert_eq!(
+            libc::ioctl(fd as RawFd, UFFDIO_REGISTER, reg.as_mut_ptr()),
+            0
+        );
+        Region {
+            addr: addr as *mut u8,
+            len,
+            uffd,
+        }
+    }
+}
+
+/// Images of task `pid`: one present, not lazy page elsewhere first (so
+/// the region's bytes start one page into the pages file), then the
+/// region, lazy. Returns the region's expected bytes.
+pub fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
+    let data: Vec<u8> = (0..r.len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let start = r.addr as u64;
+    let pagemap = image(
+        criu_image::PAGEMAP_MAGIC,
+        &[
+            vec![8, 1],
+            entry(0x1000, 1, Some(criu_image::PE_PRESENT)),
+            entry(
+                start,
+                (r.len as u64) / PAGE_SIZE,
+                Some(criu_image::PE_PRESENT | criu_image::PE_LAZY),
+            ),
+        ],
+    );
+    std::fs::write(dir.join(format!("pagemap-{pid}.img")), pagemap).unwrap();
+    let mm = mm(start, start + r.len as u64);
+    std::fs::write(
+        dir.join(format!("mm-{pid}.img")),
+        image(criu_image::MM_MAGIC, &[mm]),
+    )
+    .unwrap();
+    let mut pages = vec![0xEEu8; PAGE_SIZE as usize];
+    pages.extend(&data);
+    std::fs::write(dir.join("pages-1.img"), pages).unwrap();
+    data
+}
+
+/// CRIU's side of the socket.
+pub fn connect(work: &Path) -> UnixStream {
+    UnixStream::connect(work.join(SOCKET_NAME)).unwrap()
+}
+
+pub fn send_task(conn: &mut UnixStream, pid: i32, uffd: &OwnedFd) {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    conn.write_all(&pid.to_ne_bytes()).unwrap();
+    let fds = [uffd.as_raw_fd()];
+    sendmsg::<()>(
+        conn.as_raw_fd(),
+        &[IoSlice::new(&[0])],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+}
+
+pub fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+/// An artifact folder with `images/` for task `pid`, its digests, and
+/// the region's expected bytes.
+pub fn artifact(pid: i32, r: &Region) -> (tempfile::TempDir, Verification, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("images")).unwrap();
+    let data = write_images(&dir.path().join("images"), pid, r);
+    let contents = vsnap_artifact::content::digest(dir.path(), 1).unwrap();
+    let names = task_pages_files(&dir.path().join("images")).unwrap();
+    assert_eq!(names, vec!["images/pages-1.img".to_string()]);
+    let files = names
+        .into_iter()
+        .map(|n| (n.clone(), contents[&n].clone()))
+        .collect();
+    let v = Verification {
+        dir: dir.path().to_path_buf(),
+        files,
+    };
+    (dir, v, data)
+}
