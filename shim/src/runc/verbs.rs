@@ -1,0 +1,178 @@
+//! runc's verbs as the shim calls them: create, start, exec, kill, delete,
+//! pause, resume, ps, update, checkpoint, restore.
+
+use std::path::Path;
+
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::mounts;
+
+use super::invocation::{CheckpointFlags, ChildStdio, Invocation};
+use super::run::Runc;
+
+impl Runc {
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        no_pivot: bool,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("create", "create")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .arg_if(no_pivot, "--no-pivot")
+            .arg(id);
+        inv.stdio = stdio;
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("start", "start").arg(id))
+            .await
+            .map(drop)
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        process_json: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("exec", "exec")
+            .arg("--detach")
+            .arg("--process")
+            .arg(process_json)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .arg(id);
+        inv.stdio = stdio;
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
+        let inv = Invocation::new("kill", "kill")
+            .arg_if(all, "--all")
+            .arg(id)
+            .arg(signal.to_string());
+        self.run(inv).await.map(drop)
+    }
+
+    /// `runc delete`, never through a mount: runc removes its state folder
+    /// recursively, and a restore bind-mounts the rootfs under it
+    /// (`criu-root`). What is mounted there comes off first; if anything
+    /// stays, runc's state is kept and the error says why.
+    pub async fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let state = self.root.join(id);
+        mounts::unmount_under(&state);
+        if mounts::has_mounts_under(&state) {
+            return Err(Error::FailedPrecondition(format!(
+                "delete: mounts remain under {}: runc's state is kept so nothing under them is removed",
+                state.display()
+            )));
+        }
+        let inv = Invocation::new("delete", "delete")
+            .arg_if(force, "--force")
+            .arg(id);
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("pause", "pause").arg(id))
+            .await
+            .map(drop)
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        self.run(Invocation::new("resume", "resume").arg(id))
+            .await
+            .map(drop)
+    }
+
+    /// The pids of every process in the container.
+    pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
+        let out = self
+            .run(
+                Invocation::new("pids", "ps")
+                    .arg("--format")
+                    .arg("json")
+                    .arg(id),
+            )
+            .await?;
+        let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|e| {
+            Error::Other(format!(
+                "pids: runc ps printed something other than JSON: {e}"
+            ))
+        })?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    /// `runc update --resources -`, with the OCI LinuxResources JSON on stdin.
+    pub async fn update(&self, id: &str, resources_json: Vec<u8>) -> Result<()> {
+        let mut inv = Invocation::new("update", "update")
+            .arg("--resources")
+            .arg("-")
+            .arg(id);
+        inv.input = Some(resources_json);
+        self.run(inv).await.map(drop)
+    }
+
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        image: &Path,
+        work: &Path,
+        flags: &CheckpointFlags,
+        deadline: Option<&Deadline>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("checkpoint", "checkpoint")
+            .arg("--image-path")
+            .arg(image)
+            .arg("--work-path")
+            .arg(work)
+            .arg_if(flags.leave_running, "--leave-running")
+            .criu_flags(flags)
+            .arg(id);
+        inv.deadline = deadline;
+        self.run(inv).await.map(drop)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn restore(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image: &Path,
+        work: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        flags: &CheckpointFlags,
+        stdio: Option<ChildStdio>,
+        deadline: Option<&Deadline>,
+    ) -> Result<()> {
+        let mut inv = Invocation::new("restore", "restore")
+            .arg("--detach")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--image-path")
+            .arg(image)
+            .arg("--work-path")
+            .arg(work)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .opt("--console-socket", console_socket)
+            .criu_flags(flags)
+            .arg(id);
+        inv.stdio = stdio;
+        inv.deadline = deadline;
+        self.run(inv).await.map(drop)
+    }
+}
