@@ -5,9 +5,9 @@
 //! live value (or digest).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -430,23 +430,17 @@ fn which(bin: &Path) -> PathBuf {
         .unwrap_or_else(|| bin.to_path_buf())
 }
 
+/// How long a tool's `--version` may take: a wedged binary costs a capture
+/// or the `fingerprint` hook this much, its version `absent` (never cached).
+const VERSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn first_line(bin: &Path, arg: &str) -> String {
-    let run = || -> Option<String> {
-        let mut child = Command::new(bin)
-            .arg(arg)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mut out = String::new();
-        child.stdout.take()?.read_to_string(&mut out).ok()?;
-        // Only what it printed counts: a subreaper (the shim reaps every
-        // child) may have collected its exit status already.
-        let _ = child.wait();
-        out.lines().next().map(str::to_string)
-    };
-    run().unwrap_or_else(|| "absent".to_string())
+    // Only what it printed counts: a subreaper (the shim reaps every
+    // child) may have collected its exit status already.
+    crate::spawn::run(Command::new(bin).arg(arg), VERSION_TIMEOUT)
+        .ok()
+        .and_then(|ran| ran.stdout.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "absent".to_string())
 }
 
 fn file_sha256(path: &Path) -> String {

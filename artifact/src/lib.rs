@@ -20,6 +20,7 @@ pub mod lock;
 pub mod manifest;
 pub mod rootfs;
 pub mod signature;
+pub mod spawn;
 pub mod tool_cache;
 
 pub use clocks::Clocks;

@@ -26,13 +26,13 @@
 //! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
 //! part of the comparison.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 use vsnap_artifact::gpu::{self, Gpu, GpuError, NVIDIA_SMI_ARGS};
+use vsnap_artifact::spawn::{self, RunError};
 use vsnap_artifact::{HostIdentity, Manifest, Tools, Workload};
 
 use crate::{artifact_name, read_spec, Failure, Flags, StateSource, CONTROL_MOUNT};
@@ -140,39 +140,21 @@ pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(20);
 /// ([`NVIDIA_SMI_ARGS`], [`gpu::parse_nvidia_smi`]).
 pub fn gpus(nvidia_smi: &Path, timeout: Duration) -> Result<Vec<Gpu>, Failure> {
     let what = format!("{} {}", nvidia_smi.display(), NVIDIA_SMI_ARGS[0]);
-    let mut child = Command::new(nvidia_smi)
-        .args(NVIDIA_SMI_ARGS)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| Failure::Check(format!("{what}: {e} (the artifact was made with GPUs)")))?;
-    let mut stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = (&mut stdout).take(1 << 20).read_to_string(&mut out);
-        out
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Failure::Check(format!(
-                    "{what}: no answer within {}s (the driver may be wedged)",
-                    timeout.as_secs()
-                )));
-            }
+    let mut cmd = Command::new(nvidia_smi);
+    cmd.args(NVIDIA_SMI_ARGS);
+    let ran = spawn::run(&mut cmd, timeout).map_err(|e| match e {
+        RunError::Spawn(e) => {
+            Failure::Check(format!("{what}: {e} (the artifact was made with GPUs)"))
         }
-    };
-    let out = reader.join().unwrap_or_default();
-    if !status.success() {
+        RunError::Timeout | RunError::Wait(_) => Failure::Check(format!(
+            "{what}: no answer within {}s (the driver may be wedged)",
+            timeout.as_secs()
+        )),
+    })?;
+    if let Some((status, _)) = ran.failure() {
         return Err(Failure::Check(format!("{what}: {status}")));
     }
-    gpu::parse_nvidia_smi(&out).map_err(|e| match e {
+    gpu::parse_nvidia_smi(&ran.stdout).map_err(|e| match e {
         GpuError::NoGpu => Failure::Check(format!(
             "{what}: lists no GPU (the artifact was made with GPUs)"
         )),
