@@ -18,17 +18,11 @@ pub fn path(root: &Path, name: &str) -> PathBuf {
     root.join(name)
 }
 
-/// The artifact name rule (of `vsnap.io/artifact`, the CLI and a pulled
-/// artifact): `[A-Za-z0-9_.-]`, 1-128 characters, not starting with a dot;
-/// never a path.
+/// The artifact name rule ([`crate::ArtifactName`]), as a check.
 pub fn check_name(name: &str) -> std::result::Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    if name.is_empty() || name.len() > 128 || name.starts_with('.') || !name.chars().all(ok_char) {
-        return Err(format!(
-            "{name:?} is not an artifact name ([A-Za-z0-9_.-], 1-128 characters, not starting with '.'; paths are refused)"
-        ));
-    }
-    Ok(())
+    crate::ArtifactName::new(name)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Creates the artifact root (0700) if missing and checks every component.

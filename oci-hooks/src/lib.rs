@@ -242,16 +242,12 @@ impl Flags {
     }
 }
 
-/// An artifact is a plain name under the artifact root (as the
-/// `vsnap.io/artifact` annotation): `[A-Za-z0-9_.-]`, 1-128, no leading dot.
+/// An artifact is a plain name under the artifact root (the rule of
+/// [`vsnap_artifact::ArtifactName`], as the `vsnap.io/artifact` annotation).
 pub fn check_artifact_name(name: &str) -> Result<(), Failure> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    if name.is_empty() || name.len() > 128 || name.starts_with('.') || !name.chars().all(ok) {
-        return Err(Failure::Usage(format!(
-            "--artifact {name:?}: must be a name under the artifact root ([A-Za-z0-9_.-], 1-128, not starting with '.'); paths are refused"
-        )));
-    }
-    Ok(())
+    vsnap_artifact::ArtifactName::new(name)
+        .map(drop)
+        .map_err(|e| Failure::Usage(format!("--artifact: {e}")))
 }
 
 /// The annotation naming the artifact (docs/annotations.md).

@@ -18,6 +18,7 @@ use crate::exits::Exits;
 use crate::labels;
 use crate::runc::{CriuTools, Runc};
 use crate::snapshot::plan::{CRI_CONTAINER_TYPE, PLAN};
+use crate::snapshot::prepare::Inputs;
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
 use crate::snapshot::{fetch, spec, Snapshot};
 
@@ -92,7 +93,9 @@ impl Creator<'_> {
     /// The snapshot plan of `req`, prepared (None: the container runs plain).
     async fn snapshot_plan(&self, req: &CreateRequest) -> Result<Option<Snapshot>> {
         let config = &req.config;
-        let settings = self.snapshot_settings(&req.bundle, &req.id, config).await?;
+        // Read once: the plan's edits are made to this copy, written once.
+        let spec = spec::read(&req.bundle)?;
+        let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
         fetch::ensure_local(&req.id, config, &settings).await?;
@@ -108,15 +111,16 @@ impl Creator<'_> {
         let config = config.clone();
         let layer = WritableLayer::of(&req.rootfs);
         tokio::task::spawn_blocking(move || {
-            Snapshot::prepare(
-                &bundle,
-                &id,
-                &ns,
-                &config,
-                &settings,
-                image_digest.as_deref(),
+            Snapshot::prepare(Inputs {
+                bundle: &bundle,
+                id: &id,
+                namespace: &ns,
+                config: &config,
+                settings: &settings,
+                image_digest: image_digest.as_deref(),
                 layer,
-            )
+                spec,
+            })
         })
         .await
         .map_err(|e| Error::Other(format!("create: {e}")))?
@@ -127,11 +131,11 @@ impl Creator<'_> {
     /// already choose a plan, or `read_labels` is off).
     async fn snapshot_settings(
         &self,
-        bundle: &Path,
+        spec: &serde_json::Value,
         id: &str,
         config: &RuntimeConfig,
     ) -> Result<HashMap<String, String>> {
-        let annotations = spec::annotations(bundle)?;
+        let annotations = spec::annotations(spec);
         if !config.read_labels
             || annotations.contains_key(PLAN)
             || annotations.contains_key(CRI_CONTAINER_TYPE)

@@ -47,7 +47,7 @@ pub async fn ensure_local(
                 .map_err(|e| Error::Other(format!("restore: pull {reference}: runtime: {e}")))?;
             Ok::<_, Error>(rt.block_on(tokio::time::timeout(
                 timeout,
-                pull_if_missing(&config, &reference, &name),
+                pull_if_missing(&config, &reference, name.as_str()),
             )))
         })
     };
@@ -124,7 +124,7 @@ impl PushTarget {
         }
         Some(PushTarget {
             reference: plan.artifact_ref.clone()?,
-            name: plan.artifact.clone()?,
+            name: plan.artifact.clone()?.to_string(),
             config: config.clone(),
         })
     }

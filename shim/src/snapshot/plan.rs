@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
+use vsnap_artifact::ArtifactName;
 
 use crate::error::{Error, Result};
 
@@ -40,7 +41,7 @@ pub enum AfterCapture {
 pub struct Plan {
     pub mode: Mode,
     /// `None` only with `auto`: the name is then derived from the workload.
-    pub artifact: Option<String>,
+    pub artifact: Option<ArtifactName>,
     pub host: Option<String>,
     pub port: u16,
     pub after_capture: AfterCapture,
@@ -74,8 +75,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
     };
     let artifact = match (a.get(ARTIFACT), mode) {
         (Some(name), _) => {
-            check_artifact_name(name).map_err(|m| invalid(ARTIFACT, m))?;
-            Some(name.clone())
+            Some(ArtifactName::new(name.as_str()).map_err(|e| invalid(ARTIFACT, e.to_string()))?)
         }
         (None, Mode::Auto) => None,
         (None, _) => {
@@ -195,20 +195,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
-}
-
-/// An artifact is a plain name under the artifact root: no paths, no dots first.
-pub fn check_artifact_name(name: &str) -> std::result::Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    if name.is_empty() || name.len() > 128 {
-        return Err(format!("{name:?} must be 1-128 characters"));
-    }
-    if name.starts_with('.') || !name.chars().all(ok_char) {
-        return Err(format!(
-            "{name:?} must be a name under the artifact root ([A-Za-z0-9_.-], not starting with '.'); paths are refused"
-        ));
-    }
-    Ok(())
 }
 
 /// `HOST:PORT`, `[V6]:PORT` or `:PORT` (all interfaces, host null). The

@@ -2,6 +2,8 @@
 //! bind-mounted at [`CONTROL_MOUNT`], the engine told where it is, and the
 //! `vsnap-hook` preflight checks as `createRuntime` hooks.
 //! Unknown spec fields are kept as they are (the spec is edited as JSON).
+//! The spec is read once at create ([`read`]), edited in memory by the
+//! `add_*` functions and written once ([`write`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,17 +17,15 @@ use super::{Snapshot, CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 use crate::error::{Error, Result};
 
 /// The spec's annotations (empty when it has none).
-pub fn annotations(bundle: &Path) -> Result<HashMap<String, String>> {
-    let spec = read(bundle)?;
-    Ok(spec
-        .get("annotations")
+pub fn annotations(spec: &Value) -> HashMap<String, String> {
+    spec.get("annotations")
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
                 .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
                 .collect()
         })
-        .unwrap_or_default())
+        .unwrap_or_default()
 }
 
 pub fn read(bundle: &Path) -> Result<Value> {
@@ -38,8 +38,7 @@ pub fn read(bundle: &Path) -> Result<Value> {
 
 /// Adds the control dir mount and, for the startup profile (`timeout_s`
 /// given), the engine's snapshot config in its environment.
-pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: Option<u64>) -> Result<()> {
-    let mut spec = read(bundle)?;
+pub fn add_control_dir(spec: &mut Value, control_dir: &Path, timeout_s: Option<u64>) -> Result<()> {
     let mount = json!({
         "destination": CONTROL_MOUNT,
         "type": "bind",
@@ -54,7 +53,7 @@ pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: Option<u64>
         None => spec["mounts"] = json!([mount]),
     }
     let Some(timeout_s) = timeout_s else {
-        return write(bundle, &spec);
+        return Ok(());
     };
     let config =
         json!({"mode": "startup", "control_dir": CONTROL_MOUNT, "timeout_s": timeout_s as f64});
@@ -72,7 +71,7 @@ pub fn add_control_dir(bundle: &Path, control_dir: &Path, timeout_s: Option<u64>
             .is_some_and(|s| s.starts_with(&format!("{SNAPSHOT_CONFIG_ENV}=")))
     });
     env.push(Value::String(entry));
-    write(bundle, &spec)
+    Ok(())
 }
 
 /// The process's argv.
@@ -139,6 +138,7 @@ pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 /// the annotation at it. runc reads one file or the other, never both, so
 /// nothing the operator configured is lost and vsnap's options always hold.
 pub fn add_criu_config(
+    spec: &mut Value,
     bundle: &Path,
     base_default: &Path,
     plugin_dir: &Path,
@@ -146,7 +146,6 @@ pub fn add_criu_config(
     lazy_pages: bool,
     keep_link_remaps_in: Option<&Path>,
 ) -> Result<()> {
-    let mut spec = read(bundle)?;
     let script = match keep_link_remaps_in {
         Some(host_shm) => {
             use std::os::unix::fs::OpenOptionsExt;
@@ -184,7 +183,7 @@ pub fn add_criu_config(
         spec["annotations"] = json!({});
     }
     spec["annotations"][CRIU_CONFIG_ANNOTATION] = Value::String(path.display().to_string());
-    write(bundle, &spec)
+    Ok(())
 }
 
 /// The host folder bind-mounted at `/dev/shm`, when the container has one
@@ -204,8 +203,7 @@ pub fn host_dev_shm(spec: &Value) -> Option<std::path::PathBuf> {
 
 /// Appends `--snapshot-config <json>` to the argv (stock vLLM reads its
 /// snapshot config from its arguments).
-pub fn add_snapshot_config_arg(bundle: &Path, timeout_s: u64) -> Result<()> {
-    let mut spec = read(bundle)?;
+pub fn add_snapshot_config_arg(spec: &mut Value, timeout_s: u64) -> Result<()> {
     let config =
         json!({"mode": "startup", "control_dir": CONTROL_MOUNT, "timeout_s": timeout_s as f64});
     let args = spec["process"]["args"]
@@ -213,7 +211,7 @@ pub fn add_snapshot_config_arg(bundle: &Path, timeout_s: u64) -> Result<()> {
         .ok_or_else(|| Error::InvalidArgument("create: spec process.args is not a list".into()))?;
     args.push(Value::String("--snapshot-config".into()));
     args.push(Value::String(config.to_string()));
-    write(bundle, &spec)
+    Ok(())
 }
 
 /// The OCI hook binary shipped beside the shim (package vsnap-oci-hooks).
@@ -232,12 +230,11 @@ pub fn hook_binary() -> Option<PathBuf> {
 /// ["vsnap-hook", check...], timeout: 30}`), after the hooks the spec already
 /// has. Idempotent: a hook already there with the same path and args is not
 /// added again.
-pub fn add_hooks(bundle: &Path, hook: &Path, checks: &[Vec<String>]) -> Result<()> {
+pub fn add_hooks(spec: &mut Value, hook: &Path, checks: &[Vec<String>]) -> Result<()> {
     let invalid = |what: &str| Error::InvalidArgument(format!("create: spec {what}"));
     let hook = hook
         .to_str()
         .ok_or_else(|| invalid(&format!("hook path {} is not UTF-8", hook.display())))?;
-    let mut spec = read(bundle)?;
     let object = spec
         .as_object_mut()
         .ok_or_else(|| invalid("is not a JSON object"))?;
@@ -264,7 +261,7 @@ pub fn add_hooks(bundle: &Path, hook: &Path, checks: &[Vec<String>]) -> Result<(
             list.push(entry);
         }
     }
-    write(bundle, &spec)
+    Ok(())
 }
 
 /// The checks for a snapshot container. Restore: `ownership` of the
@@ -273,14 +270,7 @@ pub fn add_hooks(bundle: &Path, hook: &Path, checks: &[Vec<String>]) -> Result<(
 /// the control dir. Both add `io-uring` when `enforce_io_uring` (the
 /// container's user against `kernel.io_uring_disabled`).
 pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
-    let text = |p: &Path| p.display().to_string();
-    let dir = s.artifact_dir();
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let root = text(&s.root);
-    let control = text(&s.control_dir);
+    let control = s.control_dir.display().to_string();
     // The control dir is the engine's user's (the folders above it root's).
     let owner = s.control_owner.0;
     let control_owner: Vec<String> = if owner == 0 {
@@ -288,72 +278,83 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
     } else {
         vec!["--control-owner".into(), owner.to_string()]
     };
-    let mut checks = Vec::new();
-    match s.mode {
-        Mode::Restore => {
-            checks.push(
-                [
-                    "ownership",
-                    "--artifact-root",
-                    &root,
-                    "--artifact",
-                    &name,
-                    "--control-dir",
-                    &control,
-                ]
-                .map(String::from)
-                .into_iter()
-                .chain(control_owner)
-                .collect(),
-            );
-            let mut fingerprint: Vec<String> = [
-                "fingerprint",
-                "--artifact-root",
-                &root,
-                "--artifact",
-                &name,
-                "--runc",
-                &text(&s.tools.runc),
-                "--criu",
-                &text(&s.tools.criu),
-                "--cuda-plugin",
-                &text(&s.tools.cuda_plugin),
-                "--cuda-checkpoint",
-                &text(&s.tools.cuda_checkpoint),
-                "--shim-version",
-                env!("CARGO_PKG_VERSION"),
-            ]
-            .map(String::from)
-            .to_vec();
-            // prepare appended `--snapshot-config JSON` to a vllm serve argv;
-            // the captured workload was taken before that edit.
-            if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
-                fingerprint.push("--strip-snapshot-config-arg".into());
-            }
-            // The workload's secrets were keyed with the fleet's key.
-            if let Some(key) = &s.fingerprint_key {
-                fingerprint.push("--fingerprint-key".into());
-                fingerprint.push(text(key));
-            }
-            // The container's own GPUs, not the host's.
-            let uuids: Vec<&str> = s.gpus.iter().map(|g| g.uuid.as_str()).collect();
-            if !uuids.is_empty() {
-                fingerprint.push("--gpu-uuids".into());
-                fingerprint.push(uuids.join(","));
-            }
-            checks.push(fingerprint);
-        }
-        _ => checks.push(
-            ["ownership".into(), "--control-dir".into(), control]
-                .into_iter()
-                .chain(control_owner)
-                .collect(),
-        ),
-    }
+    let mut checks = match s.mode {
+        Mode::Restore => restore_checks(s, argv, control, control_owner),
+        _ => vec![["ownership".into(), "--control-dir".into(), control]
+            .into_iter()
+            .chain(control_owner)
+            .collect()],
+    };
     if enforce_io_uring {
         checks.push(vec!["io-uring".into()]);
     }
     checks
+}
+
+/// A restore's checks: the artifact's and the control dir's ownership, and
+/// its fingerprint (manifest MAC, host, workload) with the shim's tools.
+fn restore_checks(
+    s: &Snapshot,
+    argv: &[String],
+    control: String,
+    control_owner: Vec<String>,
+) -> Vec<Vec<String>> {
+    let text = |p: &Path| p.display().to_string();
+    let dir = s.artifact_dir();
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let root = text(&s.root);
+    let ownership = [
+        "ownership",
+        "--artifact-root",
+        &root,
+        "--artifact",
+        &name,
+        "--control-dir",
+        &control,
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain(control_owner)
+    .collect();
+    let mut fingerprint: Vec<String> = [
+        "fingerprint",
+        "--artifact-root",
+        &root,
+        "--artifact",
+        &name,
+        "--runc",
+        &text(&s.tools.runc),
+        "--criu",
+        &text(&s.tools.criu),
+        "--cuda-plugin",
+        &text(&s.tools.cuda_plugin),
+        "--cuda-checkpoint",
+        &text(&s.tools.cuda_checkpoint),
+        "--shim-version",
+        env!("CARGO_PKG_VERSION"),
+    ]
+    .map(String::from)
+    .to_vec();
+    // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
+    // captured workload was taken before that edit.
+    if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
+        fingerprint.push("--strip-snapshot-config-arg".into());
+    }
+    // The workload's secrets were keyed with the fleet's key.
+    if let Some(key) = &s.fingerprint_key {
+        fingerprint.push("--fingerprint-key".into());
+        fingerprint.push(text(key));
+    }
+    // The container's own GPUs, not the host's.
+    let uuids: Vec<&str> = s.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    if !uuids.is_empty() {
+        fingerprint.push("--gpu-uuids".into());
+        fingerprint.push(uuids.join(","));
+    }
+    vec![ownership, fingerprint]
 }
 
 /// Installs [`snapshot_checks`] as `createRuntime` hooks in the bundle, so
@@ -362,7 +363,7 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
 /// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
 /// left out with a warning (the shim's own preflight still runs), unless the
 /// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(bundle: &Path, s: &Snapshot, enforce_io_uring: bool) -> Result<()> {
+pub fn add_snapshot_hooks(spec: &mut Value, s: &Snapshot, enforce_io_uring: bool) -> Result<()> {
     let Some(hook) = hook_binary() else {
         if enforce_io_uring {
             return Err(Error::FailedPrecondition(format!(
@@ -372,8 +373,8 @@ pub fn add_snapshot_hooks(bundle: &Path, s: &Snapshot, enforce_io_uring: bool) -
         log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
         return Ok(());
     };
-    let argv = args(&read(bundle)?);
-    add_hooks(bundle, &hook, &snapshot_checks(s, &argv, enforce_io_uring))
+    let checks = snapshot_checks(s, &args(spec), enforce_io_uring);
+    add_hooks(spec, &hook, &checks)
 }
 
 /// Replaces the bundle's config.json (write a temporary file, rename).
@@ -398,9 +399,11 @@ mod tests {
             r#"{"ociVersion":"1.0.2","process":{"args":["x"],"env":["A=1"],"cwd":"/"},"root":{"path":"r"},"x-custom":1}"#,
         )
         .unwrap();
+        let mut spec = read(dir.path()).unwrap();
         for _ in 0..2 {
-            add_control_dir(dir.path(), Path::new("/var/lib/vsnap/c1"), Some(60)).unwrap();
+            add_control_dir(&mut spec, Path::new("/var/lib/vsnap/c1"), Some(60)).unwrap();
         }
+        write(dir.path(), &spec).unwrap();
         let spec: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap())
                 .unwrap();
@@ -453,10 +456,10 @@ mod tests {
             vec!["ownership".to_string(), "--control-dir".into(), "/c".into()],
             vec!["io-uring".to_string()],
         ];
+        let mut spec = read(dir.path()).unwrap();
         for _ in 0..2 {
-            add_hooks(dir.path(), Path::new("/opt/vsnap/vsnap-hook"), &checks).unwrap();
+            add_hooks(&mut spec, Path::new("/opt/vsnap/vsnap-hook"), &checks).unwrap();
         }
-        let spec = read(dir.path()).unwrap();
         let hooks = spec["hooks"]["createRuntime"].as_array().unwrap();
         assert_eq!(hooks.len(), 3, "{hooks:?}");
         assert_eq!(
@@ -474,14 +477,11 @@ mod tests {
 
     #[test]
     fn a_spec_without_hooks_gets_them_and_a_bad_one_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("config.json");
-        std::fs::write(&config, r#"{"process":{"args":["x"]},"hooks":null}"#).unwrap();
-        add_hooks(dir.path(), Path::new("/h"), &[vec!["io-uring".into()]]).unwrap();
-        let spec = read(dir.path()).unwrap();
+        let mut spec = json!({"process":{"args":["x"]},"hooks":null});
+        add_hooks(&mut spec, Path::new("/h"), &[vec!["io-uring".into()]]).unwrap();
         assert_eq!(spec["hooks"]["createRuntime"][0]["path"], "/h");
-        std::fs::write(&config, r#"{"process":{"args":["x"]},"hooks":[]}"#).unwrap();
-        let err = add_hooks(dir.path(), Path::new("/h"), &[vec!["io-uring".into()]])
+        let mut spec = json!({"process":{"args":["x"]},"hooks":[]});
+        let err = add_hooks(&mut spec, Path::new("/h"), &[vec!["io-uring".into()]])
             .unwrap_err()
             .to_string();
         assert!(err.contains("hooks is not an object"), "{err}");

@@ -28,7 +28,7 @@ impl Phase<CaptureRun> for Checkpoint {
         let s = &run.snapshot;
         ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
         let staging =
-            Staging::new(&s.root, &s.artifact).map_err(|e| artifact_error("capture", e))?;
+            Staging::new(&s.root, s.artifact.as_str()).map_err(|e| artifact_error("capture", e))?;
         let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,

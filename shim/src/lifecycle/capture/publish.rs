@@ -79,7 +79,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
     let ready = run.ready();
     Manifest {
         schema_version: SCHEMA_VERSION,
-        name: s.artifact.clone(),
+        name: s.artifact.to_string(),
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default(),

@@ -99,51 +99,8 @@ impl RestoreRun {
                 "the checkpoint restore limit of 3600s",
             ),
         };
-        let mut verify = snapshot.as_ref().and_then(|s| {
-            Some(Verify {
-                dir: s.artifact_dir(),
-                contents: s.contents.clone()?,
-                beside_criu: s.holds_stopped(),
-                hashed_elsewhere: s.verified_at_create.clone(),
-            })
-        });
-        // The page server hashes the pages files as it places them.
-        let place_pages = snapshot.as_ref().is_some_and(|s| s.place_pages);
-        let page_verification = verify
-            .as_mut()
-            .filter(|_| place_pages)
-            .and_then(Verify::hand_pages_to_the_page_server);
-        let work = c.bundle.join("criu-work");
-        std::fs::create_dir_all(&work)
-            .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
-        let prepared = c.begin_restore(deadline.cancel.clone())?;
-        let job = RestoreJob {
-            id: c.id.clone(),
-            bundle: c.bundle.clone(),
-            runc: c.runc.clone(),
-            image,
-            work,
-            pid_file: c.pid_file(),
-            // A snapshot restore takes the options its capture used.
-            flags: match &snapshot {
-                Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
-                None => CheckpointFlags {
-                    shell_job: c.init.stdio.terminal,
-                    ..Default::default()
-                },
-            },
-            cgroups_path: c.cgroups_path(),
-            prepared: Some(prepared),
-            place_pages,
-            page_verification,
-            placed: None,
-            // Its own token below the kill's: the verification stops CRIU
-            // with it on damage, which is not a kill of the start.
-            deadline: Deadline {
-                cancel: deadline.cancel.child_token(),
-                ..deadline.clone()
-            },
-        };
+        let mut verify = snapshot.as_ref().and_then(Verify::of);
+        let job = restore_job(c, image, snapshot.as_ref(), verify.as_mut(), &deadline)?;
         let kind = match &snapshot {
             Some(s) => Kind::Snapshot {
                 gpu: !s.gpus.is_empty(),
@@ -214,4 +171,51 @@ impl Run for RestoreRun {
             self.shared.publish_exit(&c.id, "", 0, exit).await;
         }
     }
+}
+
+/// The `runc restore` job of `c`'s init, its stdio made ready (the init is
+/// Restoring from here). Where vsnap's page server places the memory, it
+/// takes the pages files out of `verify` and hashes them as it places them.
+fn restore_job(
+    c: &mut Container,
+    image: PathBuf,
+    snapshot: Option<&Snapshot>,
+    verify: Option<&mut Verify>,
+    deadline: &Deadline,
+) -> Result<RestoreJob> {
+    let place_pages = snapshot.is_some_and(|s| s.place_pages);
+    let page_verification = verify
+        .filter(|_| place_pages)
+        .and_then(Verify::hand_pages_to_the_page_server);
+    let work = c.bundle.join("criu-work");
+    std::fs::create_dir_all(&work)
+        .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
+    let prepared = c.begin_restore(deadline.cancel.clone())?;
+    Ok(RestoreJob {
+        id: c.id.clone(),
+        bundle: c.bundle.clone(),
+        runc: c.runc.clone(),
+        image,
+        work,
+        pid_file: c.pid_file(),
+        // A snapshot restore takes the options its capture used.
+        flags: match snapshot {
+            Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
+            None => CheckpointFlags {
+                shell_job: c.init.stdio.terminal,
+                ..Default::default()
+            },
+        },
+        cgroups_path: c.cgroups_path(),
+        prepared: Some(prepared),
+        place_pages,
+        page_verification,
+        placed: None,
+        // Its own token below the kill's: the verification stops CRIU
+        // with it on damage, which is not a kill of the start.
+        deadline: Deadline {
+            cancel: deadline.cancel.child_token(),
+            ..deadline.clone()
+        },
+    })
 }

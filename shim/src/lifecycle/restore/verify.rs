@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::artifact_error;
-use crate::snapshot::{pages, DIGEST_THREADS};
+use crate::snapshot::{pages, Snapshot, DIGEST_THREADS};
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.
@@ -32,6 +32,16 @@ pub struct Verify {
 pub type Verifying = JoinHandle<std::result::Result<Duration, ArtifactError>>;
 
 impl Verify {
+    /// What a snapshot restore verifies; None without `verify_contents`.
+    pub fn of(s: &Snapshot) -> Option<Self> {
+        Some(Verify {
+            dir: s.artifact_dir(),
+            contents: s.contents.clone()?,
+            beside_criu: s.holds_stopped(),
+            hashed_elsewhere: s.verified_at_create.clone(),
+        })
+    }
+
     /// The tasks' pages files, with their digests, for the page server to
     /// hash as it places them; this verification leaves them to it. None
     /// when the pagemaps cannot be read (a damaged one is then named by
