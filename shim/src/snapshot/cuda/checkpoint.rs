@@ -2,12 +2,22 @@
 //! its CUDA state) and, after a failed dump, restoring and unlocking it.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
-use super::tool::{run_tool, ToolError};
+use vsnap_artifact::spawn::{self, Ran, RunError};
 
 /// How long one cuda-checkpoint query may take.
 pub const CUDA_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `cuda_checkpoint args` within [`CUDA_CHECKPOINT_TIMEOUT`], its
+/// status possibly taken by the shim's reaper (see [`spawn`]).
+fn run_cuda_checkpoint(cuda_checkpoint: &Path, args: &[&str]) -> Result<Ran, RunError> {
+    spawn::run(
+        Command::new(cuda_checkpoint).args(args),
+        CUDA_CHECKPOINT_TIMEOUT,
+    )
+}
 
 /// Asks cuda-checkpoint whether `pid` is a CUDA process: its restore
 /// thread's id when it is, else cuda-checkpoint's own message (what the CUDA
@@ -15,11 +25,11 @@ pub const CUDA_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn cuda_restore_tid(cuda_checkpoint: &Path, pid: i32) -> Result<i32, String> {
     let pid_text = pid.to_string();
     let args = ["--get-restore-tid", "--pid", pid_text.as_str()];
-    let ran = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT).map_err(|e| match e {
-        ToolError::Spawn(e) | ToolError::Wait(e) => {
+    let ran = run_cuda_checkpoint(cuda_checkpoint, &args).map_err(|e| match e {
+        RunError::Spawn(e) | RunError::Wait(e) => {
             format!("{}: {e}", cuda_checkpoint.display())
         }
-        ToolError::Timeout => format!(
+        RunError::Timeout => format!(
             "{} did not answer within {}s",
             cuda_checkpoint.display(),
             CUDA_CHECKPOINT_TIMEOUT.as_secs()
@@ -39,7 +49,7 @@ pub fn cuda_restore_tid(cuda_checkpoint: &Path, pid: i32) -> Result<i32, String>
 pub fn cuda_state(cuda_checkpoint: &Path, pid: i32) -> Result<String, String> {
     let pid_text = pid.to_string();
     let args = ["--get-state", "--pid", pid_text.as_str()];
-    let ran = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT)
+    let ran = run_cuda_checkpoint(cuda_checkpoint, &args)
         .map_err(|_| format!("{} --get-state failed to run", cuda_checkpoint.display()))?;
     match ran.failure() {
         Some((status, output)) => Err(format!("{output} ({status})")),
@@ -64,8 +74,8 @@ pub fn resume_gpu_best_effort(cuda_checkpoint: &Path, pids: &[i32]) -> Vec<Strin
         for action in actions {
             let pid_text = pid.to_string();
             let args = ["--action", action, "--pid", pid_text.as_str()];
-            let ok = run_tool(cuda_checkpoint, &args, CUDA_CHECKPOINT_TIMEOUT)
-                .is_ok_and(|r| r.failure().is_none());
+            let ok =
+                run_cuda_checkpoint(cuda_checkpoint, &args).is_ok_and(|r| r.failure().is_none());
             done.push(format!(
                 "pid {pid}: {action} {}",
                 if ok { "done" } else { "failed" }

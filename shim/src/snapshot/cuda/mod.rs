@@ -42,7 +42,6 @@ mod nvidia_smi;
 mod preflight;
 #[cfg(test)]
 mod testutil;
-mod tool;
 
 pub use checkpoint::{cuda_restore_tid, cuda_state, resume_gpu_best_effort};
 pub use devices::{container_gpus, spec_nvidia_devices};

@@ -2,13 +2,14 @@
 //! reading its answer.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vsnap_artifact::gpu::{parse_nvidia_smi, Gpu, GpuError, NVIDIA_SMI_ARGS};
+use vsnap_artifact::spawn::{self, RunError};
 
 use super::error::CudaError;
-use super::tool::{run_tool, ToolError};
 
 /// How long nvidia-smi may take (it can hang on a wedged driver).
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(30);
@@ -28,13 +29,14 @@ pub(super) fn query(path: &Path, timeout: Duration) -> Result<GpuIdentity, CudaE
 
 /// Runs nvidia-smi's GPU query; its stdout on success.
 fn run_nvidia_smi(path: &Path, timeout: Duration) -> Result<String, CudaError> {
-    let ran = run_tool(path, &NVIDIA_SMI_ARGS, timeout).map_err(|e| match e {
-        ToolError::Spawn(source) | ToolError::Wait(source) => CudaError::NvidiaSmiNotRunnable {
-            path: path.to_path_buf(),
-            source,
-        },
-        ToolError::Timeout => CudaError::NvidiaSmiTimeout { timeout },
-    })?;
+    let ran =
+        spawn::run(Command::new(path).args(NVIDIA_SMI_ARGS), timeout).map_err(|e| match e {
+            RunError::Spawn(source) | RunError::Wait(source) => CudaError::NvidiaSmiNotRunnable {
+                path: path.to_path_buf(),
+                source,
+            },
+            RunError::Timeout => CudaError::NvidiaSmiTimeout { timeout },
+        })?;
     match ran.failure() {
         Some((status, output)) => Err(CudaError::NvidiaSmiFailed { status, output }),
         None => Ok(ran.stdout),
