@@ -465,4 +465,69 @@ mod tests {
         );
         assert!(!Path::new("/etc/evil").exists());
     }
+
+    #[test]
+    fn what_a_layer_cannot_carry_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = dir.path().join("up");
+        fs::create_dir_all(up.join("moved")).unwrap();
+        xattr::set(up.join("moved"), "trusted.overlay.redirect", b"/old").unwrap();
+        let err = pack(&up, &dir.path().join("a.tar"), 1 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("capture: rootfs: /moved uses overlayfs trusted.overlay.redirect"),
+            "{err}"
+        );
+
+        let up = dir.path().join("up2");
+        fs::create_dir(&up).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(up.join("sock")).unwrap();
+        let err = pack(&up, &dir.path().join("b.tar"), 1 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("capture: rootfs: /sock is a device or socket"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_hard_link_out_or_a_device_node_is_refused_on_unpack() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = |t: tar::EntryType| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(t);
+            h.set_size(0);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1);
+            h
+        };
+        let refusal = |name: &str, build: &dyn Fn(&mut tar::Builder<fs::File>)| {
+            let tar_path = dir.path().join(format!("{name}.tar"));
+            let mut b = tar::Builder::new(fs::File::create(&tar_path).unwrap());
+            build(&mut b);
+            b.finish().unwrap();
+            let out = dir.path().join(name);
+            fs::create_dir(&out).unwrap();
+            unpack_file(&tar_path, &out).unwrap_err().to_string()
+        };
+        let err = refusal("link", &|b| {
+            b.append_link(&mut header(tar::EntryType::Link), "x", "../outside")
+                .unwrap()
+        });
+        assert_eq!(
+            err,
+            "restore: rootfs: /x: a hard link that leaves the rootfs"
+        );
+        let err = refusal("dev", &|b| {
+            let mut h = header(tar::EntryType::Char);
+            h.set_device_major(1).unwrap();
+            h.set_device_minor(3).unwrap();
+            b.append_data(&mut h, "null", std::io::empty()).unwrap()
+        });
+        assert_eq!(err, "restore: rootfs: /null: a device node, not a whiteout");
+    }
 }
