@@ -1,12 +1,13 @@
 //! The writable layer as a tar of the overlay upper dir: packed at a
 //! capture, unpacked into a restore's fresh upper dir.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{self, HashMap};
 use std::fs;
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use filetime::FileTime;
 use vsnap_artifact::rootfs::RootfsLayer;
 
 use crate::error::{Error, Result};
@@ -23,13 +24,33 @@ const OVERLAY_CACHES: [&str; 4] = [
 /// a layer using them cannot be moved, and the capture says so.
 const OVERLAY_POINTERS: [&str; 2] = ["trusted.overlay.redirect", "trusted.overlay.metacopy"];
 
+/// A capture's refusal of the layer.
+fn capture_refused(m: String) -> Error {
+    Error::FailedPrecondition(format!("capture: rootfs: {m}"))
+}
+
+/// A capture's failure to read the layer or write the tar.
+fn capture_io(what: String, e: std::io::Error) -> Error {
+    Error::io(format!("capture: rootfs: {what}"), e)
+}
+
+/// A restore's refusal of the carried layer.
+fn restore_refused(m: String) -> Error {
+    Error::FailedPrecondition(format!("restore: rootfs: {m}"))
+}
+
+/// A restore's failure to read the tar or write the upper dir.
+fn restore_io(what: String, e: std::io::Error) -> Error {
+    Error::io(format!("restore: rootfs: {what}"), e)
+}
+
 struct Entry {
     rel: PathBuf,
     md: fs::Metadata,
 }
 
 fn walk(upper: &Path) -> Result<Vec<Entry>> {
-    let phase = |p: &Path, e| Error::io(format!("capture: rootfs: read {}", p.display()), e);
+    let phase = |p: &Path, e| capture_io(format!("read {}", p.display()), e);
     let mut out = Vec::new();
     let mut dirs = vec![PathBuf::new()];
     while let Some(rel) = dirs.pop() {
@@ -77,101 +98,161 @@ fn too_large(entries: &[Entry], limit: u64) -> Option<String> {
 /// Packs the upper dir `upper` into the tar `out` (created, 0600). Returns
 /// the layer's record. Fails naming the path it cannot carry.
 pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
-    let fail = |m: String| Error::FailedPrecondition(format!("capture: rootfs: {m}"));
-    let io = |what: String, e: std::io::Error| Error::io(format!("capture: rootfs: {what}"), e);
     let entries = walk(upper)?;
     if let Some(m) = too_large(&entries, limit) {
-        return Err(fail(m));
+        return Err(capture_refused(m));
     }
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(out)
-        .map_err(|e| io(format!("create {}", out.display()), e))?;
-    let mut tar = tar::Builder::new(BufWriter::with_capacity(1 << 20, file));
-    tar.mode(tar::HeaderMode::Complete);
-    let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    let mut bytes = 0u64;
+        .map_err(|e| capture_io(format!("create {}", out.display()), e))?;
+    let mut packer = Packer::new(BufWriter::with_capacity(1 << 20, file));
     for e in &entries {
-        let path = upper.join(&e.rel);
-        let ft = e.md.file_type();
-        // xattrs first: a PAX header describes the entry after it.
-        let mut xattrs = Vec::new();
-        if !ft.is_symlink() {
-            for name in xattr::list(&path)
-                .map_err(|err| io(format!("xattrs of {}", path.display()), err))?
-            {
-                let n = name.to_string_lossy().to_string();
-                if OVERLAY_POINTERS.contains(&n.as_str()) {
-                    return Err(fail(format!(
-                        "/{} uses overlayfs {n} (redirect_dir or metacopy): such a layer cannot be moved onto another snapshot; mount the overlay without them",
-                        e.rel.display()
-                    )));
-                }
-                if OVERLAY_CACHES.contains(&n.as_str()) {
-                    continue;
-                }
-                if let Some(v) = xattr::get(&path, &name)
-                    .map_err(|err| io(format!("xattr {n} of {}", path.display()), err))?
-                {
-                    xattrs.push((format!("SCHILY.xattr.{n}"), v));
-                }
-            }
-        }
-        if !xattrs.is_empty() {
-            tar.append_pax_extensions(xattrs.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
-                .map_err(|err| io("write".into(), err))?;
-        }
-        let mut h = tar::Header::new_gnu();
-        h.set_metadata_in_mode(&e.md, tar::HeaderMode::Complete);
-        let add = |tar: &mut tar::Builder<_>, h: &mut tar::Header, data: &mut dyn Read| {
-            tar.append_data(h, &e.rel, data)
-                .map_err(|err| io(format!("pack /{}", e.rel.display()), err))
-        };
-        if ft.is_file() && e.md.nlink() > 1 {
-            let key = (e.md.dev(), e.md.ino());
-            if let Some(first) = links.get(&key) {
-                h.set_entry_type(tar::EntryType::Link);
-                h.set_size(0);
-                tar.append_link(&mut h, &e.rel, first)
-                    .map_err(|err| io(format!("pack /{}", e.rel.display()), err))?;
-                continue;
-            }
-            links.insert(key, e.rel.clone());
-        }
-        if ft.is_file() {
-            let f =
-                fs::File::open(&path).map_err(|err| io(format!("open {}", path.display()), err))?;
-            let mut f = std::io::BufReader::with_capacity(1 << 20, f);
-            bytes += e.md.len();
-            add(&mut tar, &mut h, &mut f)?;
-        } else if ft.is_dir() || ft.is_fifo() {
-            add(&mut tar, &mut h, &mut std::io::empty())?;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&path)
-                .map_err(|err| io(format!("readlink {}", path.display()), err))?;
-            tar.append_link(&mut h, &e.rel, &target)
-                .map_err(|err| io(format!("pack /{}", e.rel.display()), err))?;
-        } else if ft.is_char_device() && e.md.rdev() == 0 {
-            // A whiteout: the file is deleted from the image.
-            add(&mut tar, &mut h, &mut std::io::empty())?;
-        } else {
-            return Err(fail(format!(
-                "/{} is a device or socket the writable layer cannot carry (only files, folders, links, FIFOs and whiteouts)",
-                e.rel.display()
-            )));
-        }
+        packer.append(upper, e)?;
     }
-    // Synced with the rest of the staging folder when it is published.
-    let mut w = tar
-        .into_inner()
-        .map_err(|e| io("finish the tar".into(), e))?;
-    w.flush().map_err(|e| io("write".into(), e))?;
+    let bytes = packer.finish()?;
     Ok(RootfsLayer::OverlayUpper {
         bytes,
         entries: entries.len() as u64,
     })
+}
+
+/// The xattrs of the entry `e` (at `path`) the layer carries, as PAX
+/// records: none for a symlink, overlayfs's caches left out. An entry using
+/// an overlayfs pointer is refused.
+fn carried_xattrs(e: &Entry, path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut xattrs = Vec::new();
+    if e.md.file_type().is_symlink() {
+        return Ok(xattrs);
+    }
+    for name in
+        xattr::list(path).map_err(|err| capture_io(format!("xattrs of {}", path.display()), err))?
+    {
+        let n = name.to_string_lossy().to_string();
+        if OVERLAY_POINTERS.contains(&n.as_str()) {
+            return Err(capture_refused(format!(
+                "/{} uses overlayfs {n} (redirect_dir or metacopy): such a layer cannot be moved onto another snapshot; mount the overlay without them",
+                e.rel.display()
+            )));
+        }
+        if OVERLAY_CACHES.contains(&n.as_str()) {
+            continue;
+        }
+        if let Some(v) = xattr::get(path, &name)
+            .map_err(|err| capture_io(format!("xattr {n} of {}", path.display()), err))?
+        {
+            xattrs.push((format!("SCHILY.xattr.{n}"), v));
+        }
+    }
+    Ok(xattrs)
+}
+
+/// The tar being written, the first path each hard-linked file was packed
+/// under, and the regular-file bytes packed so far.
+struct Packer<W: Write> {
+    tar: tar::Builder<W>,
+    linked: HashMap<(u64, u64), PathBuf>,
+    bytes: u64,
+}
+
+impl<W: Write> Packer<W> {
+    fn new(w: W) -> Self {
+        let mut tar = tar::Builder::new(w);
+        tar.mode(tar::HeaderMode::Complete);
+        Packer {
+            tar,
+            linked: HashMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Appends the entry `e` of `upper`: its xattrs, then the entry itself
+    /// (a hard link to its first path when that was packed already).
+    fn append(&mut self, upper: &Path, e: &Entry) -> Result<()> {
+        let path = upper.join(&e.rel);
+        // xattrs first: a PAX header describes the entry after it.
+        let xattrs = carried_xattrs(e, &path)?;
+        if !xattrs.is_empty() {
+            self.tar
+                .append_pax_extensions(xattrs.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+                .map_err(|err| capture_io("write".into(), err))?;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_metadata_in_mode(&e.md, tar::HeaderMode::Complete);
+        if let Some(first) = self.packed_before(e) {
+            h.set_entry_type(tar::EntryType::Link);
+            h.set_size(0);
+            return self.append_link(&mut h, e, &first);
+        }
+        let ft = e.md.file_type();
+        if ft.is_file() {
+            self.append_file(&mut h, e, &path)
+        } else if ft.is_dir() || ft.is_fifo() {
+            self.append_data(&mut h, e, &mut std::io::empty())
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&path)
+                .map_err(|err| capture_io(format!("readlink {}", path.display()), err))?;
+            self.append_link(&mut h, e, &target)
+        } else if ft.is_char_device() && e.md.rdev() == 0 {
+            // A whiteout: the file is deleted from the image.
+            self.append_data(&mut h, e, &mut std::io::empty())
+        } else {
+            Err(capture_refused(format!(
+                "/{} is a device or socket the writable layer cannot carry (only files, folders, links, FIFOs and whiteouts)",
+                e.rel.display()
+            )))
+        }
+    }
+
+    /// The path a hard-linked file `e` was first packed under, if it was;
+    /// else `None`, `e`'s path recorded as the first for a hard-linked file.
+    fn packed_before(&mut self, e: &Entry) -> Option<PathBuf> {
+        if !(e.md.file_type().is_file() && e.md.nlink() > 1) {
+            return None;
+        }
+        match self.linked.entry((e.md.dev(), e.md.ino())) {
+            hash_map::Entry::Occupied(first) => Some(first.get().clone()),
+            hash_map::Entry::Vacant(v) => {
+                v.insert(e.rel.clone());
+                None
+            }
+        }
+    }
+
+    /// A regular file's entry, its bytes read from `path`.
+    fn append_file(&mut self, h: &mut tar::Header, e: &Entry, path: &Path) -> Result<()> {
+        let f = fs::File::open(path)
+            .map_err(|err| capture_io(format!("open {}", path.display()), err))?;
+        let mut f = std::io::BufReader::with_capacity(1 << 20, f);
+        self.bytes += e.md.len();
+        self.append_data(h, e, &mut f)
+    }
+
+    fn append_data(&mut self, h: &mut tar::Header, e: &Entry, data: &mut dyn Read) -> Result<()> {
+        self.tar
+            .append_data(h, &e.rel, data)
+            .map_err(|err| capture_io(format!("pack /{}", e.rel.display()), err))
+    }
+
+    /// A symlink's or a hard link's entry (as `h` says), pointing at `target`.
+    fn append_link(&mut self, h: &mut tar::Header, e: &Entry, target: &Path) -> Result<()> {
+        self.tar
+            .append_link(h, &e.rel, target)
+            .map_err(|err| capture_io(format!("pack /{}", e.rel.display()), err))
+    }
+
+    /// Ends the tar; the regular-file bytes it holds. Synced with the rest
+    /// of the staging folder when it is published.
+    fn finish(self) -> Result<u64> {
+        let mut w = self
+            .tar
+            .into_inner()
+            .map_err(|e| capture_io("finish the tar".into(), e))?;
+        w.flush().map_err(|e| capture_io("write".into(), e))?;
+        Ok(self.bytes)
+    }
 }
 
 /// Unpacks a carried layer, read from `source` (the tar `tar_path` names),
@@ -180,59 +261,93 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
 /// Every entry's path must stay inside `upper` through real folders: `..`,
 /// absolute paths and entries under a symlink are refused, naming the path.
 pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
-    let fail = |m: String| Error::FailedPrecondition(format!("restore: rootfs: {m}"));
-    let io = |what: String, e: std::io::Error| Error::io(format!("restore: rootfs: {what}"), e);
+    check_fresh(upper)?;
+    let read = |e| restore_io(format!("read {}", tar_path.display()), e);
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, source));
+    let mut unpacker = Unpacker {
+        upper,
+        copy_buf: vec![0u8; 1 << 20],
+        dirs: Vec::new(),
+    };
+    for entry in archive.entries().map_err(read)? {
+        unpacker.unpack_entry(&mut entry.map_err(read)?)?;
+    }
+    unpacker.date_dirs();
+    Ok(archive.into_inner().into_inner())
+}
+
+/// The carried layer goes only into an empty upper dir.
+fn check_fresh(upper: &Path) -> Result<()> {
     let non_empty = fs::read_dir(upper)
-        .map_err(|e| io(format!("read {}", upper.display()), e))?
+        .map_err(|e| restore_io(format!("read {}", upper.display()), e))?
         .next()
         .is_some();
     if non_empty {
-        return Err(fail(format!(
+        return Err(restore_refused(format!(
             "the container's upper dir {} is not empty: the carried layer goes only onto a fresh snapshot",
             upper.display()
         )));
     }
-    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, source));
-    let mut copy_buf = vec![0u8; 1 << 20];
-    let mut dirs: Vec<(PathBuf, filetime::FileTime)> = Vec::new();
-    for entry in archive
-        .entries()
-        .map_err(|e| io(format!("read {}", tar_path.display()), e))?
-    {
-        let mut entry = entry.map_err(|e| io(format!("read {}", tar_path.display()), e))?;
-        let rel = entry
-            .path()
-            .map_err(|e| io("an entry's path".into(), e))?
-            .into_owned();
-        let shown = format!("/{}", rel.display());
-        if rel.as_os_str().is_empty()
-            || !rel.components().all(|c| matches!(c, Component::Normal(_)))
-        {
-            return Err(fail(format!("{shown}: a path that leaves the rootfs")));
+    Ok(())
+}
+
+/// An entry's path, refused when it is empty or leaves the rootfs (`..`,
+/// absolute).
+fn entry_path<R: Read>(entry: &tar::Entry<'_, R>) -> Result<PathBuf> {
+    let rel = entry
+        .path()
+        .map_err(|e| restore_io("an entry's path".into(), e))?
+        .into_owned();
+    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(restore_refused(format!(
+            "/{}: a path that leaves the rootfs",
+            rel.display()
+        )));
+    }
+    Ok(rel)
+}
+
+/// Every folder above the entry `rel` is one the layer made, not a link.
+fn check_real_folders_above(upper: &Path, rel: &Path, shown: &str) -> Result<()> {
+    let mut at = upper.to_path_buf();
+    for c in rel.parent().into_iter().flat_map(Path::components) {
+        at.push(c);
+        let real_dir = fs::symlink_metadata(&at)
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
+        if !real_dir {
+            return Err(restore_refused(format!(
+                "{shown}: {} is not a folder of the layer",
+                at.display()
+            )));
         }
-        let dst = upper.join(&rel);
-        // Every folder above the entry is one the layer made, not a link.
-        let mut at = upper.to_path_buf();
-        for c in rel.parent().into_iter().flat_map(Path::components) {
-            at.push(c);
-            let real_dir = fs::symlink_metadata(&at)
-                .map(|m| m.is_dir())
-                .unwrap_or(false);
-            if !real_dir {
-                return Err(fail(format!(
-                    "{shown}: {} is not a folder of the layer",
-                    at.display()
-                )));
-            }
-        }
-        let h = entry.header().clone();
-        let mode = h.mode().map_err(|e| io(format!("{shown}: mode"), e))?;
+    }
+    Ok(())
+}
+
+/// What an entry carries besides its data and type.
+struct Attrs {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: FileTime,
+    xattrs: Vec<(String, Vec<u8>)>,
+}
+
+impl Attrs {
+    fn of<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<Attrs> {
+        let h = entry.header();
+        let mode = h
+            .mode()
+            .map_err(|e| restore_io(format!("{shown}: mode"), e))?;
         let (uid, gid) = (
-            h.uid().map_err(|e| io(format!("{shown}: uid"), e))? as u32,
-            h.gid().map_err(|e| io(format!("{shown}: gid"), e))? as u32,
+            h.uid()
+                .map_err(|e| restore_io(format!("{shown}: uid"), e))? as u32,
+            h.gid()
+                .map_err(|e| restore_io(format!("{shown}: gid"), e))? as u32,
         );
-        let mtime = filetime::FileTime::from_unix_time(h.mtime().unwrap_or(0) as i64, 0);
-        let xattrs: Vec<(String, Vec<u8>)> = entry
+        let mtime = FileTime::from_unix_time(h.mtime().unwrap_or(0) as i64, 0);
+        let xattrs = entry
             .pax_extensions()
             .ok()
             .flatten()
@@ -244,94 +359,164 @@ pub fn unpack<R: Read>(source: R, tar_path: &Path, upper: &Path) -> Result<R> {
                 Some((key, x.value_bytes().to_vec()))
             })
             .collect();
-        let made = |e| io(format!("create {shown}"), e);
+        Ok(Attrs {
+            mode,
+            uid,
+            gid,
+            mtime,
+            xattrs,
+        })
+    }
+
+    /// Owner, mode and xattrs given to `dst` (its mtime is the caller's).
+    fn apply(&self, dst: &Path, shown: &str) -> Result<()> {
+        std::os::unix::fs::chown(dst, Some(self.uid), Some(self.gid))
+            .map_err(|e| restore_io(format!("chown {shown}"), e))?;
+        fs::set_permissions(dst, fs::Permissions::from_mode(self.mode & 0o7777))
+            .map_err(|e| restore_io(format!("chmod {shown}"), e))?;
+        for (k, v) in &self.xattrs {
+            xattr::set(dst, k, v).map_err(|e| restore_io(format!("xattr {k} of {shown}"), e))?;
+        }
+        Ok(())
+    }
+}
+
+fn create_failed(shown: &str, e: std::io::Error) -> Error {
+    restore_io(format!("create {shown}"), e)
+}
+
+/// A layer being unpacked into `upper`: the buffer file data is copied
+/// through, and the folders made, dated once their contents are in.
+struct Unpacker<'a> {
+    upper: &'a Path,
+    copy_buf: Vec<u8>,
+    dirs: Vec<(PathBuf, FileTime)>,
+}
+
+impl Unpacker<'_> {
+    /// Makes one entry of the tar under `upper`, with the owner, mode,
+    /// xattrs and mtime it carries (a link: its own owner at most).
+    fn unpack_entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<()> {
+        let rel = entry_path(entry)?;
+        let shown = format!("/{}", rel.display());
+        check_real_folders_above(self.upper, &rel, &shown)?;
+        let dst = self.upper.join(&rel);
+        let h = entry.header().clone();
+        let attrs = Attrs::of(entry, &shown)?;
         use tar::EntryType as T;
         match h.entry_type() {
-            T::Directory => fs::create_dir(&dst).map_err(made)?,
-            T::Regular | T::GNUSparse | T::Continuous => {
-                let mut f = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&dst)
-                    .map_err(made)?;
-                loop {
-                    let n = entry.read(&mut copy_buf).map_err(made)?;
-                    if n == 0 {
-                        break;
-                    }
-                    f.write_all(&copy_buf[..n]).map_err(made)?;
-                }
-            }
-            T::Symlink => {
-                let target = h
-                    .link_name()
-                    .map_err(|e| io(format!("{shown}: link"), e))?
-                    .ok_or_else(|| fail(format!("{shown}: a symlink without a target")))?;
-                std::os::unix::fs::symlink(&target, &dst).map_err(made)?;
-                std::os::unix::fs::lchown(&dst, Some(uid), Some(gid))
-                    .map_err(|e| io(format!("chown {shown}"), e))?;
-                continue;
-            }
-            T::Link => {
-                let target = h
-                    .link_name()
-                    .map_err(|e| io(format!("{shown}: link"), e))?
-                    .ok_or_else(|| fail(format!("{shown}: a hard link without a target")))?;
-                if !target
-                    .components()
-                    .all(|c| matches!(c, Component::Normal(_)))
-                {
-                    return Err(fail(format!("{shown}: a hard link that leaves the rootfs")));
-                }
-                let src = upper.join(&target);
-                let md = fs::symlink_metadata(&src)
-                    .map_err(|e| io(format!("{shown}: link target /{}", target.display()), e))?;
-                if !md.is_file() {
-                    return Err(fail(format!("{shown}: a hard link to a non-file")));
-                }
-                fs::hard_link(&src, &dst).map_err(made)?;
-                continue;
-            }
-            T::Char => {
-                let dev = (
-                    h.device_major().ok().flatten().unwrap_or(0),
-                    h.device_minor().ok().flatten().unwrap_or(0),
-                );
-                if dev != (0, 0) {
-                    return Err(fail(format!("{shown}: a device node, not a whiteout")));
-                }
-                nix::sys::stat::mknod(
-                    &dst,
-                    nix::sys::stat::SFlag::S_IFCHR,
-                    nix::sys::stat::Mode::from_bits_truncate(0),
-                    0,
-                )
-                .map_err(|e| io(format!("whiteout {shown}"), e.into()))?;
-            }
+            T::Directory => fs::create_dir(&dst).map_err(|e| create_failed(&shown, e))?,
+            T::Regular | T::GNUSparse | T::Continuous => self.write_file(entry, &dst, &shown)?,
+            T::Symlink => return make_symlink(&h, &dst, &attrs, &shown),
+            T::Link => return make_hard_link(&h, self.upper, &dst, &shown),
+            T::Char => make_whiteout(&h, &dst, &shown)?,
             T::Fifo => nix::unistd::mkfifo(&dst, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                .map_err(|e| io(format!("fifo {shown}"), e.into()))?,
-            other => return Err(fail(format!("{shown}: an entry of type {other:?}"))),
+                .map_err(|e| restore_io(format!("fifo {shown}"), e.into()))?,
+            other => {
+                return Err(restore_refused(format!(
+                    "{shown}: an entry of type {other:?}"
+                )))
+            }
         }
-        std::os::unix::fs::chown(&dst, Some(uid), Some(gid))
-            .map_err(|e| io(format!("chown {shown}"), e))?;
-        fs::set_permissions(&dst, fs::Permissions::from_mode(mode & 0o7777))
-            .map_err(|e| io(format!("chmod {shown}"), e))?;
-        for (k, v) in &xattrs {
-            xattr::set(&dst, k, v).map_err(|e| io(format!("xattr {k} of {shown}"), e))?;
-        }
+        attrs.apply(&dst, &shown)?;
         if h.entry_type() == T::Directory {
             // Its mtime once its contents are in.
-            dirs.push((dst, mtime));
-        } else {
-            filetime::set_symlink_file_times(&dst, mtime, mtime)
-                .map_err(|e| io(format!("mtime {shown}"), e))?;
+            self.dirs.push((dst, attrs.mtime));
+            return Ok(());
+        }
+        filetime::set_symlink_file_times(&dst, attrs.mtime, attrs.mtime)
+            .map_err(|e| restore_io(format!("mtime {shown}"), e))
+    }
+
+    /// A regular file's entry: `dst` created (0600 until its mode is set)
+    /// and its data copied in.
+    fn write_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        dst: &Path,
+        shown: &str,
+    ) -> Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dst)
+            .map_err(|e| create_failed(shown, e))?;
+        loop {
+            let n = entry
+                .read(&mut self.copy_buf)
+                .map_err(|e| create_failed(shown, e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            f.write_all(&self.copy_buf[..n])
+                .map_err(|e| create_failed(shown, e))?;
         }
     }
-    for (dir, mtime) in dirs.iter().rev() {
-        let _ = filetime::set_symlink_file_times(dir, *mtime, *mtime);
+
+    /// The folders' mtimes, the deepest first (best effort).
+    fn date_dirs(&self) {
+        for (dir, mtime) in self.dirs.iter().rev() {
+            let _ = filetime::set_symlink_file_times(dir, *mtime, *mtime);
+        }
     }
-    Ok(archive.into_inner().into_inner())
+}
+
+/// A symlink's entry: the link, owned as carried (no mode, xattrs or mtime).
+fn make_symlink(h: &tar::Header, dst: &Path, attrs: &Attrs, shown: &str) -> Result<()> {
+    let target = h
+        .link_name()
+        .map_err(|e| restore_io(format!("{shown}: link"), e))?
+        .ok_or_else(|| restore_refused(format!("{shown}: a symlink without a target")))?;
+    std::os::unix::fs::symlink(&target, dst).map_err(|e| create_failed(shown, e))?;
+    std::os::unix::fs::lchown(dst, Some(attrs.uid), Some(attrs.gid))
+        .map_err(|e| restore_io(format!("chown {shown}"), e))
+}
+
+/// A hard link's entry: a link to a regular file unpacked before, inside
+/// the rootfs.
+fn make_hard_link(h: &tar::Header, upper: &Path, dst: &Path, shown: &str) -> Result<()> {
+    let target = h
+        .link_name()
+        .map_err(|e| restore_io(format!("{shown}: link"), e))?
+        .ok_or_else(|| restore_refused(format!("{shown}: a hard link without a target")))?;
+    if !target
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(restore_refused(format!(
+            "{shown}: a hard link that leaves the rootfs"
+        )));
+    }
+    let src = upper.join(&target);
+    let md = fs::symlink_metadata(&src)
+        .map_err(|e| restore_io(format!("{shown}: link target /{}", target.display()), e))?;
+    if !md.is_file() {
+        return Err(restore_refused(format!(
+            "{shown}: a hard link to a non-file"
+        )));
+    }
+    fs::hard_link(&src, dst).map_err(|e| create_failed(shown, e))
+}
+
+/// A character device's entry, which must be a whiteout (device 0/0).
+fn make_whiteout(h: &tar::Header, dst: &Path, shown: &str) -> Result<()> {
+    let dev = (
+        h.device_major().ok().flatten().unwrap_or(0),
+        h.device_minor().ok().flatten().unwrap_or(0),
+    );
+    if dev != (0, 0) {
+        return Err(restore_refused(format!(
+            "{shown}: a device node, not a whiteout"
+        )));
+    }
+    nix::sys::stat::mknod(
+        dst,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0),
+        0,
+    )
+    .map_err(|e| restore_io(format!("whiteout {shown}"), e.into()))
 }
 
 /// [`unpack`] of the file `tar_path`, unchecked (the tests').
