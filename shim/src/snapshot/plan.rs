@@ -55,93 +55,114 @@ pub struct Plan {
 
 /// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).
 pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
-    let invalid =
-        |key: &str, msg: String| Error::InvalidArgument(format!("create: annotation {key}: {msg}"));
     if a.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
         return Ok(None);
     }
     check_known_keys(a)?;
-    let mode = match a.get(PLAN).map(String::as_str) {
-        None | Some("off") => return Ok(None),
-        Some("create") => Mode::Create,
-        Some("restore") => Mode::Restore,
-        Some("auto") => Mode::Auto,
-        Some(other) => {
-            return Err(invalid(
-                PLAN,
-                format!("{other:?} is not one of off, create, restore, auto"),
-            ))
-        }
+    let Some(mode) = mode_of(a)? else {
+        return Ok(None);
     };
-    let artifact = match (a.get(ARTIFACT), mode) {
-        (Some(name), _) => {
-            Some(ArtifactName::new(name.as_str()).map_err(|e| invalid(ARTIFACT, e.to_string()))?)
-        }
-        (None, Mode::Auto) => None,
-        (None, _) => {
-            return Err(invalid(
-                ARTIFACT,
-                "required with the create and restore plans".into(),
-            ))
-        }
-    };
-    let artifact_ref = match (a.get(ARTIFACT_REF), mode, &artifact) {
-        (None, ..) => None,
-        (Some(_), Mode::Create, _) => {
-            return Err(invalid(
-                ARTIFACT_REF,
-                "only with the restore and auto plans (a create makes the artifact)".into(),
-            ))
-        }
-        (Some(_), _, None) => {
-            return Err(invalid(
-                ARTIFACT_REF,
-                format!("needs {ARTIFACT}: the name the pulled artifact gets here"),
-            ))
-        }
-        (Some(r), ..) => {
-            vsnap_registry::remote::parse_reference(r)
-                .map_err(|e| invalid(ARTIFACT_REF, e.to_string()))?;
-            Some(r.clone())
-        }
-    };
+    let artifact = artifact_of(a, mode)?;
+    let artifact_ref = artifact_ref_of(a, mode, artifact.as_ref().map(ArtifactName::as_str))?;
     let listen = a
         .get(LISTEN)
         .ok_or_else(|| invalid(LISTEN, "required with a snapshot plan (HOST:PORT)".into()))?;
     let (host, port) = parse_listen(listen).map_err(|m| invalid(LISTEN, m))?;
-    let after_capture = match a.get(AFTER_CAPTURE).map(String::as_str) {
-        None | Some("serve") => AfterCapture::Serve,
-        Some("exit") => AfterCapture::Exit,
-        Some(other) => {
-            return Err(invalid(
-                AFTER_CAPTURE,
-                format!("{other:?} is not one of serve, exit"),
-            ))
-        }
-    };
-    let seconds = |key: &str| -> Result<Option<Duration>> {
-        match a.get(key) {
-            None => Ok(None),
-            Some(v) => match v.parse::<u64>() {
-                Ok(s) if s > 0 && s <= 86_400 => Ok(Some(Duration::from_secs(s))),
-                _ => Err(invalid(
-                    key,
-                    format!("{v:?} is not a number of seconds in 1..=86400"),
-                )),
-            },
-        }
-    };
     Ok(Some(Plan {
         mode,
         artifact,
         host,
         port,
-        after_capture,
-        capture_timeout: seconds(CAPTURE_TIMEOUT)?,
-        activation_timeout: seconds(ACTIVATION_TIMEOUT)?,
+        after_capture: after_capture_of(a)?,
+        capture_timeout: seconds(a, CAPTURE_TIMEOUT)?,
+        activation_timeout: seconds(a, ACTIVATION_TIMEOUT)?,
         engine_protocol: a.get(ENGINE_PROTOCOL).cloned(),
         artifact_ref,
     }))
+}
+
+/// The create's error for the annotation `key`.
+fn invalid(key: &str, msg: String) -> Error {
+    Error::InvalidArgument(format!("create: annotation {key}: {msg}"))
+}
+
+/// The plan [`PLAN`] names; `None` for none or `off`.
+fn mode_of(a: &HashMap<String, String>) -> Result<Option<Mode>> {
+    match a.get(PLAN).map(String::as_str) {
+        None | Some("off") => Ok(None),
+        Some("create") => Ok(Some(Mode::Create)),
+        Some("restore") => Ok(Some(Mode::Restore)),
+        Some("auto") => Ok(Some(Mode::Auto)),
+        Some(other) => Err(invalid(
+            PLAN,
+            format!("{other:?} is not one of off, create, restore, auto"),
+        )),
+    }
+}
+
+/// The artifact's name ([`ARTIFACT`]), which only `auto` may leave out.
+fn artifact_of(a: &HashMap<String, String>, mode: Mode) -> Result<Option<ArtifactName>> {
+    match (a.get(ARTIFACT), mode) {
+        (Some(name), _) => ArtifactName::new(name.as_str())
+            .map(Some)
+            .map_err(|e| invalid(ARTIFACT, e.to_string())),
+        (None, Mode::Auto) => Ok(None),
+        (None, _) => Err(invalid(
+            ARTIFACT,
+            "required with the create and restore plans".into(),
+        )),
+    }
+}
+
+/// The reference to pull the artifact from ([`ARTIFACT_REF`]): only with a
+/// restore or auto plan that names the artifact.
+fn artifact_ref_of(
+    a: &HashMap<String, String>,
+    mode: Mode,
+    artifact: Option<&str>,
+) -> Result<Option<String>> {
+    match (a.get(ARTIFACT_REF), mode, artifact) {
+        (None, ..) => Ok(None),
+        (Some(_), Mode::Create, _) => Err(invalid(
+            ARTIFACT_REF,
+            "only with the restore and auto plans (a create makes the artifact)".into(),
+        )),
+        (Some(_), _, None) => Err(invalid(
+            ARTIFACT_REF,
+            format!("needs {ARTIFACT}: the name the pulled artifact gets here"),
+        )),
+        (Some(r), ..) => {
+            vsnap_registry::remote::parse_reference(r)
+                .map_err(|e| invalid(ARTIFACT_REF, e.to_string()))?;
+            Ok(Some(r.clone()))
+        }
+    }
+}
+
+/// What follows a capture ([`AFTER_CAPTURE`]); `serve` unless it says `exit`.
+fn after_capture_of(a: &HashMap<String, String>) -> Result<AfterCapture> {
+    match a.get(AFTER_CAPTURE).map(String::as_str) {
+        None | Some("serve") => Ok(AfterCapture::Serve),
+        Some("exit") => Ok(AfterCapture::Exit),
+        Some(other) => Err(invalid(
+            AFTER_CAPTURE,
+            format!("{other:?} is not one of serve, exit"),
+        )),
+    }
+}
+
+/// A timeout annotation `key`: whole seconds in 1..=86400, if given.
+fn seconds(a: &HashMap<String, String>, key: &str) -> Result<Option<Duration>> {
+    match a.get(key) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(s) if s > 0 && s <= 86_400 => Ok(Some(Duration::from_secs(s))),
+            _ => Err(invalid(
+                key,
+                format!("{v:?} is not a number of seconds in 1..=86400"),
+            )),
+        },
+    }
 }
 
 /// Every `vsnap.io/` key vsnap reads.
