@@ -9,6 +9,7 @@
 
 use std::fs;
 use std::io;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -60,6 +61,31 @@ struct Candidate {
 
 pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     let root = &ctx.root;
+    check_root(root)?;
+    let mut actions = leftover_actions(root, &policy)?;
+    let candidates = candidates(root)?;
+    let total_before: u64 = candidates.iter().map(|c| c.size).sum();
+    let kept = remove_older(ctx, &policy, candidates, &mut actions);
+    let total = trim_to_size(ctx, &policy, &kept, &mut actions);
+    let report = Report {
+        dry_run: policy.dry_run,
+        total_bytes_before: total_before,
+        total_bytes_after: total,
+        max_total_bytes: policy.max_total_size,
+        fits: policy.max_total_size.is_none_or(|l| total <= l),
+        actions,
+    };
+    let code = exit_code(&report, json);
+    if json {
+        emit_json(&report);
+    } else {
+        emit(&human(&report));
+    }
+    Ok(code)
+}
+
+/// A missing root is an empty store; an existing one must be safe to walk.
+fn check_root(root: &Path) -> Result<(), String> {
     let exists = match fs::symlink_metadata(root) {
         Ok(_) => true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -68,10 +94,18 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     if exists {
         check_path_safe(root).map_err(|e| format!("artifact root: {e}"))?;
     }
-    let read_err = |e: io::Error| format!("read artifact root {}: {e}", root.display());
+    Ok(())
+}
 
+fn read_err(root: &Path) -> impl Fn(io::Error) -> String + '_ {
+    move |e| format!("read artifact root {}: {e}", root.display())
+}
+
+/// Staging and trash folders of dead writers: removed (or, in a dry run,
+/// listed) whatever their age.
+fn leftover_actions(root: &Path, policy: &Policy) -> Result<Vec<Action>, String> {
     let mut actions = Vec::new();
-    for l in store::leftovers(root).map_err(read_err)? {
+    for l in store::leftovers(root).map_err(read_err(root))? {
         let path = root.join(&l.file_name);
         let age = store::mtime(&path)
             .map(store::age_since)
@@ -99,9 +133,13 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
         }
         actions.push(action);
     }
+    Ok(actions)
+}
 
+/// The artifacts with their ages and sizes, oldest first.
+fn candidates(root: &Path) -> Result<Vec<Candidate>, String> {
     let mut candidates = Vec::new();
-    for name in store::artifact_names(root).map_err(read_err)? {
+    for name in store::artifact_names(root).map_err(read_err(root))? {
         // Entries the shim never makes are not artifacts: not counted, not removed.
         if store::check_name(&name).is_err() {
             continue;
@@ -115,15 +153,24 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     }
     // Oldest first; equal ages by name, so that runs are repeatable.
     candidates.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.name.cmp(&b.name)));
-    let total_before: u64 = candidates.iter().map(|c| c.size).sum();
+    Ok(candidates)
+}
 
+/// Removes the artifacts older than `--older-than`; returns the rest (and
+/// those that could not be removed), still oldest first.
+fn remove_older(
+    ctx: &Ctx,
+    policy: &Policy,
+    candidates: Vec<Candidate>,
+    actions: &mut Vec<Action>,
+) -> Vec<Candidate> {
     let mut kept = Vec::new();
     for c in candidates {
         match policy.older_than {
             Some(max_age) if c.age > max_age => {
                 let action = remove(
                     ctx,
-                    &policy,
+                    policy,
                     &c,
                     format!("older than {}", format_duration(max_age)),
                 );
@@ -136,16 +183,21 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
             _ => kept.push(c),
         }
     }
+    kept
+}
 
+/// Removes the oldest of `kept` until the total is within
+/// `--max-total-size`; returns the total left.
+fn trim_to_size(ctx: &Ctx, policy: &Policy, kept: &[Candidate], actions: &mut Vec<Action>) -> u64 {
     let mut total: u64 = kept.iter().map(|c| c.size).sum();
     if let Some(limit) = policy.max_total_size {
-        for c in &kept {
+        for c in kept {
             if total <= limit {
                 break;
             }
             let action = remove(
                 ctx,
-                &policy,
+                policy,
                 c,
                 format!("total {} is over {}", human_size(total), human_size(limit)),
             );
@@ -155,35 +207,27 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
             actions.push(action);
         }
     }
+    total
+}
 
-    let report = Report {
-        dry_run: policy.dry_run,
-        total_bytes_before: total_before,
-        total_bytes_after: total,
-        max_total_bytes: policy.max_total_size,
-        fits: policy.max_total_size.is_none_or(|l| total <= l),
-        actions,
-    };
+/// FAILED when the total is still over the limit (warned about unless
+/// `json`), ERROR when a removal failed, OK otherwise.
+fn exit_code(report: &Report, json: bool) -> u8 {
     let mut code = OK;
     if !report.fits {
         code = FAILED;
         if !json {
             warn(&format!(
                 "the artifacts still hold {}, over --max-total-size {}: the rest are in use",
-                human_size(total),
-                human_size(policy.max_total_size.unwrap_or_default())
+                human_size(report.total_bytes_after),
+                human_size(report.max_total_bytes.unwrap_or_default())
             ));
         }
     }
     if report.actions.iter().any(|a| a.result == "failed") {
         code = ERROR;
     }
-    if json {
-        emit_json(&report);
-    } else {
-        emit(&human(&report));
-    }
-    Ok(code)
+    code
 }
 
 impl Action {

@@ -55,7 +55,25 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         return Ok(OK);
     }
 
-    let created = match store::created_at(&m) {
+    let mut out = summary(ctx, name, &path, &m, &mac, in_use, disk_bytes);
+    out.push_str(&oracle_section(&m));
+    out.push_str(&host_section(&m));
+    out.push_str(&workload_section(&m));
+    emit(&out);
+    Ok(OK)
+}
+
+/// The table of what the artifact is, where, from where, and its state here.
+fn summary(
+    ctx: &Ctx,
+    name: &str,
+    path: &str,
+    m: &Manifest,
+    mac: &MacStatus,
+    in_use: Option<bool>,
+    disk_bytes: u64,
+) -> String {
+    let created = match store::created_at(m) {
         Some(t) => format!(
             "{} ({} ago)",
             m.created_at,
@@ -64,9 +82,9 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         None => format!("{} (not RFC 3339)", or_dash(&m.created_at)),
     };
     let t = &m.timings_ms;
-    let mut out = table(&[
+    table(&[
         row(&["Name:", name]),
-        row(&["Path:", &path]),
+        row(&["Path:", path]),
         row(&["Created:", &created]),
         row(&["Capture ID:", or_dash(&m.capture_id)]),
         row(&["Source:", or_dash(&m.source_container)]),
@@ -90,9 +108,11 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
                 t.cold_start_to_capture_ready, t.inventory, t.checkpoint
             ),
         ]),
-    ]);
+    ])
+}
 
-    out.push_str("\nCanary oracle:\n");
+fn oracle_section(m: &Manifest) -> String {
+    let mut out = String::from("\nCanary oracle:\n");
     out.push_str(&indented(&[
         row(&["text:", &json_text(&m.oracle.text)]),
         row(&["token_ids:", &json_text(&m.oracle.token_ids)]),
@@ -101,8 +121,12 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
             &m.oracle.sampled_token_logprob.to_string(),
         ]),
     ]));
+    out
+}
 
-    out.push_str("\nHost:\n");
+/// Every field of the host fingerprint, in the manifest's order.
+fn host_section(m: &Manifest) -> String {
+    let mut out = String::from("\nHost:\n");
     let host = match serde_json::to_value(&m.host) {
         Ok(Value::Object(map)) => map,
         _ => Default::default(),
@@ -119,9 +143,12 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
         })
         .collect();
     out.push_str(&indented(&host_rows));
+    out
+}
 
+fn workload_section(m: &Manifest) -> String {
     let w = &m.workload;
-    out.push_str("\nWorkload:\n");
+    let mut out = String::from("\nWorkload:\n");
     out.push_str(&indented(&[
         row(&["argv:", &json_text(&w.argv)]),
         row(&["rootfs:", or_dash(&w.rootfs)]),
@@ -143,8 +170,7 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
     out.push_str("  security (spec field, sha256):\n");
     let security: Vec<Vec<String>> = w.security.iter().map(|(k, v)| row(&[k, v])).collect();
     out.push_str(&indented_by(&security, 4));
-    emit(&out);
-    Ok(OK)
+    out
 }
 
 /// The capturing host's boot id and clocks right before the dump.
