@@ -119,13 +119,7 @@ pub async fn pull(
     let (oci, digest) = resolve(remote).await?;
     // Trust before content: nothing of an unsigned or untrusted artifact is
     // fetched, not even its config.
-    let signature = crate::signature::fetch(remote, &digest).await?;
-    let signed_by = opts
-        .trusted
-        .verify(&crate::signature::payload(&digest), signature.as_ref())
-        .map_err(|e| {
-            RegistryError::Untrusted(format!("pull: {} ({digest}): {e}", remote.name()))
-        })?;
+    let signed_by = verify_signature(remote, &opts.trusted, &digest).await?;
     let layers: BTreeMap<String, u64> = oci
         .layers
         .iter()
@@ -137,30 +131,10 @@ pub async fn pull(
     vsnap_artifact::layout::check_name(&name)
         .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
 
-    // Which file(s) each chunk belongs to, to name them in errors.
-    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for f in &config.files {
-        for c in &f.chunks {
-            let o = owners.entry(c.as_str()).or_default();
-            if o.last() != Some(&f.path.as_str()) {
-                o.push(&f.path);
-            }
-        }
-    }
     let cache = BlobCache::open(root)?;
     timings.resolve = ms(started);
     let fetching = std::time::Instant::now();
-    let fetched: Vec<(bool, u64)> = futures_util::stream::iter(oci.layers.iter())
-        .map(|layer| {
-            let files = owners
-                .get(layer.digest.as_str())
-                .map(|o| o.join(", "))
-                .unwrap_or_default();
-            fetch_chunk(remote, &cache, layer, files)
-        })
-        .buffer_unordered(opts.jobs.max(1))
-        .try_collect()
-        .await?;
+    let fetched = fetch_chunks(remote, &cache, &oci.layers, &config, opts.jobs).await?;
     let mut report = PullReport {
         name: name.clone(),
         reference: remote.name(),
@@ -177,28 +151,99 @@ pub async fn pull(
         timings_ms: PullTimings::default(),
     };
     timings.fetch = ms(fetching);
-    for (was_fetched, len) in fetched {
-        if was_fetched {
-            report.fetched += 1;
-            report.fetched_bytes += len;
-        } else {
-            report.reused += 1;
-            report.reused_bytes += len;
-        }
-    }
+    report.count(fetched);
 
     manifest.name = name.clone();
-    manifest.origin = Some(Origin {
+    manifest.origin = Some(origin(remote, &report.digest, signed_by));
+    let threads = opts.verify_threads;
+    report.timings_ms = publish_from_cache(root, cache, config, manifest, threads, timings).await?;
+    Ok(report)
+}
+
+/// The id of the trusted fleet key whose signature of `digest` verifies.
+async fn verify_signature(remote: &Remote, trusted: &TrustedKeys, digest: &str) -> Result<String> {
+    let signature = crate::signature::fetch(remote, digest).await?;
+    trusted
+        .verify(&crate::signature::payload(digest), signature.as_ref())
+        .map_err(|e| RegistryError::Untrusted(format!("pull: {} ({digest}): {e}", remote.name())))
+}
+
+/// Every layer into the cache, `jobs` at a time; (fetched, bytes) of each.
+async fn fetch_chunks(
+    remote: &Remote,
+    cache: &BlobCache,
+    layers: &[OciDescriptor],
+    config: &ArtifactConfig,
+    jobs: usize,
+) -> Result<Vec<(bool, u64)>> {
+    let owners = chunk_owners(config);
+    futures_util::stream::iter(layers.iter())
+        .map(|layer| {
+            let files = owners
+                .get(layer.digest.as_str())
+                .map(|o| o.join(", "))
+                .unwrap_or_default();
+            fetch_chunk(remote, cache, layer, files)
+        })
+        .buffer_unordered(jobs.max(1))
+        .try_collect()
+        .await
+}
+
+/// Which file(s) each chunk belongs to, to name them in errors.
+fn chunk_owners(config: &ArtifactConfig) -> BTreeMap<&str, Vec<&str>> {
+    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for f in &config.files {
+        for c in &f.chunks {
+            let o = owners.entry(c.as_str()).or_default();
+            if o.last() != Some(&f.path.as_str()) {
+                o.push(&f.path);
+            }
+        }
+    }
+    owners
+}
+
+impl PullReport {
+    /// Counts the chunks fetched now and those the cache already held.
+    fn count(&mut self, fetched: Vec<(bool, u64)>) {
+        for (was_fetched, len) in fetched {
+            if was_fetched {
+                self.fetched += 1;
+                self.fetched_bytes += len;
+            } else {
+                self.reused += 1;
+                self.reused_bytes += len;
+            }
+        }
+    }
+}
+
+/// Where the artifact comes from, recorded in its manifest: REF, the OCI
+/// manifest's digest, the signer, now.
+fn origin(remote: &Remote, digest: &str, signed_by: String) -> Origin {
+    Origin {
         reference: remote.name(),
-        manifest_digest: report.digest.clone(),
+        manifest_digest: digest.to_string(),
         signed_by: Some(signed_by),
         pulled_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .expect("a time formats"),
-    });
+    }
+}
+
+/// Assembles and publishes off the async threads, then empties the cache of
+/// the artifact's chunks; returns the timings with those phases filled.
+async fn publish_from_cache(
+    root: &Path,
+    cache: BlobCache,
+    config: ArtifactConfig,
+    manifest: Manifest,
+    threads: usize,
+    mut timings: PullTimings,
+) -> Result<PullTimings> {
     let root = root.to_path_buf();
-    let threads = opts.verify_threads;
-    report.timings_ms = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         assemble_and_publish(&root, &cache, &config, manifest, threads, &mut timings)?;
         // The artifact holds every byte now: the cache gives them back.
         for f in &config.files {
@@ -209,8 +254,7 @@ pub async fn pull(
         Ok::<_, RegistryError>(timings)
     })
     .await
-    .expect("the assembling thread does not panic")?;
-    Ok(report)
+    .expect("the assembling thread does not panic")
 }
 
 /// The manifest REF names and its digest (computed here from the bytes,

@@ -102,13 +102,7 @@ pub async fn push(
     remote: &Remote,
     opts: &PushOptions,
 ) -> Result<PushReport> {
-    vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
-    if remote.reference.digest().is_some() {
-        return Err(RegistryError::Invalid(format!(
-            "push: {}: name a tag, not a digest",
-            remote.name()
-        )));
-    }
+    check_target(name, remote)?;
     let _lock = ArtifactLock::shared(root, name)?;
     let (manifest, files, layers) = {
         let (root, name, threads) = (root.to_path_buf(), name.to_string(), opts.verify_threads);
@@ -117,78 +111,12 @@ pub async fn push(
             .expect("the describing thread does not panic")?
     };
     let config = ArtifactConfig::new(&manifest, PARAMS, files);
-    let mut report = PushReport {
-        name: name.to_string(),
-        reference: remote.name(),
-        digest: String::new(),
-        files: config.files.len(),
-        bytes: config.files.iter().map(|f| f.size).sum(),
-        chunks: config.files.iter().map(|f| f.chunks.len()).sum(),
-        unique_chunks: layers.len(),
-        unique_bytes: layers.values().map(|s| s.len).sum(),
-        uploaded: 0,
-        uploaded_bytes: 0,
-        skipped: 0,
-        skipped_bytes: 0,
-        signed_by: None,
-        signature_tag: None,
-    };
+    let mut report = new_report(name, remote, &config, &layers);
     remote.login(oci_client::RegistryOperation::Push).await?;
 
-    let uploads: Vec<(bool, u64)> = futures_util::stream::iter(layers.iter())
-        .map(|(digest, source)| upload(remote, digest, source))
-        .buffer_unordered(opts.jobs.max(1))
-        .try_collect()
-        .await?;
-    for (sent, len) in uploads {
-        if sent {
-            report.uploaded += 1;
-            report.uploaded_bytes += len;
-        } else {
-            report.skipped += 1;
-            report.skipped_bytes += len;
-        }
-    }
-
-    let config_bytes = config.to_bytes();
-    let config_digest = sha256_digest(&config_bytes);
-    if !blob_exists(remote, &config_digest).await? {
-        send_blob(
-            remote,
-            &config_digest,
-            config_bytes.clone(),
-            "the artifact config",
-        )
-        .await?;
-    }
-    let oci = OciImageManifest {
-        schema_version: 2,
-        media_type: Some(OCI_MANIFEST.into()),
-        artifact_type: Some(ARTIFACT_TYPE.into()),
-        config: OciDescriptor {
-            media_type: CONFIG_MEDIA_TYPE.into(),
-            digest: config_digest,
-            size: config_bytes.len() as i64,
-            ..Default::default()
-        },
-        layers: layers
-            .iter()
-            .map(|(digest, s)| OciDescriptor {
-                media_type: CHUNK_MEDIA_TYPE.into(),
-                digest: digest.clone(),
-                size: s.len as i64,
-                ..Default::default()
-            })
-            .collect(),
-        subject: None,
-        annotations: Some(
-            [(
-                "org.opencontainers.image.title".to_string(),
-                manifest.name.clone(),
-            )]
-            .into(),
-        ),
-    };
+    upload_layers(remote, &layers, opts.jobs, &mut report).await?;
+    let config_descriptor = send_config(remote, &config).await?;
+    let oci = oci_manifest(config_descriptor, &layers, &manifest.name);
     let body = serde_json::to_vec(&oci).expect("a manifest serializes");
     let size = body.len();
     report.digest = sha256_digest(&body);
@@ -210,6 +138,122 @@ pub async fn push(
         .await
         .map_err(|e| RegistryError::registry(format!("push: manifest {}", remote.name()), e))?;
     Ok(report)
+}
+
+/// A valid artifact name, and a reference that names a tag to move.
+fn check_target(name: &str, remote: &Remote) -> Result<()> {
+    vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
+    if remote.reference.digest().is_some() {
+        return Err(RegistryError::Invalid(format!(
+            "push: {}: name a tag, not a digest",
+            remote.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The report's sizes and counts, before anything is sent.
+fn new_report(
+    name: &str,
+    remote: &Remote,
+    config: &ArtifactConfig,
+    layers: &BTreeMap<String, Source>,
+) -> PushReport {
+    PushReport {
+        name: name.to_string(),
+        reference: remote.name(),
+        digest: String::new(),
+        files: config.files.len(),
+        bytes: config.files.iter().map(|f| f.size).sum(),
+        chunks: config.files.iter().map(|f| f.chunks.len()).sum(),
+        unique_chunks: layers.len(),
+        unique_bytes: layers.values().map(|s| s.len).sum(),
+        uploaded: 0,
+        uploaded_bytes: 0,
+        skipped: 0,
+        skipped_bytes: 0,
+        signed_by: None,
+        signature_tag: None,
+    }
+}
+
+/// Sends the chunks the registry lacks, `jobs` at a time, counting those
+/// sent and those skipped in `report`.
+async fn upload_layers(
+    remote: &Remote,
+    layers: &BTreeMap<String, Source>,
+    jobs: usize,
+    report: &mut PushReport,
+) -> Result<()> {
+    let uploads: Vec<(bool, u64)> = futures_util::stream::iter(layers.iter())
+        .map(|(digest, source)| upload(remote, digest, source))
+        .buffer_unordered(jobs.max(1))
+        .try_collect()
+        .await?;
+    for (sent, len) in uploads {
+        if sent {
+            report.uploaded += 1;
+            report.uploaded_bytes += len;
+        } else {
+            report.skipped += 1;
+            report.skipped_bytes += len;
+        }
+    }
+    Ok(())
+}
+
+/// Sends the artifact config blob unless the registry has it; returns its
+/// descriptor.
+async fn send_config(remote: &Remote, config: &ArtifactConfig) -> Result<OciDescriptor> {
+    let config_bytes = config.to_bytes();
+    let config_digest = sha256_digest(&config_bytes);
+    if !blob_exists(remote, &config_digest).await? {
+        send_blob(
+            remote,
+            &config_digest,
+            config_bytes.clone(),
+            "the artifact config",
+        )
+        .await?;
+    }
+    Ok(OciDescriptor {
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        digest: config_digest,
+        size: config_bytes.len() as i64,
+        ..Default::default()
+    })
+}
+
+/// The OCI manifest: the config, one layer per distinct chunk, titled by
+/// the artifact's name.
+fn oci_manifest(
+    config: OciDescriptor,
+    layers: &BTreeMap<String, Source>,
+    title: &str,
+) -> OciImageManifest {
+    OciImageManifest {
+        schema_version: 2,
+        media_type: Some(OCI_MANIFEST.into()),
+        artifact_type: Some(ARTIFACT_TYPE.into()),
+        config,
+        layers: layers
+            .iter()
+            .map(|(digest, s)| OciDescriptor {
+                media_type: CHUNK_MEDIA_TYPE.into(),
+                digest: digest.clone(),
+                size: s.len as i64,
+                ..Default::default()
+            })
+            .collect(),
+        subject: None,
+        annotations: Some(
+            [(
+                "org.opencontainers.image.title".to_string(),
+                title.to_string(),
+            )]
+            .into(),
+        ),
+    }
 }
 
 /// Checks the artifact and cuts its files: the manifest, the file index and
