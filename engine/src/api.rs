@@ -121,20 +121,52 @@ impl App {
     }
 }
 
+/// Validates a completion request, field group by field group, in the order
+/// their errors are reported.
 fn parse_completion(body: &[u8]) -> Result<Completion, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("request body is not JSON: {e}"))?;
     let Value::Object(fields) = value else {
         return Err("request body must be a JSON object".into());
     };
-    let get = |key: &str| fields.get(key).filter(|v| !v.is_null());
-
-    if let Some(model) = get("model") {
+    if let Some(model) = field(&fields, "model") {
         if !model.is_string() {
             return Err("model must be a string".into());
         }
     }
-    let prompt = match get("prompt") {
+    let prompt = prompt(&fields)?;
+    let max_tokens = token_limits(&fields)?;
+    check_greedy(&fields)?;
+    let logprobs = logprobs(&fields)?;
+    let return_token_ids = match field(&fields, "return_token_ids") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("return_token_ids must be a boolean".into()),
+    };
+    check_one_whole_choice(&fields)?;
+    let prompt = encode(&prompt);
+    if prompt.len() + max_tokens as usize > MAX_CONTEXT {
+        return Err(format!(
+            "prompt plus max_tokens exceeds the context of {MAX_CONTEXT}"
+        ));
+    }
+    Ok(Completion {
+        prompt,
+        max_tokens: max_tokens as usize,
+        logprobs,
+        return_token_ids,
+    })
+}
+
+/// A field's value; JSON null counts as absent.
+fn field<'a>(fields: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    fields.get(key).filter(|v| !v.is_null())
+}
+
+/// The prompt: one non-empty string (or a list of exactly one), at most
+/// MAX_PROMPT_CHARS characters.
+fn prompt(fields: &Map<String, Value>) -> Result<String, String> {
+    let prompt = match field(fields, "prompt") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(items)) => match items.as_slice() {
             [Value::String(s)] => s.clone(),
@@ -151,14 +183,19 @@ fn parse_completion(body: &[u8]) -> Result<Completion, String> {
             "prompt is longer than {MAX_PROMPT_CHARS} characters"
         ));
     }
-    let max_tokens = match get("max_tokens") {
+    Ok(prompt)
+}
+
+/// `max_tokens` (returned) and `min_tokens`, which must not exceed it.
+fn token_limits(fields: &Map<String, Value>) -> Result<u64, String> {
+    let max_tokens = match field(fields, "max_tokens") {
         None => DEFAULT_MAX_TOKENS,
         Some(v) => v
             .as_u64()
             .filter(|n| (1..=MAX_TOKENS_LIMIT).contains(n))
             .ok_or_else(|| format!("max_tokens must be an integer from 1 to {MAX_TOKENS_LIMIT}"))?,
     };
-    let min_tokens = match get("min_tokens") {
+    let min_tokens = match field(fields, "min_tokens") {
         None => 0,
         Some(v) => v
             .as_u64()
@@ -167,18 +204,29 @@ fn parse_completion(body: &[u8]) -> Result<Completion, String> {
     if min_tokens > max_tokens {
         return Err("min_tokens must not exceed max_tokens".into());
     }
+    Ok(max_tokens)
+}
+
+/// Sampling settings this engine accepts: temperature 0 (or none) and an
+/// integer seed, which greedy decoding ignores.
+fn check_greedy(fields: &Map<String, Value>) -> Result<(), String> {
     // Missing temperature means greedy here: this engine has no sampler.
-    if let Some(t) = get("temperature") {
+    if let Some(t) = field(fields, "temperature") {
         if t.as_f64() != Some(0.0) {
             return Err("only temperature 0 (greedy decoding) is supported".into());
         }
     }
-    if let Some(seed) = get("seed") {
+    if let Some(seed) = field(fields, "seed") {
         if !(seed.is_i64() || seed.is_u64()) {
             return Err("seed must be an integer".into());
         }
     }
-    let logprobs = match get("logprobs") {
+    Ok(())
+}
+
+/// How many top logprobs each token reports, if any.
+fn logprobs(fields: &Map<String, Value>) -> Result<Option<usize>, String> {
+    Ok(match field(fields, "logprobs") {
         None => None,
         Some(v) => Some(
             v.as_u64()
@@ -186,32 +234,20 @@ fn parse_completion(body: &[u8]) -> Result<Completion, String> {
                 .ok_or_else(|| format!("logprobs must be an integer from 0 to {MAX_LOGPROBS}"))?
                 as usize,
         ),
-    };
-    let return_token_ids = match get("return_token_ids") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err("return_token_ids must be a boolean".into()),
-    };
-    if get("stream") == Some(&Value::Bool(true)) {
+    })
+}
+
+/// One choice, answered whole: no streaming, `n` 1.
+fn check_one_whole_choice(fields: &Map<String, Value>) -> Result<(), String> {
+    if field(fields, "stream") == Some(&Value::Bool(true)) {
         return Err("streaming is not supported".into());
     }
-    if let Some(n) = get("n") {
+    if let Some(n) = field(fields, "n") {
         if n.as_u64() != Some(1) {
             return Err("only n = 1 is supported".into());
         }
     }
-    let prompt = encode(&prompt);
-    if prompt.len() + max_tokens as usize > MAX_CONTEXT {
-        return Err(format!(
-            "prompt plus max_tokens exceeds the context of {MAX_CONTEXT}"
-        ));
-    }
-    Ok(Completion {
-        prompt,
-        max_tokens: max_tokens as usize,
-        logprobs,
-        return_token_ids,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -116,42 +116,63 @@ impl Options {
     /// Parses `args` (without the program name). `env_config` is VSNAP_SNAPSHOT_CONFIG,
     /// used when `--snapshot-config` is absent.
     pub fn parse(args: &[String], env_config: Option<String>) -> Result<Self, String> {
-        let mut snapshot_config = None;
-        let mut ready_file = None;
-        let mut release_file = None;
-        let mut release_timeout = None;
-        let mut host = None;
-        let mut port = None;
-        let mut model_name = None;
-        let mut weights = None;
-        let mut write_weights = None;
+        let Some(flags) = Flags::read(args)? else {
+            return Ok(Options {
+                mode: Mode::Help,
+                model_name: String::new(),
+                weights: None,
+            });
+        };
+        let mode = flags.mode(env_config)?;
+        Ok(Options {
+            mode,
+            model_name: flags.model_name.unwrap_or_else(|| "vsnap-ref".into()),
+            weights: flags.weights.map(PathBuf::from),
+        })
+    }
+}
 
+/// Each flag's value as given, before any is interpreted.
+#[derive(Default)]
+struct Flags {
+    snapshot_config: Option<String>,
+    ready_file: Option<String>,
+    release_file: Option<String>,
+    release_timeout: Option<String>,
+    host: Option<String>,
+    port: Option<String>,
+    model_name: Option<String>,
+    weights: Option<String>,
+    write_weights: Option<String>,
+}
+
+impl Flags {
+    /// The flags up to `--`, each at most once, as `--flag value` or
+    /// `--flag=value`; None for `-h`/`--help`.
+    fn read(args: &[String]) -> Result<Option<Self>, String> {
+        let mut flags = Flags::default();
         let mut rest = args.iter();
         while let Some(arg) = rest.next() {
             if arg == "--" {
                 break;
             }
             if arg == "-h" || arg == "--help" {
-                return Ok(Options {
-                    mode: Mode::Help,
-                    model_name: String::new(),
-                    weights: None,
-                });
+                return Ok(None);
             }
             let (flag, inline) = match arg.split_once('=') {
                 Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_string())),
                 _ => (arg.as_str(), None),
             };
             let slot = match flag {
-                "--snapshot-config" => &mut snapshot_config,
-                "--ready-file" => &mut ready_file,
-                "--release-file" => &mut release_file,
-                "--release-timeout-s" => &mut release_timeout,
-                "--host" => &mut host,
-                "--port" => &mut port,
-                "--model" | "--served-model-name" => &mut model_name,
-                "--weights" => &mut weights,
-                "--write-weights" => &mut write_weights,
+                "--snapshot-config" => &mut flags.snapshot_config,
+                "--ready-file" => &mut flags.ready_file,
+                "--release-file" => &mut flags.release_file,
+                "--release-timeout-s" => &mut flags.release_timeout,
+                "--host" => &mut flags.host,
+                "--port" => &mut flags.port,
+                "--model" | "--served-model-name" => &mut flags.model_name,
+                "--weights" => &mut flags.weights,
+                "--write-weights" => &mut flags.write_weights,
                 _ => return Err(format!("unknown argument {arg:?}")),
             };
             let value = match inline {
@@ -165,51 +186,62 @@ impl Options {
                 return Err(format!("{flag} given twice"));
             }
         }
+        Ok(Some(flags))
+    }
 
-        let snapshot_config = snapshot_config.or(env_config.filter(|c| !c.trim().is_empty()));
-        let barrier = ready_file.is_some() || release_file.is_some() || release_timeout.is_some();
-        let mode = if let Some(path) = write_weights {
-            Mode::WriteWeights(path.into())
+    /// The mode the flags choose: writing weights, then startup capture,
+    /// then the barrier, else plain.
+    fn mode(&self, env_config: Option<String>) -> Result<Mode, String> {
+        let snapshot_config =
+            (self.snapshot_config.clone()).or(env_config.filter(|c| !c.trim().is_empty()));
+        let barrier = self.ready_file.is_some()
+            || self.release_file.is_some()
+            || self.release_timeout.is_some();
+        if let Some(path) = &self.write_weights {
+            Ok(Mode::WriteWeights(path.into()))
         } else if let Some(json) = snapshot_config {
             if barrier {
                 return Err(
                     "--snapshot-config and --ready-file/--release-file exclude each other".into(),
                 );
             }
-            Mode::Startup(SnapshotConfig::parse(&json)?)
+            Ok(Mode::Startup(SnapshotConfig::parse(&json)?))
         } else if barrier {
-            let (Some(ready), Some(release)) = (ready_file, release_file) else {
-                return Err("--ready-file and --release-file go together".into());
-            };
-            let timeout_s = match release_timeout {
-                Some(text) => text
-                    .parse::<f64>()
-                    .map_err(|_| format!("--release-timeout-s {text:?} is not a number"))?,
-                None => DEFAULT_RELEASE_TIMEOUT_S,
-            };
-            Mode::Barrier {
-                ready_file: ready.into(),
-                release_file: release.into(),
-                release_timeout: seconds("--release-timeout-s", timeout_s)?,
-            }
+            self.barrier_mode()
         } else {
-            let port = match port {
-                Some(text) => text
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| format!("--port {text:?} is not a port (1-65535)"))?,
-                None => 8000,
-            };
-            Mode::Plain {
-                host: host.unwrap_or_else(|| "0.0.0.0".into()),
-                port,
-            }
+            self.plain_mode()
+        }
+    }
+
+    fn barrier_mode(&self) -> Result<Mode, String> {
+        let (Some(ready), Some(release)) = (&self.ready_file, &self.release_file) else {
+            return Err("--ready-file and --release-file go together".into());
         };
-        Ok(Options {
-            mode,
-            model_name: model_name.unwrap_or_else(|| "vsnap-ref".into()),
-            weights: weights.map(PathBuf::from),
+        let timeout_s = match &self.release_timeout {
+            Some(text) => text
+                .parse::<f64>()
+                .map_err(|_| format!("--release-timeout-s {text:?} is not a number"))?,
+            None => DEFAULT_RELEASE_TIMEOUT_S,
+        };
+        Ok(Mode::Barrier {
+            ready_file: ready.into(),
+            release_file: release.into(),
+            release_timeout: seconds("--release-timeout-s", timeout_s)?,
+        })
+    }
+
+    fn plain_mode(&self) -> Result<Mode, String> {
+        let port = match &self.port {
+            Some(text) => text
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("--port {text:?} is not a port (1-65535)"))?,
+            None => 8000,
+        };
+        Ok(Mode::Plain {
+            host: self.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
+            port,
         })
     }
 }
