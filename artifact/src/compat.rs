@@ -77,74 +77,87 @@ pub fn compare(captured: &HostIdentity, live: &HostIdentity) -> Comparison {
         shim_version,
         gpus,
     } = captured;
-    let mut out = Comparison::default();
-    let mut field = |name: &str, a: &str, b: &str, must_match: bool| {
-        if a != b {
-            let line = format!("host.{name}: captured {a:?}, live {b:?}");
-            if must_match {
-                out.incompatible.push(line);
-            } else {
-                out.tolerated.push(line);
-            }
-        }
-    };
     let uses_gpus = !gpus.is_empty();
-    field("machine_id", machine_id, &live.machine_id, false);
-    if kernel_series(kernel_release) != kernel_series(&live.kernel_release) {
-        field("kernel_release", kernel_release, &live.kernel_release, true);
-    } else {
-        field(
+    let same_series = kernel_series(kernel_release) == kernel_series(&live.kernel_release);
+    let mut out = Comparison::default();
+    // (field, captured, live, whether a difference forbids the restore)
+    for (name, a, b, must_match) in [
+        ("machine_id", machine_id, &live.machine_id, false),
+        (
             "kernel_release",
             kernel_release,
             &live.kernel_release,
-            false,
-        );
+            !same_series,
+        ),
+        ("cpu_model", cpu_model, &live.cpu_model, true),
+        ("runc_version", runc_version, &live.runc_version, true),
+        ("runc_sha256", runc_sha256, &live.runc_sha256, false),
+        ("criu_version", criu_version, &live.criu_version, true),
+        ("criu_sha256", criu_sha256, &live.criu_sha256, false),
+        (
+            "cuda_plugin_sha256",
+            cuda_plugin_sha256,
+            &live.cuda_plugin_sha256,
+            uses_gpus,
+        ),
+        (
+            "cuda_checkpoint_sha256",
+            cuda_checkpoint_sha256,
+            &live.cuda_checkpoint_sha256,
+            uses_gpus,
+        ),
+        ("shim_version", shim_version, &live.shim_version, true),
+    ] {
+        out.check_field(name, a, b, must_match);
     }
-    field("cpu_model", cpu_model, &live.cpu_model, true);
-    field("runc_version", runc_version, &live.runc_version, true);
-    field("runc_sha256", runc_sha256, &live.runc_sha256, false);
-    field("criu_version", criu_version, &live.criu_version, true);
-    field("criu_sha256", criu_sha256, &live.criu_sha256, false);
-    field(
-        "cuda_plugin_sha256",
-        cuda_plugin_sha256,
-        &live.cuda_plugin_sha256,
-        uses_gpus,
-    );
-    field(
-        "cuda_checkpoint_sha256",
-        cuda_checkpoint_sha256,
-        &live.cuda_checkpoint_sha256,
-        uses_gpus,
-    );
-    field("shim_version", shim_version, &live.shim_version, true);
-
-    let missing: Vec<&str> = cpu_flags
-        .iter()
-        .filter(|f| !live.cpu_flags.contains(f))
-        .map(String::as_str)
-        .collect();
-    if !missing.is_empty() {
-        out.incompatible.push(format!(
-            "host.cpu_flags: captured with {:?}, live lacks them",
-            missing.join(" ")
-        ));
-    }
-
-    let models =
-        |g: &[String]| -> Vec<String> { g.iter().map(|e| gpu_model_and_driver(e)).collect() };
-    let (captured_gpus, live_gpus) = (models(gpus), models(&live.gpus));
-    if captured_gpus != live_gpus {
-        out.incompatible.push(format!(
-            "host.gpus: captured {captured_gpus:?}, live {live_gpus:?} (model and driver, in order)"
-        ));
-    } else if *gpus != live.gpus {
-        out.tolerated.push(format!(
-            "host.gpus: captured {gpus:?}, live {:?}",
-            live.gpus
-        ));
-    }
+    out.check_cpu_flags(cpu_flags, &live.cpu_flags);
+    out.check_gpus(gpus, &live.gpus);
     out
+}
+
+impl Comparison {
+    /// A field compared whole: a difference is incompatible or tolerated
+    /// as `must_match` says.
+    fn check_field(&mut self, name: &str, a: &str, b: &str, must_match: bool) {
+        if a != b {
+            let line = format!("host.{name}: captured {a:?}, live {b:?}");
+            if must_match {
+                self.incompatible.push(line);
+            } else {
+                self.tolerated.push(line);
+            }
+        }
+    }
+
+    /// The live CPU must have every captured flag; more are harmless.
+    fn check_cpu_flags(&mut self, captured: &[String], live: &[String]) {
+        let missing: Vec<&str> = captured
+            .iter()
+            .filter(|f| !live.contains(f))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            self.incompatible.push(format!(
+                "host.cpu_flags: captured with {:?}, live lacks them",
+                missing.join(" ")
+            ));
+        }
+    }
+
+    /// The same GPU models and drivers in order; other UUIDs are tolerated.
+    fn check_gpus(&mut self, captured: &[String], live: &[String]) {
+        let models =
+            |g: &[String]| -> Vec<String> { g.iter().map(|e| gpu_model_and_driver(e)).collect() };
+        let (captured_gpus, live_gpus) = (models(captured), models(live));
+        if captured_gpus != live_gpus {
+            self.incompatible.push(format!(
+                "host.gpus: captured {captured_gpus:?}, live {live_gpus:?} (model and driver, in order)"
+            ));
+        } else if captured != live {
+            self.tolerated
+                .push(format!("host.gpus: captured {captured:?}, live {live:?}"));
+        }
+    }
 }
 
 #[cfg(test)]
