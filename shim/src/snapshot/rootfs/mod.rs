@@ -14,10 +14,14 @@
 //!   fingerprints are recorded, and a restore whose file vanished or changed
 //!   fails before CRIU runs, naming the file.
 
-mod layer_tar;
+#[cfg(test)]
+mod layer_tests;
+mod pack;
+mod unpack;
 mod volumes;
 
-pub use layer_tar::{pack, unpack};
+pub use pack::pack;
+pub use unpack::unpack;
 pub use volumes::{check_volume_files, open_volume_files};
 
 use std::path::{Path, PathBuf};
