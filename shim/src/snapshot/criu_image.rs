@@ -11,7 +11,8 @@
 //! flags = 4; nr_pages = 5 }` per range; the pages of every entry flagged
 //! `PE_PRESENT` follow one another in `pages-<pages_id>.img`.
 //! `mm-<pid>.img` holds one `mm_entry` whose field 14 repeats
-//! `vma_entry { start = 1; end = 2; ... }`.
+//! `vma_entry { start = 1; end = 2; ... }`. The framing is read here, the
+//! messages by prost (`pb`: only the fields above).
 
 use std::path::Path;
 
@@ -135,37 +136,22 @@ pub fn lazy_ranges(
 /// `pagemap-<pid>.img`: the pages file id and the entries, in order.
 pub fn parse_pagemap(bytes: &[u8]) -> Result<(u32, Vec<PagemapEntry>), String> {
     let mut messages = messages(bytes, PAGEMAP_MAGIC)?;
-    let head = messages.next().ok_or("no pagemap head")??;
-    let pages_id = Fields(head)
-        .find_map(|f| match f {
-            Ok((1, Value::Varint(v))) => Some(Ok(v as u32)),
-            Err(e) => Some(Err(e)),
-            _ => None,
-        })
-        .ok_or("the pagemap head has no pages_id")??;
+    let head: pb::PagemapHead = decode(messages.next().ok_or("no pagemap head")??, "pagemap head")?;
+    let pages_id = head.pages_id.ok_or("the pagemap head has no pages_id")?;
     let mut entries = Vec::new();
     for m in messages {
-        let (mut vaddr, mut compat, mut nr, mut flags, mut in_parent) =
-            (None, 0u64, None, None, false);
-        for f in Fields(m?) {
-            match f? {
-                (1, Value::Varint(v)) => vaddr = Some(v),
-                (2, Value::Varint(v)) => compat = v,
-                (3, Value::Varint(v)) => in_parent = v != 0,
-                (4, Value::Varint(v)) => flags = Some(v as u32),
-                (5, Value::Varint(v)) => nr = Some(v),
-                _ => {}
-            }
-        }
+        let e: pb::PagemapEntry = decode(m?, "pagemap entry")?;
         // As CRIU reads old images (init_compat_pagemap_entry).
-        let flags = match flags {
-            _ if in_parent => PE_PARENT,
+        let flags = match e.flags {
+            _ if e.in_parent == Some(true) => PE_PARENT,
             Some(f) => f,
             None => PE_PRESENT,
         };
         entries.push(PagemapEntry {
-            vaddr: vaddr.ok_or("a pagemap entry has no vaddr")?,
-            nr_pages: nr.unwrap_or(compat),
+            vaddr: e.vaddr.ok_or("a pagemap entry has no vaddr")?,
+            nr_pages: e
+                .nr_pages
+                .unwrap_or_else(|| e.compat_nr_pages.map_or(0, u64::from)),
             flags,
         });
     }
@@ -174,23 +160,16 @@ pub fn parse_pagemap(bytes: &[u8]) -> Result<(u32, Vec<PagemapEntry>), String> {
 
 /// `mm-<pid>.img`: the VMAs as `(start, end)`, sorted.
 pub fn parse_vmas(bytes: &[u8]) -> Result<Vec<(u64, u64)>, String> {
-    let mm = messages(bytes, MM_MAGIC)?.next().ok_or("no mm entry")??;
-    let mut vmas = Vec::new();
-    for f in Fields(mm) {
-        if let (14, Value::Bytes(vma)) = f? {
-            let (mut start, mut end) = (None, None);
-            for g in Fields(vma) {
-                match g? {
-                    (1, Value::Varint(v)) => start = Some(v),
-                    (2, Value::Varint(v)) => end = Some(v),
-                    _ => {}
-                }
-            }
-            vmas.push((
-                start.ok_or("a VMA has no start")?,
-                end.ok_or("a VMA has no end")?,
-            ));
-        }
+    let mm: pb::MmEntry = decode(
+        messages(bytes, MM_MAGIC)?.next().ok_or("no mm entry")??,
+        "mm entry",
+    )?;
+    let mut vmas = Vec::with_capacity(mm.vmas.len());
+    for vma in mm.vmas {
+        vmas.push((
+            vma.start.ok_or("a VMA has no start")?,
+            vma.end.ok_or("a VMA has no end")?,
+        ));
     }
     vmas.sort_unstable();
     Ok(vmas)
@@ -222,62 +201,53 @@ fn messages(
     }))
 }
 
-enum Value<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Other,
+/// One message's body as `M`. prost cannot tell a body cut short from
+/// garbage (both read as an invalid varint or a buffer underflow), hence
+/// the one text for both.
+fn decode<M: prost::Message + Default>(body: &[u8], what: &str) -> Result<M, String> {
+    M::decode(body).map_err(|e| format!("a truncated or malformed {what}: {e}"))
 }
 
-/// The fields of one protobuf message: `(number, value)`.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = Result<(u64, Value<'a>), String>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        Some(self.field())
-    }
-}
-
-impl<'a> Fields<'a> {
-    fn varint(&mut self) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self.0.split_first().ok_or("a truncated varint")?;
-            self.0 = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("a varint over 64 bits".into())
+/// The fields vsnap reads of CRIU's messages, under CRIU's numbers and
+/// types; prost skips the others. CRIU declares most of them `required`:
+/// they are `optional` here so that a missing one is told apart from 0.
+mod pb {
+    /// `images/pagemap.proto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PagemapHead {
+        #[prost(uint32, optional, tag = "1")]
+        pub pages_id: Option<u32>,
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("a truncated field".into());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+    /// `images/pagemap.proto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PagemapEntry {
+        #[prost(uint64, optional, tag = "1")]
+        pub vaddr: Option<u64>,
+        #[prost(uint32, optional, tag = "2")]
+        pub compat_nr_pages: Option<u32>,
+        #[prost(bool, optional, tag = "3")]
+        pub in_parent: Option<bool>,
+        #[prost(uint32, optional, tag = "4")]
+        pub flags: Option<u32>,
+        #[prost(uint64, optional, tag = "5")]
+        pub nr_pages: Option<u64>,
     }
 
-    fn field(&mut self) -> Result<(u64, Value<'a>), String> {
-        let key = self.varint()?;
-        let value = match key & 7 {
-            0 => Value::Varint(self.varint()?),
-            1 => self.take(8).map(|_| Value::Other)?,
-            2 => {
-                let n = self.varint()? as usize;
-                Value::Bytes(self.take(n)?)
-            }
-            5 => self.take(4).map(|_| Value::Other)?,
-            t => return Err(format!("protobuf wire type {t} is not supported")),
-        };
-        Ok((key >> 3, value))
+    /// `images/mm.proto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct MmEntry {
+        #[prost(message, repeated, tag = "14")]
+        pub vmas: Vec<VmaEntry>,
+    }
+
+    /// `images/vma.proto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct VmaEntry {
+        #[prost(uint64, optional, tag = "1")]
+        pub start: Option<u64>,
+        #[prost(uint64, optional, tag = "2")]
+        pub end: Option<u64>,
     }
 }
 
@@ -422,6 +392,105 @@ mod tests {
         mm.extend(&vma);
         let bytes = image(MM_MAGIC, &[mm]);
         assert_eq!(parse_vmas(&bytes).unwrap(), vec![(0x7000, 0x9000)]);
+    }
+
+    #[test]
+    fn messages_prost_encodes_are_read_field_by_field() {
+        use prost::Message;
+        let head = pb::PagemapHead { pages_id: Some(9) };
+        let entry = |vaddr, compat, in_parent, flags, nr_pages| pb::PagemapEntry {
+            vaddr: Some(vaddr),
+            compat_nr_pages: Some(compat),
+            in_parent,
+            flags,
+            nr_pages,
+        };
+        let bytes = image(
+            PAGEMAP_MAGIC,
+            &[
+                head.encode_to_vec(),
+                // nr_pages wins over compat_nr_pages; flags as written.
+                entry(
+                    0x7f00_0000_1000,
+                    1,
+                    Some(false),
+                    Some(PE_LAZY | PE_PRESENT),
+                    Some(300),
+                )
+                .encode_to_vec(),
+                // in_parent wins over flags.
+                entry(0x7f00_0100_0000, 2, Some(true), Some(PE_PRESENT), Some(2)).encode_to_vec(),
+                // An old image: compat_nr_pages only, no flags: present.
+                entry(0x7f00_0200_0000, 3, None, None, None).encode_to_vec(),
+            ],
+        );
+        let (id, entries) = parse_pagemap(&bytes).unwrap();
+        assert_eq!(id, 9);
+        assert_eq!(
+            entries,
+            vec![
+                PagemapEntry {
+                    vaddr: 0x7f00_0000_1000,
+                    nr_pages: 300,
+                    flags: PE_LAZY | PE_PRESENT
+                },
+                PagemapEntry {
+                    vaddr: 0x7f00_0100_0000,
+                    nr_pages: 2,
+                    flags: PE_PARENT
+                },
+                PagemapEntry {
+                    vaddr: 0x7f00_0200_0000,
+                    nr_pages: 3,
+                    flags: PE_PRESENT
+                },
+            ]
+        );
+        let vma = |start, end| pb::VmaEntry {
+            start: Some(start),
+            end: Some(end),
+        };
+        let mm = pb::MmEntry {
+            vmas: vec![vma(0x9000, 0xa000), vma(0x1000, 0x3000)],
+        };
+        assert_eq!(
+            parse_vmas(&image(MM_MAGIC, &[mm.encode_to_vec()])).unwrap(),
+            vec![(0x1000, 0x3000), (0x9000, 0xa000)]
+        );
+        let no_end = pb::MmEntry {
+            vmas: vec![pb::VmaEntry {
+                start: Some(0x1000),
+                end: None,
+            }],
+        };
+        assert!(parse_vmas(&image(MM_MAGIC, &[no_end.encode_to_vec()]))
+            .unwrap_err()
+            .contains("no end"));
+    }
+
+    #[test]
+    fn a_message_cut_short_or_garbage_inside_its_frame_is_refused() {
+        use prost::Message;
+        let head = pb::PagemapHead { pages_id: Some(1) }.encode_to_vec();
+        let mut cut = pb::PagemapEntry {
+            vaddr: Some(0x1000),
+            nr_pages: Some(300),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        // The frame is whole; the message ends inside nr_pages' varint.
+        cut.pop();
+        let e = parse_pagemap(&image(PAGEMAP_MAGIC, &[head.clone(), cut])).unwrap_err();
+        assert!(
+            e.contains("truncated") && e.contains("pagemap entry"),
+            "{e}"
+        );
+        // Wire type 7 does not exist.
+        let e = parse_pagemap(&image(PAGEMAP_MAGIC, &[head, vec![0x0f]])).unwrap_err();
+        assert!(e.contains("malformed pagemap entry"), "{e}");
+        // A VMA longer than the mm entry holding it.
+        let e = parse_vmas(&image(MM_MAGIC, &[vec![(14 << 3) | 2, 4, 8, 1]])).unwrap_err();
+        assert!(e.contains("truncated") && e.contains("mm entry"), "{e}");
     }
 
     #[test]
