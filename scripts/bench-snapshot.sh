@@ -29,7 +29,8 @@
 #
 # The report (markdown) goes to stdout and, with BENCH_OUT, to that file; progress to
 # stderr. Runs scripts/setup.sh first (idempotent). Takes the binaries from
-# BENCH_TARGET_DIR/release (default ./target), building them only if missing. Cleans up
+# BENCH_TARGET_DIR/release (default CARGO_TARGET_DIR, else ./target), building them
+# only if missing. Cleans up
 # everything it started on exit (tasks, containers, containerd by pid, temp dir), also
 # on failure. Run as root; drops the page cache (machine-wide) for the cold numbers.
 #
@@ -39,8 +40,9 @@
 #   BENCH_INIT_MS=3000      VSNAP_ENGINE_INIT_MS: CPU burnt at start-up (compilation)
 #   BENCH_RESIDENT_MB=1024  VSNAP_ENGINE_RESIDENT_MB: never released, lands in the image
 #   BENCH_STATE_MB=256      VSNAP_ENGINE_STATE_MB: released before capture, reloaded
-#   BENCH_TARGET_DIR=target where release/containerd-shim-vsnap-v1 and
-#                           release/vsnap-ref-engine are
+#   BENCH_TARGET_DIR=DIR    where release/containerd-shim-vsnap-v1 and
+#                           release/vsnap-ref-engine are (default CARGO_TARGET_DIR,
+#                           else target)
 #   BENCH_OUT=FILE          also write the report to FILE
 #   BENCH_VERIFY=1          0: verify_contents = false (to see what verification costs)
 #   BENCH_LOGS=DIR          keep each restore's vsnap-restore.json and CRIU restore.log there
@@ -66,9 +68,8 @@ say() { printf 'bench-snapshot: %s\n' "$*" >&2; }
 . scripts/lib.sh
 vsnap_path
 
-TOP=$(pwd)
 CBIN=/opt/vsnap/containerd/bin
-TARGET=$(mkdir -p "${BENCH_TARGET_DIR:-target}" && cd "${BENCH_TARGET_DIR:-target}" && pwd)
+TARGET=$(CARGO_TARGET_DIR=${BENCH_TARGET_DIR:-${CARGO_TARGET_DIR:-target}} vsnap_target_dir)
 SHIM="$TARGET/release/containerd-shim-vsnap-v1"
 ENGINE="$TARGET/release/vsnap-ref-engine"
 if [ ! -x "$SHIM" ] || [ ! -x "$ENGINE" ]; then

@@ -20,7 +20,8 @@
 #   BENCH_RUNS=30           paired runs of the /bin/true benchmark
 #   BENCH_WARMUP=2          unmeasured runs of each runtime before them
 #   BENCH_OUT=FILE          also write the report to FILE
-#   BENCH_SHIM=PATH         the vsnap shim binary (default target/release/containerd-shim-vsnap-v1)
+#   BENCH_SHIM=PATH         the vsnap shim binary (default release/containerd-shim-vsnap-v1
+#                           of CARGO_TARGET_DIR, else of ./target)
 #   BENCH_LOG_LEVEL=info    containerd's log level (debug: timestamps of every shim call)
 #   BENCH_CONTAINERD_LOG=F  keep a copy of containerd's log in F
 set -euo pipefail
@@ -42,7 +43,6 @@ say() { printf 'bench: %s\n' "$*" >&2; }
 . scripts/lib.sh
 vsnap_path
 
-TOP=$(pwd)
 CBIN=/opt/vsnap/containerd/bin
 RUNC=/usr/sbin/runc
 SHIM_NAME=containerd-shim-vsnap-v1
@@ -55,7 +55,7 @@ if [ -n "${BENCH_SHIM:-}" ]; then
     SHIM=$(readlink -f "$BENCH_SHIM")
     [ -x "$SHIM" ] || { echo "bench: BENCH_SHIM=$BENCH_SHIM is not an executable" >&2; exit 1; }
 else
-    SHIM="$TOP/target/release/$SHIM_NAME"
+    SHIM="$(vsnap_target_dir)/release/$SHIM_NAME"
     if [ ! -x "$SHIM" ] || [ -n "$(find shim/src shim/Cargo.toml config/src config/Cargo.toml Cargo.lock \
         -newer "$SHIM" -print -quit 2>/dev/null)" ]; then
         say "building the release shim (cargo build --release -p vsnap-shim)"

@@ -11,7 +11,7 @@ exec </dev/null
 vsnap_path
 
 cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks
-TOP=$(pwd)
+TARGET=$(vsnap_target_dir)
 D=$(mktemp -d /tmp/vsnap-demo.XXXXXX)
 CTR=(/opt/vsnap/containerd/bin/ctr --address "$D/state/containerd.sock")
 CPID=
@@ -26,11 +26,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ENGINE="$TOP/target/release/vsnap-ref-engine"
+ENGINE="$TARGET/release/vsnap-ref-engine"
 INIT_MS=${DEMO_INIT_MS:-4000}
 STATE_MB=${DEMO_STATE_MB:-512}
 mkdir -p "$D/bin"
-ln -s "$TOP/target/release/containerd-shim-vsnap-v1" "$D/bin/"
+ln -s "$TARGET/release/containerd-shim-vsnap-v1" "$D/bin/"
 vsnap_engine_rootfs "$D/rootfs" "$ENGINE"
 vsnap_containerd_config "$D" >"$D/config.toml"
 cat > "$D/vsnap.toml" <<TOML

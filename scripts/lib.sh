@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the project's scripts (sourced, not run).
 
 # Puts cargo and the system folders on PATH (CI's PATH may lack either).
@@ -7,6 +8,15 @@ vsnap_path() {
         [ -d "$d" ] && PATH="$d:$PATH"
     done
     export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+}
+
+# Prints the absolute path of the folder cargo builds into: CARGO_TARGET_DIR (relative
+# to the current folder, as cargo reads it), else ./target. A script that runs cargo
+# takes its binaries from here, so that it never runs stale ones from ./target when
+# CARGO_TARGET_DIR points elsewhere.
+vsnap_target_dir() {
+    local t=${CARGO_TARGET_DIR:-target}
+    mkdir -p "$t" && (cd "$t" && pwd)
 }
 
 # Prints the config of a private containerd in folder DIR: its own root,
@@ -49,6 +59,7 @@ vsnap_bench_example() {
     ./scripts/setup.sh >&2
     vsnap_path
     cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-cli >&2
-    export VSNAP_SHIM_BIN="$PWD/target/release/containerd-shim-vsnap-v1"
+    VSNAP_SHIM_BIN="$(vsnap_target_dir)/release/containerd-shim-vsnap-v1"
+    export VSNAP_SHIM_BIN
     cargo run --release -q -p vsnap-e2e --example "$name"
 }
