@@ -25,7 +25,7 @@
 #   BENCH_LOG_LEVEL=info    containerd's log level (debug: timestamps of every shim call)
 #   BENCH_CONTAINERD_LOG=F  keep a copy of containerd's log in F
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 exec </dev/null
 export LC_ALL=C
 [ "$(id -u)" -eq 0 ] || { echo "bench: must run as root" >&2; exit 1; }

@@ -47,7 +47,7 @@
 #   BENCH_VERIFY=1          0: verify_contents = false (to see what verification costs)
 #   BENCH_LOGS=DIR          keep each restore's vsnap-restore.json and CRIU restore.log there
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 exec </dev/null
 export LC_ALL=C
 [ "$(id -u)" -eq 0 ] || { echo "bench-snapshot: must run as root" >&2; exit 1; }
