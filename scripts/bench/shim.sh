@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# `scripts/bench.sh shim` (the default of scripts/bench.sh), or run directly.
+#
 # Side-by-side benchmark of the vsnap shim (io.vsnap.v1) against containerd's Go
 # runc shim (io.containerd.runc.v2), both served by ONE private containerd (its own
 # root, state and socket) in the same run, both driving the same runc (/usr/sbin/runc):

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# `scripts/bench.sh snapshot`, or run directly.
+#
 # Snapshot benchmark: the reference engine with a multi-second init and a large block of
 # memory it never releases (so it is IN the CRIU image), cold start vs restore, measured
 # side by side in ONE run under ONE private containerd (its own root, state, socket),

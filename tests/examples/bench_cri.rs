@@ -9,7 +9,7 @@
 //! validated and listens. Plus the shim's phases from `vsnap-restore.json`.
 //! Order ABAB... over `BENCH_RUNS` pairs (default 1), warm page cache.
 //!
-//! Run by `scripts/bench-cri.sh` (release builds).
+//! Run by `scripts/bench.sh cri` (release builds).
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! bytes) into one file followed by `sync` of that file. Page cache warm for
 //! both (the registry's files were just written or read).
 //!
-//! Run by `scripts/bench-fleet.sh` (release builds). Environment:
+//! Run by `scripts/bench.sh fleet` (release builds). Environment:
 //! BENCH_RUNS (pairs, default 3), BENCH_RESIDENT_MB.
 
 use std::path::Path;

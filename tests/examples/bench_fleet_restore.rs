@@ -10,7 +10,7 @@
 //! artifact then present. Every copy's answers are compared with the cold
 //! start's.
 //!
-//! Run by `scripts/bench-fleet-restore.sh` (release builds).
+//! Run by `scripts/bench.sh fleet-restore` (release builds).
 
 use std::time::{Duration, Instant};
 

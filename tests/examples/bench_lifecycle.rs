@@ -8,7 +8,7 @@
 //!    restoring, to the moment its Start returns and to the moment State
 //!    says STOPPED.
 //!
-//! Run by `scripts/bench-lifecycle.sh` (release builds). Environment:
+//! Run by `scripts/bench.sh lifecycle` (release builds). Environment:
 //! BENCH_RESTORES (default 5), BENCH_RESIDENT_MB (default 1024).
 
 use std::time::{Duration, Instant};

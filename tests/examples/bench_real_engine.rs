@@ -14,7 +14,7 @@
 //!    and BENCH_RUNS restores: `ctr run` wall time and the shim's
 //!    `rootfs_ms` (checking and unpacking the layer).
 //!
-//! Run by `scripts/bench-real-engine.sh`. Report (markdown) on stdout.
+//! Run by `scripts/bench.sh real-engine`. Report (markdown) on stdout.
 
 use std::time::{Duration, Instant};
 

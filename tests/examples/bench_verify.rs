@@ -8,7 +8,7 @@
 //! restore, which returns once the copy validated and listens; plus the
 //! shim's own phases from `vsnap-restore.json`.
 //!
-//! Run by `scripts/bench-verify.sh` (release builds). Environment:
+//! Run by `scripts/bench.sh verify` (release builds). Environment:
 //! BENCH_RUNS (pairs per cache state, default 4), BENCH_RESIDENT_MB.
 
 use std::time::{Duration, Instant};

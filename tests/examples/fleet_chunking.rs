@@ -7,7 +7,7 @@
 //! stores and a host fetches for it). Fixed 4 MiB chunks for comparison.
 //!
 //! `cargo run --release -p vsnap-e2e --example fleet_chunking` as root, after
-//! building the shim and engine (see scripts/bench-fleet.sh).
+//! building the shim and engine (see scripts/bench.sh fleet).
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The project's benchmarks, one entry point. Run as root (--list needs no root).
+#
+#   ./scripts/bench.sh [NAME...]   run the named benchmarks, one after the other;
+#                                  no NAME: shim
+#   ./scripts/bench.sh all         every benchmark, in the order of --list
+#   ./scripts/bench.sh --list      the names, one line each saying what it measures
+#
+# Each benchmark's report (markdown) goes to stdout, its progress to stderr; with more
+# than one NAME a blank line separates the reports and the first one that fails ends
+# the run with its exit status. Each benchmark reads its own environment variables, as
+# below; one set for several NAMEs applies to each of them (BENCH_RUNS counts pairs for
+# one and restores for another).
+#
+# shim and snapshot are bash: scripts/bench/shim.sh and scripts/bench/snapshot.sh, whose
+# headers (and docs/benchmarks.md) list their settings. The others are examples of the
+# e2e crate, tests/examples/bench_NAME.rs (NAME with _ for -), run against release
+# builds of the shim, the reference engine and the CLI in cargo's target folder
+# (CARGO_TARGET_DIR, else target/). Their settings and defaults:
+#   cri            BENCH_RUNS=1 (pairs), BENCH_RESIDENT_MB=1024
+#   fleet          BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512
+#   fleet-restore  BENCH_RUNS=3, BENCH_RESIDENT_MB=512, BENCH_INIT_MS=5000
+#   lifecycle      BENCH_RESTORES=5, BENCH_RESIDENT_MB=1024
+#   real-engine    BENCH_RUNS=5 (restores per case), BENCH_LAYER_MB=0,100,1024
+#   verify         BENCH_RUNS=4 (pairs per cache state), BENCH_RESIDENT_MB=1024
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec </dev/null
+
+NAMES=(shim snapshot cri fleet fleet-restore lifecycle real-engine verify)
+declare -A WHAT=(
+    [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
+    [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
+    [cri]="a restore through CRI (StartContainer) beside the same restore through \`ctr run -d\`"
+    [fleet]="\`vsnap push\` to a loopback registry, then \`vsnap pull\` vs a raw cat + sync of the same bytes"
+    [fleet-restore]="a restore from a registry reference on a host without the artifact vs cold start and local restore"
+    [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
+    [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"
+    [verify]="restores with verify_contents on vs off, warm page cache and after dropping it"
+)
+
+list() {
+    local n
+    for n in "${NAMES[@]}"; do printf '%-14s %s\n' "$n" "${WHAT[$n]}"; done
+}
+
+known() {
+    local n
+    for n in "${NAMES[@]}"; do [ "$n" = "$1" ] && return 0; done
+    return 1
+}
+
+usage() {
+    echo "usage: scripts/bench.sh [NAME...] | all | --list"
+    echo "benchmarks (scripts/bench.sh --list):"
+    list | sed 's/^/  /'
+}
+
+# Runs one benchmark; its exit status is the benchmark's.
+run_one() {
+    case "$1" in
+        shim | snapshot) "scripts/bench/$1.sh" ;;
+        real-engine) (
+            . scripts/lib.sh
+            BENCH_DATE=$(date -u +%Y-%m-%d)
+            export BENCH_DATE
+            vsnap_bench_example bench_real_engine
+        ) ;;
+        *) (
+            . scripts/lib.sh
+            vsnap_bench_example "bench_${1//-/_}"
+        ) ;;
+    esac
+}
+
+todo=()
+for a in "$@"; do
+    case "$a" in
+        -l | --list) list; exit 0 ;;
+        -h | --help) usage; exit 0 ;;
+        all) todo+=("${NAMES[@]}") ;;
+        *)
+            if ! known "$a"; then
+                echo "bench: no benchmark named '$a'" >&2
+                usage >&2
+                exit 2
+            fi
+            todo+=("$a")
+            ;;
+    esac
+done
+[ "${#todo[@]}" -gt 0 ] || todo=(shim)
+
+i=0
+for n in "${todo[@]}"; do
+    i=$((i + 1))
+    if [ "${#todo[@]}" -gt 1 ]; then
+        [ "$i" -eq 1 ] || echo
+        printf 'bench: %s (%d of %d)\n' "$n" "$i" "${#todo[@]}" >&2
+    fi
+    run_one "$n"
+done
