@@ -19,14 +19,25 @@ vsnap_target_dir() {
     mkdir -p "$t" && (cd "$t" && pwd)
 }
 
-# Prints the config of a private containerd in folder DIR: its own root,
-# state and socket; CRI and NRI off, so instances never share a socket.
-# An optional second argument sets the debug log level.
+# The definitions below are the only ones: the e2e harness (tests/src/lib_sh.rs) runs
+# them with bash for its private containerd instances and its root filesystems, so the
+# tests, the benchmarks, the demo and the tour all run the same configs and folders.
+
+# Prints the config of a private containerd in folder DIR: its own root, state and
+# socket, NRI off. LEVEL (optional, may be empty) sets the debug log level. PLUGINS
+# (optional): "cri" keeps the CRI plugins on, their tables appended by the caller (the
+# config ends with tables: whatever follows it must be tables too); by default CRI is
+# off as well, so instances never share a socket.
 vsnap_containerd_config() {
-    local dir=$1 level=${2:-}
+    local dir=$1 level=${2:-} plugins=${3:-} disabled
+    case "$plugins" in
+        "") disabled='"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"' ;;
+        cri) disabled='"io.containerd.nri.v1.nri"' ;;
+        *) echo "vsnap_containerd_config: PLUGINS is cri or nothing, not '$plugins'" >&2; return 1 ;;
+    esac
     cat <<TOML
 version = 3
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
+disabled_plugins = [$disabled]
 root = "$dir/root"
 state = "$dir/state"
 [grpc]
@@ -37,17 +48,35 @@ TOML
     fi
 }
 
-# Makes DIR a root filesystem for the reference engine: busybox (sh, echo, cat, sleep,
-# uname), the engine binary ENGINE at /vsnap-ref-engine and the libraries it links against.
+# The host's static busybox (busybox-static, installed by scripts/setup.sh) and the
+# applets linked to it in a root filesystem. A caller may name another busybox for one
+# call (VSNAP_BUSYBOX=PATH vsnap_engine_rootfs ...); sourcing this file resets it.
+VSNAP_BUSYBOX=/bin/busybox
+VSNAP_BUSYBOX_APPLETS=(sh echo cat sleep tty true false ls ps date read kill env id head wc)
+
+# Makes DIR a busybox root filesystem: /bin/busybox, its applets (an entry already
+# there is kept) and the folders proc, sys, dev, tmp, etc and out.
+vsnap_busybox_rootfs() {
+    local dir=$1 d a
+    [ -x "$VSNAP_BUSYBOX" ] || { echo "vsnap_busybox_rootfs: $VSNAP_BUSYBOX missing (busybox-static: scripts/setup.sh)" >&2; return 1; }
+    for d in bin proc sys dev tmp etc out; do mkdir -p "$dir/$d" || return; done
+    cp "$VSNAP_BUSYBOX" "$dir/bin/busybox" || return
+    for a in "${VSNAP_BUSYBOX_APPLETS[@]}"; do
+        [ -e "$dir/bin/$a" ] || [ -L "$dir/bin/$a" ] || ln -s busybox "$dir/bin/$a" || return
+    done
+}
+
+# Makes DIR a root filesystem for the reference engine: a busybox one (for exec) with
+# the engine binary ENGINE at /vsnap-ref-engine, the libraries it links against (as
+# ldd lists them) and the folders run, lib and lib64.
 vsnap_engine_rootfs() {
-    local dir=$1 engine=$2 a lib
-    mkdir -p "$dir/bin" "$dir/proc" "$dir/dev" "$dir/tmp" "$dir/run"
-    cp "$(command -v busybox)" "$dir/bin/busybox"
-    for a in sh echo cat sleep uname; do ln -sfn busybox "$dir/bin/$a"; done
-    cp "$engine" "$dir/vsnap-ref-engine"
-    for lib in $(ldd "$engine" | grep -o '/[^ ]*'); do
-        mkdir -p "$dir$(dirname "$lib")"
-        cp "$lib" "$dir$lib"
+    local dir=$1 engine=$2 libs lib
+    vsnap_busybox_rootfs "$dir" || return
+    mkdir -p "$dir/run" "$dir/lib" "$dir/lib64" || return
+    cp "$engine" "$dir/vsnap-ref-engine" || return
+    libs=$(ldd "$engine" 2>/dev/null | grep -o '/[^ ]*') || libs= # none: a static engine
+    for lib in $libs; do
+        mkdir -p "$dir$(dirname "$lib")" && cp "$lib" "$dir$lib" || return
     done
 }
 

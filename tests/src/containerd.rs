@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cmd::{run, wait_deadline, CmdOutput};
+use crate::lib_sh::{self, Plugins};
 
 /// Where `scripts/setup.sh` installs containerd and ctr.
 pub const CONTAINERD_BIN: &str = "/opt/vsnap/containerd/bin";
@@ -61,17 +62,15 @@ pub fn instance_number(dir: &Path) -> u32 {
 impl Containerd {
     /// An instance with the CRI plugin off.
     pub fn start(tag: &str) -> Self {
-        Self::start_with(tag, |_| {
-            "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\n".into()
-        })
+        Self::start_full(tag, Plugins::NoCri, |_| String::new(), None)
     }
 
-    /// An instance whose config is the common part (root, state, socket,
-    /// debug log) plus what `extra` writes for the instance's folder, put
-    /// after the top-level keys (its tables must not capture them); `extra`
-    /// runs before containerd starts, so it can also put files there.
-    pub fn start_with(tag: &str, extra: impl FnOnce(&Path) -> String) -> Self {
-        Self::start_full(tag, extra, None)
+    /// An instance with the CRI plugin on, whose config is the common part
+    /// (root, state, socket, debug log) plus the tables `tables` writes for
+    /// the instance's folder; `tables` runs before containerd starts, so it
+    /// can also put files there.
+    pub fn start_with_cri(tag: &str, tables: impl FnOnce(&Path) -> String) -> Self {
+        Self::start_full(tag, Plugins::Cri, tables, None)
     }
 
     /// An instance with the CRI plugin off whose clocks (CLOCK_MONOTONIC,
@@ -79,28 +78,23 @@ impl Containerd {
     /// that has been up that much longer. [`Containerd::restart_on_host_clocks`]
     /// starts it again in the host's time namespace.
     pub fn start_with_clock_offset(tag: &str, offset_s: i64) -> Self {
-        Self::start_full(
-            tag,
-            |_| {
-                "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\", \"io.containerd.nri.v1.nri\"]\n".into()
-            },
-            Some(offset_s),
-        )
+        Self::start_full(tag, Plugins::NoCri, |_| String::new(), Some(offset_s))
     }
 
+    /// The common part of the config is `scripts/lib.sh`'s
+    /// (`vsnap_containerd_config DIR debug [cri]`), the one the benchmarks,
+    /// the demo and the tour run; `tables` follow it.
     fn start_full(
         tag: &str,
-        extra: impl FnOnce(&Path) -> String,
+        plugins: Plugins,
+        tables: impl FnOnce(&Path) -> String,
         clock_offset: Option<i64>,
     ) -> Self {
         let dir = scratch_dir(tag);
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::os::unix::fs::symlink(shim_binary(), dir.join("bin").join(SHIM_NAME)).unwrap();
-        let config = format!(
-            "version = 3\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n{extra}[grpc]\n  address = \"{d}/state/containerd.sock\"\n[debug]\n  level = \"debug\"\n",
-            extra = extra(&dir),
-            d = dir.display()
-        );
+        let mut config = lib_sh::containerd_config(&dir, Some("debug"), plugins);
+        config.push_str(&tables(&dir));
         std::fs::write(dir.join("config.toml"), config).unwrap();
         let mut c = Containerd {
             dir,

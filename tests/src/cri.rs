@@ -249,7 +249,8 @@ impl std::ops::Deref for CriEnv {
     }
 }
 
-/// The containerd config that turns CRI on for an instance in `dir`.
+/// The tables of the CRI plugin for an instance in `dir` (after the common
+/// config, which keeps CRI on).
 fn cri_config(dir: &Path) -> String {
     let d = dir.display();
     let cni = dir.join("cni");
@@ -270,8 +271,7 @@ fn cri_config(dir: &Path) -> String {
     let cri = "plugins.\"io.containerd.cri.v1.runtime\"";
     let runtimes = format!("{cri}.containerd.runtimes");
     format!(
-        r#"disabled_plugins = ["io.containerd.nri.v1.nri"]
-[plugins."io.containerd.grpc.v1.cri"]
+        r#"[plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 [plugins."io.containerd.cri.v1.images"]
@@ -313,7 +313,7 @@ impl CriEnv {
     /// Starts the instance, imports the pause, busybox and engine images
     /// into `k8s.io` and waits for CRI to report runtime and network ready.
     pub fn start(tag: &str) -> Self {
-        let c = Containerd::start_with(tag, cri_config);
+        let c = Containerd::start_with_cri(tag, cri_config);
         let env = setup_on(c);
         let logs = env.c.dir.join("logs");
         let cri = Cri::connect(&env.c.socket());

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::image::busybox_rootfs;
-
 /// The engine binary of the workspace build.
 pub fn engine_binary() -> PathBuf {
     let shim = crate::containerd::shim_binary();
@@ -22,28 +20,11 @@ pub fn engine_binary() -> PathBuf {
     bin
 }
 
-/// busybox plus `/vsnap-ref-engine` and its shared libraries.
+/// A folder `rootfs` in `dir`: busybox plus `/vsnap-ref-engine` and its
+/// shared libraries (`vsnap_engine_rootfs` of `scripts/lib.sh`).
 pub fn engine_rootfs(dir: &Path) -> PathBuf {
-    let root = busybox_rootfs(dir);
-    for d in ["run", "lib", "lib64"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    let bin = engine_binary();
-    std::fs::copy(&bin, root.join("vsnap-ref-engine")).unwrap();
-    let ldd = Command::new("ldd").arg(&bin).output().unwrap();
-    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
-        let path = line
-            .split("=>")
-            .last()
-            .and_then(|s| s.split_whitespace().next())
-            .filter(|p| p.starts_with('/'));
-        if let Some(p) = path {
-            let dest = root.join(p.trim_start_matches('/'));
-            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-            std::fs::copy(p, &dest).unwrap();
-        }
-    }
+    let root = dir.join("rootfs");
+    crate::lib_sh::engine_rootfs(&root, &engine_binary());
     root
 }
 

@@ -7,24 +7,13 @@ use sha2::{Digest, Sha256};
 
 use crate::containerd::Containerd;
 
-pub const BUSYBOX: &str = "/bin/busybox";
 pub const IMAGE_REF: &str = "localhost/vsnap-busybox:test";
 
-const APPLETS: &[&str] = &[
-    "sh", "echo", "cat", "sleep", "tty", "true", "false", "ls", "ps", "date", "read", "kill",
-    "env", "id", "head", "wc",
-];
-
-/// A folder holding a busybox root filesystem.
+/// A folder `rootfs` in `dir` holding a busybox root filesystem
+/// (`vsnap_busybox_rootfs` of `scripts/lib.sh`).
 pub fn busybox_rootfs(dir: &Path) -> PathBuf {
     let root = dir.join("rootfs");
-    for d in ["bin", "proc", "sys", "dev", "tmp", "etc", "out"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    std::fs::copy(BUSYBOX, root.join("bin/busybox")).expect("busybox-static (scripts/setup.sh)");
-    for a in APPLETS {
-        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(a));
-    }
+    crate::lib_sh::busybox_rootfs(&root);
     root
 }
 

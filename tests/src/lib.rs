@@ -1,6 +1,7 @@
 //! The test harness: a private containerd instance (its own root, state,
 //! socket and runc root) with the vsnap shim on its PATH, `ctr` against it,
-//! and root filesystems / OCI images built from busybox.
+//! and root filesystems / OCI images built from busybox. The containerd
+//! config and the root filesystems are `scripts/lib.sh`'s ([`lib_sh`]).
 //!
 //! Nothing here mocks containerd, runc or CRIU: `scripts/setup.sh` installs
 //! them and the tests drive them for real.
@@ -11,6 +12,7 @@ pub mod cri;
 pub mod engine;
 pub mod events;
 pub mod image;
+pub mod lib_sh;
 pub mod registry;
 pub mod snapshot_env;
 pub mod vllm;
