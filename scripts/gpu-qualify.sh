@@ -353,16 +353,10 @@ start_containerd() {
     return 1
 }
 
+# The reference engine's rootfs, as the tests and benchmarks make it (scripts/lib.sh),
+# with the busybox found on PATH.
 make_ref_rootfs() {
-    local r="$D/rootfs"
-    mkdir -p "$r/bin" "$r/proc" "$r/dev" "$r/tmp" "$r/run"
-    cp "$(command -v busybox)" "$r/bin/busybox"
-    for a in sh echo cat sleep; do ln -s busybox "$r/bin/$a"; done
-    cp "$ENGINE" "$r/vsnap-ref-engine"
-    for lib in $(ldd "$ENGINE" | grep -o '/[^ ]*'); do
-        mkdir -p "$r$(dirname "$lib")"
-        cp "$lib" "$r$lib"
-    done
+    VSNAP_BUSYBOX=$(command -v busybox) vsnap_engine_rootfs "$D/rootfs" "$ENGINE"
 }
 
 # run_engine KIND ID PORT [PLAN]: starts a container detached; with a plan, ctr

@@ -130,10 +130,9 @@ procs_with() {
     return 0
 }
 
-mkdir -p "$D/bin" "$D/rootfs/bin" "$D/rootfs/proc" "$D/rootfs/dev" "$D/rootfs/tmp" "$D/rootfs/sys"
+mkdir -p "$D/bin"
 ln -s "$SHIM" "$D/bin/$SHIM_NAME"
-cp /bin/busybox "$D/rootfs/bin/"
-for a in sh true sleep; do ln -s busybox "$D/rootfs/bin/$a"; done
+vsnap_busybox_rootfs "$D/rootfs"
 vsnap_containerd_config "$D" "$LOG_LEVEL" >"$D/config.toml"
 # Both shims are told to use $RUNC explicitly; their PATH resolves runc to it as well.
 printf 'runc_binary = "%s"\n' "$RUNC" >"$D/vsnap.toml"
