@@ -379,6 +379,45 @@ mod tests {
         assert!(none.verify(b"p", Some(&sig)).is_err());
     }
 
+    /// Signatures and key ids are bytes on disk and on the wire: a fixed seed
+    /// gives the same public key, key id and signature whatever the crate
+    /// versions behind them (RFC 8032 section 7.1, test 1, then a fleet
+    /// signature over a payload with that key).
+    #[test]
+    fn known_answers_stay_byte_identical() {
+        let seed: [u8; 32] =
+            unhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+                .unwrap()
+                .try_into()
+                .unwrap();
+        let key = SigningKey::from_bytes(&seed);
+        assert_eq!(
+            hex(key.verifying_key().as_bytes()),
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+        );
+        assert_eq!(
+            hex(&key.sign(b"").to_bytes()),
+            "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065\
+             224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24\
+             655141438e7a100b"
+        );
+        let signer = FleetSigner { key };
+        let sig = signer.sign(b"sha256:abcd");
+        assert_eq!(sig.key_id, "ed25519:21fe31dfa154a261");
+        assert_eq!(
+            sig.signature,
+            "792fdcd9d49b3de3160303f340340a7b3460b25999e7e702060c837043c2ad72\
+             c4847f72291fefe830f865d1ae45d26aa2147b464f1ce85a428c87d71d5e950e"
+        );
+        let trusted = TrustedKeys {
+            keys: vec![(sig.key_id.clone(), signer.key.verifying_key())],
+        };
+        assert_eq!(
+            trusted.verify(b"sha256:abcd", Some(&sig)).unwrap(),
+            sig.key_id
+        );
+    }
+
     #[test]
     fn the_payload_is_signed_behind_a_context() {
         let dir = tempfile::tempdir().unwrap();
