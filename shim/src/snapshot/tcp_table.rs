@@ -6,6 +6,11 @@
 //! (`::ffff:a.b.c.d`) turned into IPv4: a dual-stack socket that talks to an
 //! IPv4 peer is a row of `tcp6`, its peer's end a row of `tcp`, and the two
 //! must compare equal.
+//!
+//! Hand-written rather than procfs-core's (0.18): that one drops the whole
+//! table for one row it cannot read (a state beyond the twelve it names),
+//! and an empty table would let the inventory's check of outside
+//! connections pass; here such a row is typed `Other` and the rest read.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -54,25 +59,34 @@ fn parse_row(line: &str) -> Option<TcpEntry> {
     })
 }
 
-/// `0100007F:1F40` (IPv4) or 32 hex digits (IPv6) and a hex port, in the
-/// kernel's byte order: each 32-bit word of the address in host order
-/// (little-endian here). A v4-mapped IPv6 address comes out as IPv4.
+/// `0100007F:1F40` (IPv4) or 32 hex digits (IPv6), and a hex port. The
+/// kernel prints an address as 32-bit words (one for IPv4, four for IPv6),
+/// each the next four bytes of the address in network order read as a
+/// host integer: on the little-endian hosts vsnap runs on, four
+/// little-endian words, so `0100007F` is 127.0.0.1 and
+/// `B80D0120000000000000000001000000` is 2001:db8::1. A v4-mapped IPv6
+/// address comes out as IPv4.
 pub fn parse_addr(s: &str) -> Option<SocketAddr> {
     let (ip, port) = s.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    if ip.len() % 8 != 0 || !ip.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let hex = |digits: &str| digits.bytes().all(|b| b.is_ascii_hexdigit());
+    if port.is_empty() || !hex(port) {
         return None;
     }
-    let bytes: Vec<u8> = (0..ip.len() / 8)
-        .map(|i| u32::from_str_radix(&ip[i * 8..i * 8 + 8], 16).map(u32::from_be))
-        .collect::<Result<Vec<_>, _>>()
-        .ok()?
-        .into_iter()
-        .flat_map(u32::to_be_bytes)
-        .collect();
-    let ip = match bytes.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-        16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
+    let port = u16::from_str_radix(port, 16).ok()?;
+    // The bytes of word `i`, in address order.
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let digits = ip.get(i * 8..i * 8 + 8).filter(|d| hex(d))?;
+        u32::from_str_radix(digits, 16).ok().map(u32::to_ne_bytes)
+    };
+    let ip = match ip.len() {
+        8 => IpAddr::from(word(0)?),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (i, chunk) in bytes.chunks_exact_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(i)?);
+            }
+            IpAddr::from(bytes)
+        }
         _ => return None,
     };
     Some(SocketAddr::new(normalize(ip), port))
@@ -191,6 +205,34 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_addresses_are_four_words_each_in_host_order() {
+        // 2001:db8:1234:5678:9abc:def0:ddee:ff00: every word differs, so a
+        // reversal of the whole address, or of no word, shows.
+        assert_eq!(
+            parse_addr("B80D012078563412F0DEBC9A00FFEEDD:1F90"),
+            Some(addr("[2001:db8:1234:5678:9abc:def0:ddee:ff00]:8080"))
+        );
+        assert_eq!(
+            parse_addr("000080FE00000000FFAA1102FEAA33FE:0016"),
+            Some(addr("[fe80::211:aaff:fe33:aafe]:22"))
+        );
+        assert_eq!(
+            parse_addr("00000000000000000000000000000000:0000"),
+            Some(addr("[::]:0"))
+        );
+        // Neither one word nor four; a port that is no hex number.
+        assert_eq!(parse_addr("0100007F01000000:0050"), None);
+        assert_eq!(parse_addr("B80D01200000000000000000010000001:0050"), None);
+        assert_eq!(parse_addr("0100007F:+050"), None);
+        assert_eq!(parse_addr("0100007F:"), None);
+        assert_eq!(parse_addr("0100007F:10000"), None);
+        assert_eq!(
+            parse_addr("B80D012000000000000000000100000\u{e9}:0050"),
+            None
+        );
+    }
+
+    #[test]
     fn v4_mapped_addresses_come_out_as_ipv4() {
         assert_eq!(
             parse_addr("0000000000000000FFFF0000020200C0:733C"),
@@ -219,6 +261,59 @@ mod tests {
             (addr("192.0.2.2:29500"), addr("192.0.2.2:33029"))
         );
         assert!(parse("header\n   0: garbage\n").is_empty());
+    }
+
+    /// One row of each kind: IPv4 (tcp), IPv6 and v4-mapped IPv6 (tcp6),
+    /// and a state vsnap has no name for, which keeps its row (and the
+    /// table its other rows).
+    #[test]
+    fn rows_of_each_kind() {
+        let tcp = "\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0200000A:0050 0300000A:D431 01 00000000:00000000 00:00000000 00000000     0        0 51001 1 0 20 4 30 10 -1
+   1: 0100007F:1F44 00000000:0000 0D 00000000:00000000 00:00000000 00000000     0        0 51002 1 0 100 0 0 10 0
+";
+        assert_eq!(
+            parse(tcp),
+            [
+                TcpEntry {
+                    local: addr("10.0.0.2:80"),
+                    remote: addr("10.0.0.3:54321"),
+                    state: TcpState::Established,
+                    inode: 51001,
+                },
+                TcpEntry {
+                    local: addr("127.0.0.1:8004"),
+                    remote: addr("0.0.0.0:0"),
+                    state: TcpState::Other(0x0D),
+                    inode: 51002,
+                },
+            ]
+        );
+        let tcp6 = "\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: B80D012078563412F0DEBC9A00FFEEDD:1F90 B80D0120000000000000000002000000:C350 01 00000000:00000000 00:00000000 00000000  1000        0 51003 1 0 20 4 30 10 -1
+   1: 0000000000000000FFFF00000200000A:0050 0000000000000000FFFF00000300000A:D432 06 00000000:00000000 03:00000F9F 00000000     0        0 0 3 0
+   2: 0000000000000000FFFF00000200000A:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0
+";
+        assert_eq!(
+            parse(tcp6),
+            [
+                TcpEntry {
+                    local: addr("[2001:db8:1234:5678:9abc:def0:ddee:ff00]:8080"),
+                    remote: addr("[2001:db8::2]:50000"),
+                    state: TcpState::Established,
+                    inode: 51003,
+                },
+                TcpEntry {
+                    local: addr("10.0.0.2:80"),
+                    remote: addr("10.0.0.3:54322"),
+                    state: TcpState::Other(0x06),
+                    inode: 0,
+                },
+            ],
+            "the row without an inode is skipped"
+        );
     }
 
     #[test]
