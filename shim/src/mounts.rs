@@ -15,10 +15,15 @@ use nix::mount::{umount2, MntFlags};
 /// What vsnap reads of one mountinfo row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountRow {
+    /// The path of the filesystem mounted there (unescaped; `/` unless a
+    /// bind mount or a namespace shows only a subtree).
+    pub root: PathBuf,
     /// Unescaped: the path as the filesystem names it.
     pub mount_point: PathBuf,
     /// As the kernel writes it (`overlay`, `fuse.sshfs`, ...).
     pub fs_type: String,
+    /// The super options (`rw,memory` for a cgroup v1 hierarchy).
+    pub super_options: String,
 }
 
 /// The rows of a mountinfo text, in mount order; a row that does not parse
@@ -36,14 +41,18 @@ pub fn parse(mountinfo: &str) -> Vec<MountRow> {
 /// field as `\ooo`, so none of them holds a lone `-` but the separator.
 fn parse_row(line: &str) -> Option<MountRow> {
     let mut fields = line.split(' ');
-    let mount_point = fields.nth(4)?;
+    let root = fields.nth(3)?;
+    let mount_point = fields.next()?;
     // The mount options, then the optional fields up to the separator.
     fields.next()?;
     fields.find(|f| *f == "-")?;
     let fs_type = fields.next().filter(|t| !t.is_empty())?;
+    let super_options = fields.nth(1).unwrap_or_default();
     Some(MountRow {
+        root: unescape_path(root),
         mount_point: unescape_path(mount_point),
         fs_type: fs_type.to_string(),
+        super_options: super_options.to_string(),
     })
 }
 
@@ -141,8 +150,10 @@ mod tests {
         assert_eq!(
             rows[0],
             MountRow {
+                root: PathBuf::from("/"),
                 mount_point: PathBuf::from("/"),
-                fs_type: "overlay".into()
+                fs_type: "overlay".into(),
+                super_options: rows[0].super_options.clone(),
             }
         );
         assert_eq!(rows[1].fs_type, "proc");
@@ -150,8 +161,10 @@ mod tests {
         assert_eq!(
             rows[3],
             MountRow {
+                root: rows[3].root.clone(),
                 mount_point: PathBuf::from("/run/vsnap/a b/c\td"),
-                fs_type: "tmpfs".into()
+                fs_type: "tmpfs".into(),
+                super_options: rows[3].super_options.clone(),
             }
         );
     }
@@ -184,8 +197,10 @@ mod tests {
         assert_eq!(
             parse(text),
             [MountRow {
+                root: PathBuf::from("/"),
                 mount_point: PathBuf::from("/fine"),
-                fs_type: "tmpfs".into()
+                fs_type: "tmpfs".into(),
+                super_options: "rw".into(),
             }]
         );
     }

@@ -88,50 +88,19 @@ pub(super) struct CgroupMount {
     pub(super) options: Vec<String>,
 }
 
-/// Parses the cgroup and cgroup2 mounts out of `/proc/self/mountinfo`.
+/// The cgroup and cgroup2 mounts of `/proc/self/mountinfo` (read by
+/// mounts.rs, the one mountinfo parser).
 pub(super) fn parse_mountinfo(content: &str) -> Vec<CgroupMount> {
-    content.lines().filter_map(parse_mountinfo_line).collect()
-}
-
-/// `36 25 0:32 / /sys/fs/cgroup/memory rw,relatime shared:15 - cgroup cgroup rw,memory`
-fn parse_mountinfo_line(line: &str) -> Option<CgroupMount> {
-    let (left, right) = line.split_once(" - ")?;
-    let left: Vec<&str> = left.split(' ').collect();
-    let mut right = right.split(' ');
-    let (fstype, _source, options) = (right.next()?, right.next()?, right.next()?);
-    if fstype != "cgroup" && fstype != "cgroup2" {
-        return None;
-    }
-    Some(CgroupMount {
-        root: unescape_octal(left.get(3)?),
-        mount_point: PathBuf::from(unescape_octal(left.get(4)?)),
-        v2: fstype == "cgroup2",
-        options: options.split(',').map(str::to_string).collect(),
-    })
-}
-
-/// Undoes mountinfo's `\ooo` escapes (space, tab, newline, backslash).
-fn unescape_octal(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let code = bytes.get(i + 1..i + 4).and_then(|d| {
-            let d = std::str::from_utf8(d).ok()?;
-            u8::from_str_radix(d, 8).ok()
-        });
-        match (bytes[i], code) {
-            (b'\\', Some(c)) => {
-                out.push(c);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::mounts::parse(content)
+        .into_iter()
+        .filter(|r| r.fs_type == "cgroup" || r.fs_type == "cgroup2")
+        .map(|r| CgroupMount {
+            root: r.root.to_string_lossy().into_owned(),
+            mount_point: r.mount_point,
+            v2: r.fs_type == "cgroup2",
+            options: r.super_options.split(',').map(str::to_string).collect(),
+        })
+        .collect()
 }
 
 /// Where `cgroup_path` of a hierarchy shows up under `mount`, if the mount
@@ -275,7 +244,5 @@ mod tests {
     fn mountinfo_escapes_are_undone() {
         let mounts = parse_mountinfo("40 31 0:37 / /mnt/my\\040cg rw - cgroup cgroup rw,memory\n");
         assert_eq!(mounts[0].mount_point, Path::new("/mnt/my cg"));
-        assert_eq!(unescape_octal("a\\134b\\011"), "a\\b\t");
-        assert_eq!(unescape_octal("plain\\x"), "plain\\x");
     }
 }
