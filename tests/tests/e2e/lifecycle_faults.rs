@@ -1,9 +1,10 @@
 //! A restore under faults, end to end with real containerd, runc and CRIU:
 //! the shim SIGKILLed in each phase of a restore, containerd SIGKILLed
-//! during one, and calls to a shim that is restoring. Each moment is reached
-//! by waiting for its condition (runc's criu-root mount, the copy's pid
-//! file), never by sleeping. What must hold: the rootfs is intact, nothing
-//! is left (process, mount, runc state, cgroup, control dir), a container is
+//! during one, a kill during the verification, and calls to a shim that is
+//! restoring. Each moment is reached by waiting for its condition (runc's
+//! criu-root mount, the copy's pid file, the shim's open pages image),
+//! never by sleeping. What must hold: the rootfs is intact, nothing is left
+//! (process, mount, runc state, cgroup, control dir), a container is
 //! RUNNING only once its engine validated, and a later restore works.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,10 @@ use vsnap_e2e::snapshot_env::{control_dirs, poll, poll_every, setup, Env};
 
 /// 1 GiB resident in the engine: CRIU's restore takes about a second here.
 const BIG: &str = "VSNAP_ENGINE_RESIDENT_MB=1024";
+/// 3 GiB resident: with CRIU placing the pages and the artifact out of the
+/// page cache, its verification takes 3.3-3.9 s here (2 s from the cache;
+/// 1 GiB: 1.5 s from disk).
+const LARGE: &str = "VSNAP_ENGINE_RESIDENT_MB=3072";
 /// The copy never finishes its recovery: the activation waits.
 const HANG: &str = "VSNAP_ENGINE_HANG_PHASE=recover";
 
@@ -447,4 +452,154 @@ fn a_restore_past_its_deadline_is_killed_and_leaves_nothing() {
     }
     remove_any(&e, "dl1");
     assert_intact_and_clean(&e, "dl1", &before);
+}
+
+/// Every file under `dir` written back and dropped from the page cache
+/// (fsync, then POSIX_FADV_DONTNEED): the next reads of them, and only
+/// them, come from disk.
+fn evict(dir: &Path) {
+    use std::os::fd::AsRawFd;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let (path, ft) = (entry.path(), entry.file_type().unwrap());
+        if ft.is_dir() {
+            evict(&path);
+        } else if ft.is_file() {
+            let f = std::fs::File::open(&path).unwrap();
+            f.sync_all().unwrap();
+            // SAFETY: an advice on an fd this function owns.
+            let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(rc, 0, "posix_fadvise {}", path.display());
+        }
+    }
+}
+
+/// Whether a shim of this instance holds a pages image of `images` open.
+/// With `page_placement = "criu"` only the verification does (no page
+/// server): it opens every file first and closes them at its end.
+fn shim_reads_pages(e: &Env, images: &Path) -> bool {
+    e.c.shim_pids().iter().any(|pid| {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| {
+                t.parent() == Some(images)
+                    && t.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+            })
+        })
+    })
+}
+
+/// Whether CRIU runs under a shim of this instance: runc started it, so
+/// runc's own preparation is over (a kill within it leaves runc's bind
+/// mounts of the host's /etc files on the rootfs; not this test's moment).
+fn criu_runs(e: &Env) -> bool {
+    let shims = e.c.shim_pids();
+    // pid -> (comm, ppid), from /proc/<pid>/stat: "pid (comm) state ppid ...".
+    let mut procs = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let ppid = stat[close + 1..].split_whitespace().nth(1);
+        if let Some(ppid) = ppid.and_then(|p| p.parse::<i32>().ok()) {
+            procs.insert(pid, (stat[open + 1..close].to_string(), ppid));
+        }
+    }
+    procs
+        .iter()
+        .filter(|(_, (comm, _))| comm == "criu")
+        .any(|(pid, _)| {
+            // Up its parents (runc, the shim), a few levels at most.
+            let mut at = *pid;
+            for _ in 0..8 {
+                match procs.get(&at) {
+                    Some((_, ppid)) if shims.contains(ppid) => return true,
+                    Some((_, ppid)) => at = *ppid,
+                    None => return false,
+                }
+            }
+            false
+        })
+}
+
+/// A kill while the verification beside CRIU hashes a large artifact from
+/// disk (`page_placement = "criu"`: every pages image is hashed) ends the
+/// start within a second, the hashing stopped between chunks with it, and
+/// leaves nothing. The driver stops waiting for a phase 500 ms after a
+/// stop, so the time alone would not catch a verification that ignores the
+/// stop flag: that one still reads the artifact after Start failed (and
+/// its lock went), and its record lacks the verification's own account.
+#[test]
+fn a_kill_during_the_verification_of_a_large_artifact_ends_the_start_within_a_second() {
+    let e = setup("k-verify");
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str("page_placement = \"criu\"\n");
+    std::fs::write(&e.config, config).unwrap();
+    e.create_good("kv0", "large", &[LARGE]);
+    let before = tree(Path::new(&e.rootfs));
+    // The hash reads every byte from disk: the verification lasts seconds.
+    evict(&e.artifact("large"));
+    let cmd = e.run_command(
+        "kv1",
+        "restore",
+        "large",
+        free_port(),
+        &["--env", LARGE],
+        &[],
+    );
+    // ctr blocks in Start; its exit is timed to within run's 20 ms poll.
+    let ctr =
+        std::thread::spawn(move || (run(cmd, None, Duration::from_secs(180)), Instant::now()));
+    let images = e.artifact("large").join("images");
+    // The verification reads the artifact, and CRIU restores beside it.
+    poll(Duration::from_secs(120), "the verification of kv1", || {
+        shim_reads_pages(&e, &images) && criu_runs(&e)
+    });
+    let kill = Instant::now();
+    e.c.ctr_ok(&["task", "kill", "-s", "SIGKILL", "kv1"]);
+    let killed = Instant::now();
+    let (out, exited) = ctr.join().unwrap();
+    // The verification ended with the start (its thread is joined before
+    // Start fails): nothing reads the artifact once its lock is let go.
+    let still_reading = shim_reads_pages(&e, &images);
+    let took = exited.saturating_duration_since(killed);
+    eprintln!(
+        "ctr task kill took {:?}; from its return to the end of ctr run: {took:?} ({:?} from its start)",
+        killed - kill,
+        exited.saturating_duration_since(kill)
+    );
+    assert!(!out.ok(), "a killed restore never starts: {out:?}");
+    assert!(out.stderr.contains("cancelled"), "{}", out.stderr);
+    assert!(
+        took < Duration::from_secs(1),
+        "the start ended {took:?} after the kill, not within a second"
+    );
+    assert!(
+        !still_reading,
+        "the shim still reads the artifact after the start ended"
+    );
+    // The record names the phase (the verification runs inside CRIU's)
+    // and the verification stopped by the kill, before its end.
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(e.bundle("kv1").join("vsnap-error.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["phase"], "restore: CRIU", "{record}");
+    let error = record["error"].as_str().unwrap_or_default();
+    for part in ["restore: verify", "stopped before its end", "cancelled"] {
+        assert!(error.contains(part), "{part:?} missing: {record}");
+    }
+    remove_any(&e, "kv1");
+    assert!(
+        !lock_held(&e, "large"),
+        "the artifact lock went with the start"
+    );
+    assert_intact_and_clean(&e, "kv1", &before);
 }
