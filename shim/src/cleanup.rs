@@ -115,7 +115,15 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
         info!("delete {id}: stopped {stopped} runc invocations in flight");
     }
     let work = bundle.join("criu-work");
-    undo_runc_state(&runc, id, &work, cgroups_path(bundle).as_deref()).await;
+    let rootfs = rootfs_path(bundle);
+    undo_runc_state(
+        &runc,
+        id,
+        &work,
+        rootfs.as_deref(),
+        cgroups_path(bundle).as_deref(),
+    )
+    .await;
     let _ = std::fs::remove_dir_all(&work);
     let rootfs = bundle.join("rootfs");
     while nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
@@ -124,12 +132,32 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
     }
 }
 
+/// The spec's `root.path`, absolute (a relative one is under the bundle).
+pub fn rootfs_path(bundle: &Path) -> Option<PathBuf> {
+    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json")).ok()?;
+    let root = spec.root().as_ref()?.path().clone();
+    Some(bundle.join(root))
+}
+
 /// Undoes what a killed or failed `runc restore` leaves: runc's criu-root
 /// and CRIU's cgroup yard are unmounted before runc removes its state (a
 /// `runc delete` through a live bind mount would unlink the rootfs), then
-/// runc's state, then (cgroupfs) the container's cgroups.
-pub async fn undo_runc_state(runc: &Runc, id: &str, work: &Path, cgroups: Option<&Path>) {
+/// runc's state, then (cgroupfs) the container's cgroups. So are the bind
+/// mounts runc puts on the rootfs for CRIU (`/etc/hosts`,
+/// `/etc/resolv.conf`: runc 1.1 mounts them on the host's side and removes
+/// them only when its restore returns, which a killed runc never does); the
+/// rootfs's own mount (at `rootfs`, not below it) stays for the delete.
+pub async fn undo_runc_state(
+    runc: &Runc,
+    id: &str,
+    work: &Path,
+    rootfs: Option<&Path>,
+    cgroups: Option<&Path>,
+) {
     mounts::unmount_under(work);
+    if let Some(rootfs) = rootfs {
+        mounts::unmount_below(rootfs);
+    }
     if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
         warn!("{id}: {e}");
         return;

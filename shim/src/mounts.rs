@@ -97,6 +97,19 @@ pub fn unmount_under(dir: &Path) {
     }
 }
 
+/// Unmounts whatever is mounted strictly below `dir` (not `dir` itself),
+/// deepest first.
+pub fn unmount_below(dir: &Path) {
+    for p in points_under(dir, own_rows()) {
+        if p == dir {
+            continue;
+        }
+        if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
+            warn!("unmount {}: {e}", p.display());
+        }
+    }
+}
+
 /// Undoes the kernel's `\ooo` escapes (three octal digits, one byte each);
 /// a backslash not followed by three octal digits stays as it is.
 fn unescape_path(field: &str) -> PathBuf {
@@ -244,5 +257,55 @@ mod tests {
             .iter()
             .any(|r| r.mount_point == Path::new("/proc")));
         assert!(has_mounts_under(Path::new("/proc")));
+    }
+
+    #[test]
+    fn a_failed_restores_binds_on_the_rootfs_go_and_the_rootfs_stays() {
+        crate::metrics::test_support::require_root();
+        use nix::mount::{mount, MsFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "host's file").unwrap();
+        std::fs::write(rootfs.join("etc/hosts"), "").unwrap();
+        let none: Option<&str> = None;
+        // The rootfs is a mount of its own (as the shim's overlay), runc's
+        // bind of the host's /etc/hosts lies on it.
+        mount(
+            Some("tmpfs"),
+            &rootfs,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            none,
+        )
+        .unwrap();
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        std::fs::write(rootfs.join("etc/hosts"), "").unwrap();
+        mount(
+            Some(&hosts),
+            &rootfs.join("etc/hosts"),
+            none,
+            MsFlags::MS_BIND,
+            none,
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(rootfs.join("etc/hosts")).unwrap(),
+            "host's file"
+        );
+        unmount_below(&rootfs);
+        let left = points_under(&rootfs, own_rows());
+        assert_eq!(
+            left,
+            std::slice::from_ref(&rootfs),
+            "the rootfs stays mounted, nothing below it"
+        );
+        assert_eq!(
+            std::fs::read_to_string(rootfs.join("etc/hosts")).unwrap(),
+            ""
+        );
+        unmount_under(&rootfs);
+        assert!(!has_mounts_under(dir.path()));
     }
 }

@@ -118,10 +118,12 @@ impl RestoreJob {
     /// state, cgroups): after a failure, or when the restore succeeded but
     /// must not be used.
     pub async fn undo(&self) {
+        let rootfs = crate::cleanup::rootfs_path(&self.bundle);
         undo_runc_state(
             &self.runc,
             &self.id,
             &self.work,
+            rootfs.as_deref(),
             self.cgroups_path.as_deref(),
         )
         .await;
