@@ -92,3 +92,20 @@ vsnap_bench_example() {
     export VSNAP_SHIM_BIN
     cargo run --release -q -p vsnap-e2e --example "$name"
 }
+
+# Stops a private containerd started by this script (pid PID, reached with the
+# ctr command line CTR...): its tasks killed and deleted, its containers
+# removed, then containerd itself by pid (SIGTERM, SIGKILL after 10 s).
+vsnap_stop_containerd() {
+    local pid=$1 t c
+    shift
+    for t in $("$@" task ls -q 2>/dev/null); do "$@" task kill -s SIGKILL "$t" 2>/dev/null; done
+    for t in $("$@" task ls -q 2>/dev/null); do
+        for _ in $(seq 50); do "$@" task delete "$t" >/dev/null 2>&1 && break; sleep 0.1; done
+    done
+    for c in $("$@" c ls -q 2>/dev/null); do "$@" c rm "$c" >/dev/null 2>&1; done
+    kill "$pid" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}

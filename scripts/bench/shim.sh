@@ -76,15 +76,7 @@ cleanup() {
     set +e
     trap - EXIT INT TERM
     if [ -n "$CPID" ] && kill -0 "$CPID" 2>/dev/null; then
-        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do "${CTR[@]}" task kill -s SIGKILL "$t" 2>/dev/null; done
-        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do
-            for _ in $(seq 50); do "${CTR[@]}" task delete "$t" >/dev/null 2>&1 && break; sleep 0.1; done
-        done
-        for c in $("${CTR[@]}" c ls -q 2>/dev/null); do "${CTR[@]}" c rm "$c" >/dev/null 2>&1; done
-        kill "$CPID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$CPID" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$CPID" 2>/dev/null && kill -KILL "$CPID" 2>/dev/null
-        wait "$CPID" 2>/dev/null
+        vsnap_stop_containerd "$CPID" "${CTR[@]}"
     fi
     # Shims of this containerd that outlived it (only ours: their -address is our socket).
     for p in $(procs_with "" "" " -address $SOCK "); do kill -KILL "$p" 2>/dev/null; done

@@ -94,15 +94,7 @@ cleanup() {
     trap - EXIT INT TERM
     [ -n "$ENGINE_PID" ] && kill -KILL "$ENGINE_PID" 2>/dev/null && wait "$ENGINE_PID" 2>/dev/null
     if [ -n "$CPID" ] && kill -0 "$CPID" 2>/dev/null; then
-        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do "${CTR[@]}" task kill -s SIGKILL "$t" 2>/dev/null; done
-        for t in $("${CTR[@]}" task ls -q 2>/dev/null); do
-            for _ in $(seq 50); do "${CTR[@]}" task delete "$t" >/dev/null 2>&1 && break; sleep 0.1; done
-        done
-        for c in $("${CTR[@]}" c ls -q 2>/dev/null); do "${CTR[@]}" c rm "$c" >/dev/null 2>&1; done
-        kill "$CPID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$CPID" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$CPID" 2>/dev/null && kill -KILL "$CPID" 2>/dev/null
-        wait "$CPID" 2>/dev/null
+        vsnap_stop_containerd "$CPID" "${CTR[@]}"
     fi
     if [ "$rc" -ne 0 ] && [ -f "$D/containerd.log" ]; then
         echo "bench-snapshot: FAILED (exit $rc); last lines of containerd's log:" >&2

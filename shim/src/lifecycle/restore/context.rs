@@ -54,7 +54,6 @@ pub struct RestoreRun {
     pub(super) mark: Mark,
     pub(super) id: String,
     pub(super) bundle: PathBuf,
-    pub(super) kind: Kind,
     pub(super) job: RestoreJob,
     /// The snapshot plan (without the lock: that is `lock`).
     pub(super) snapshot: Option<Snapshot>,
@@ -62,7 +61,6 @@ pub struct RestoreRun {
     pub(super) lock: Option<Arc<ArtifactLock>>,
     /// The verification not yet started (beside CRIU or first).
     pub(super) verify: Option<Verify>,
-    pub(super) host_shm: Option<PathBuf>,
     pub(super) stop: Stop,
     pub(super) times: Times,
     /// `runc restore` was started, and (after a failure) its leftovers
@@ -101,21 +99,13 @@ impl RestoreRun {
         };
         let mut verify = snapshot.as_ref().and_then(Verify::of);
         let job = restore_job(c, image, snapshot.as_ref(), verify.as_mut(), &deadline)?;
-        let kind = match &snapshot {
-            Some(s) => Kind::Snapshot {
-                gpu: !s.gpus.is_empty(),
-            },
-            None => Kind::Checkpoint,
-        };
         Ok(Self {
             shared,
             handle,
             mark,
             id: c.id.clone(),
             bundle: c.bundle.clone(),
-            kind,
             job,
-            host_shm: snapshot.as_ref().and_then(|s| s.host_shm.clone()),
             snapshot,
             lock,
             verify,
@@ -125,6 +115,16 @@ impl RestoreRun {
             criu_undone: false,
             pid: 0,
         })
+    }
+
+    /// What decides the phases: a checkpoint, or a snapshot with or without GPUs.
+    pub(super) fn kind(&self) -> Kind {
+        match &self.snapshot {
+            Some(s) => Kind::Snapshot {
+                gpu: !s.gpus.is_empty(),
+            },
+            None => Kind::Checkpoint,
+        }
     }
 
     pub(super) fn record_timings(&self) {

@@ -51,7 +51,7 @@ pub fn phases(kind: Kind) -> Units {
 
 /// Runs the phases; the restored init's pid, or the start's error.
 pub async fn drive(mut run: RestoreRun) -> Result<i32> {
-    let (stop, units) = (run.stop.clone(), phases(run.kind));
+    let (stop, units) = (run.stop.clone(), phases(run.kind()));
     match driver::drive(&mut run, units, &stop, driver::GRACE).await {
         Ok(phases) => {
             log::debug!("{}: restore phases: {phases:?}", run.id);
