@@ -22,6 +22,7 @@ pub mod name;
 pub mod rootfs;
 pub mod signature;
 pub mod spawn;
+pub mod tenant;
 pub mod tool_cache;
 
 pub use clocks::Clocks;
@@ -35,3 +36,4 @@ pub use lock::ArtifactLock;
 pub use manifest::{Manifest, Origin, Timings, SCHEMA_VERSION};
 pub use name::{ArtifactName, BadName};
 pub use signature::{FleetSignature, FleetSigner, TrustedKeys};
+pub use tenant::Tenant;

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use super::diff::{diff_json, to_map};
 use super::secrets::{env_fingerprint, redact_argv, REDACTED};
 use crate::key::{hex, FingerprintKey, HOST_FINGERPRINT_KEY};
+use crate::tenant::Tenant;
 
 /// The captured workload: argv with secrets redacted, environment as
 /// name-bound keyed fingerprints (never values), the root filesystem, and
@@ -26,9 +27,16 @@ pub struct Workload {
     /// The image manifest's digest, from containerd, for image-based containers.
     #[serde(default)]
     pub image_digest: String,
-    /// The containerd namespace the workload ran in: an artifact serves its
-    /// own namespace only (a tenant boundary).
+    /// The containerd namespace the workload ran in; with
+    /// `kubernetes_namespace`, the workload's [`Tenant`], the artifact's
+    /// owner. Part of the identity (and so of `auto` names), but compared by
+    /// the tenant policy, not by [`Workload::diff`].
     pub namespace: String,
+    /// The pod's Kubernetes namespace, for a container CRI made
+    /// ([`Tenant::of_spec`]). Absent for other containers, and in manifests
+    /// from before tenants: those belong to their containerd namespace alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_namespace: Option<String>,
     pub security: BTreeMap<String, String>,
     /// Which key keyed `env` and the secret values of `argv`
     /// ([`FingerprintKey::id`]): `host` (left out of the JSON, as before
@@ -90,12 +98,28 @@ impl Workload {
             image: image_name(&spec["annotations"]),
             image_digest: String::new(),
             namespace: String::new(),
+            kubernetes_namespace: None,
             security: security(spec, ignore_mount),
             fingerprint_key: key.id().to_string(),
         }
     }
 
-    /// A short stable key of this identity, to name an artifact by.
+    /// Whose workload this is: the artifact's owner, as recorded.
+    pub fn tenant(&self) -> Tenant {
+        Tenant::recorded(&self.namespace, self.kubernetes_namespace.as_deref())
+    }
+
+    /// This identity as tenant `tenant`'s.
+    pub fn with_tenant(self, tenant: &Tenant) -> Self {
+        Workload {
+            namespace: tenant.containerd().to_string(),
+            kubernetes_namespace: tenant.kubernetes().map(str::to_string),
+            ..self
+        }
+    }
+
+    /// A short stable key of this identity, to name an artifact by. It
+    /// includes the tenant: two tenants' `auto` names never meet.
     pub fn key(&self) -> String {
         let bytes = serde_json::to_vec(self).expect("a workload serializes");
         sha256_hex(&bytes)[..24].to_string()
@@ -105,7 +129,14 @@ impl Workload {
     /// Keyed with different keys, the keyed values cannot be compared: the
     /// key is named first, and the rest compared without them (variable
     /// names and unkeyed argv words still are).
+    /// The tenant is not compared here: whose artifact a workload may use
+    /// is the tenant policy's to say.
     pub fn diff(&self, live: &Workload) -> Vec<String> {
+        let live = &Workload {
+            namespace: self.namespace.clone(),
+            kubernetes_namespace: self.kubernetes_namespace.clone(),
+            ..live.clone()
+        };
         if self.fingerprint_key == live.fingerprint_key {
             return diff_json("workload", &to_map(self), &to_map(live));
         }
@@ -385,5 +416,32 @@ mod tests {
             "{diff:?}"
         );
         assert!(captured.security["seccomp"].starts_with("sha256:"));
+    }
+
+    #[test]
+    fn the_tenant_keys_auto_names_and_is_left_to_the_policy_in_a_diff() {
+        let (_d, key) = test_key();
+        let spec = json!({"process": {"args": ["x"]}, "root": {"path": "rootfs"}});
+        let base = Workload::from_spec(&spec, "/run/vsnap/control", &key);
+        let tenant = |t: &str| base.clone().with_tenant(&Tenant::parse(t).unwrap());
+        let (a, b, plain) = (
+            tenant("k8s.io/team-a"),
+            tenant("k8s.io/team-b"),
+            tenant("k8s.io"),
+        );
+        assert_eq!(a.tenant().to_string(), "k8s.io/team-a");
+        assert_ne!(a.key(), b.key(), "two tenants' auto names never meet");
+        assert_ne!(a.key(), plain.key());
+        assert!(a.diff(&b).is_empty(), "the tenant policy compares owners");
+        // A container without CRI serializes as before tenants: its auto
+        // name is the one it had.
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get("kubernetes_namespace").is_none(), "{json}");
+        assert_eq!(json["namespace"], "k8s.io");
+        // A manifest from before tenants: the containerd namespace alone.
+        let old: Workload = serde_json::from_value(json).unwrap();
+        assert_eq!(old.tenant(), Tenant::parse("k8s.io").unwrap());
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(json["kubernetes_namespace"], "team-a");
     }
 }
