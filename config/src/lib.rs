@@ -4,7 +4,9 @@
 //! runtime options (`ConfigPath`, or the inline `ConfigBody`) or the default path.
 
 pub mod runtime;
+pub mod tenants;
 
 pub use runtime::{
     ConfigError, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT, DEFAULT_CONFIG_PATH,
 };
+pub use tenants::TenantPolicy;

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::tenants::TenantPolicy;
+
 /// The default artifact root.
 pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/vsnap/artifacts";
 
@@ -50,9 +52,13 @@ pub struct RuntimeConfig {
     /// before anything runs (sizes are always checked). Off: for benchmarks,
     /// or a store trusted not to rot.
     pub verify_contents: bool,
-    /// Let a create replace an artifact captured in another containerd
-    /// namespace (another tenant). Off by default.
+    /// Let a create replace an artifact of another plain containerd
+    /// namespace (a tenant without a Kubernetes namespace: the host's own
+    /// operator's). Never across Kubernetes tenants. Off by default.
     pub allow_artifact_replace: bool,
+    /// Who may create, whose artifacts a tenant may restore, and where a
+    /// tenant's `vsnap.io/artifact-ref` may point (`[tenants]`).
+    pub tenants: TenantPolicy,
     /// Default deadline for a cold start to reach capture-ready.
     pub capture_timeout_s: u64,
     /// Default deadline for a restored (or donor) engine to validate and listen.
@@ -174,6 +180,7 @@ impl Default for RuntimeConfig {
             enforce_io_uring_sysctl: false,
             verify_contents: true,
             allow_artifact_replace: false,
+            tenants: TenantPolicy::default(),
             capture_timeout_s: 900,
             activation_timeout_s: 120,
             gpu_activation_timeout_s: 600,
@@ -278,6 +285,7 @@ impl RuntimeConfig {
                 .validate(host)
                 .map_err(|m| invalid(format!("registries.\"{host}\": {m}")))?;
         }
+        self.tenants.validate().map_err(invalid)?;
         Ok(())
     }
 }
@@ -324,6 +332,28 @@ mod tests {
         assert_eq!(c.runc_binary, PathBuf::from("/usr/sbin/runc"));
         assert_eq!(c.runc_root, Some(PathBuf::from("/run/x")));
         assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn the_tenant_policy_is_read_strictly() {
+        let c = RuntimeConfig::parse(
+            "[tenants]\ncreate = [\"k8s.io/*\"]\n[[tenants.share]]\nowner = \"k8s.io/models\"\nartifacts = [\"llama-*\"]\nto = [\"k8s.io/team-a\"]\n[tenants.artifact_refs]\n\"k8s.io/team-a\" = [\"reg.internal:5000/team-a/*\"]\n",
+            "inline",
+        )
+        .unwrap();
+        assert!(c.tenants.may_create("k8s.io/team-a"));
+        assert!(c
+            .tenants
+            .share_for("k8s.io/team-a", "k8s.io/models", "llama-8b")
+            .is_some());
+        let e = RuntimeConfig::parse("[tenants]\ncreate = [\"a/b/c\"]\n", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tenants.create"), "{e}");
+        let e = RuntimeConfig::parse("[tenants]\nshares = []\n", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `shares`"), "{e}");
     }
 
     #[test]
