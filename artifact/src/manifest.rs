@@ -265,4 +265,26 @@ mod tests {
         }
         assert!(!m.mac_verifies(&key), "a captured clock cannot be edited");
     }
+
+    #[test]
+    fn the_owner_is_sealed_and_a_manifest_without_a_kubernetes_namespace_still_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = sample(dir.path());
+        m.workload.namespace = "k8s.io".into();
+        m.seal(&key);
+        let old = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!old.contains("kubernetes_namespace"), "{old}");
+        let back = Manifest::parse(old.as_bytes(), Path::new("m")).unwrap();
+        assert!(back.mac_verifies(&key));
+        assert_eq!(back.workload.tenant().to_string(), "k8s.io");
+        m.workload.kubernetes_namespace = Some("team-a".into());
+        assert!(!m.mac_verifies(&key), "the owner is covered");
+        m.seal(&key);
+        let back = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert!(back.mac_verifies(&key));
+        assert_eq!(back.workload.tenant().to_string(), "k8s.io/team-a");
+        m.workload.kubernetes_namespace = Some("team-b".into());
+        assert!(!m.mac_verifies(&key), "the owner cannot be edited");
+    }
 }

@@ -160,7 +160,9 @@ fn check_tenant_pattern(p: &str) -> Result<(), String> {
         return Ok(());
     }
     check_tenant(p.strip_suffix("/*").unwrap_or(p)).map_err(|_| {
-        format!("{p:?}: a tenant (`namespace`, `namespace/kubernetes-namespace`), `namespace/*` or `*`")
+        format!(
+            "{p:?}: a tenant (`namespace`, `namespace/kubernetes-namespace`), `namespace/*` or `*`"
+        )
     })
 }
 
@@ -225,8 +227,14 @@ mod tests {
         assert!(may("k8s.io/team-a", "k8s.io/models", "llama-8b"));
         assert!(may("k8s.io/team-a", "k8s.io/models", "qwen"));
         assert!(!may("k8s.io/team-a", "k8s.io/models", "qwen-2"));
-        assert!(!may("k8s.io/team-a", "k8s.io/team-c", "llama-8b"), "another owner");
-        assert!(!may("k8s.io/team-b", "k8s.io/models", "llama-8b"), "not shared to b");
+        assert!(
+            !may("k8s.io/team-a", "k8s.io/team-c", "llama-8b"),
+            "another owner"
+        );
+        assert!(
+            !may("k8s.io/team-b", "k8s.io/models", "llama-8b"),
+            "not shared to b"
+        );
     }
 
     #[test]
@@ -243,7 +251,10 @@ mod tests {
         let allowed = |reg: &str, repo: &str| a.iter().any(|e| ref_allowed(e, reg, repo));
         assert!(allowed("reg.internal:5000", "team-a/llama"));
         assert!(!allowed("reg.internal:5000", "team-b/llama"));
-        assert!(!allowed("reg.internal", "team-a/llama"), "the port is part of the host");
+        assert!(
+            !allowed("reg.internal", "team-a/llama"),
+            "the port is part of the host"
+        );
         assert!(allowed("mirror.internal", "shared"));
         assert!(!allowed("mirror.internal", "shared-x"));
         assert!(allowed("cache.internal:5000", "anything/here"));

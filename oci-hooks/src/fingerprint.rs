@@ -22,6 +22,13 @@
 //! the live workload's environment and secret flags are keyed with that
 //! shared key instead of the host key, as the shim keyed them.
 //!
+//! With `--tenant T` (the shim passes the container's tenant, which holds
+//! the containerd namespace a hook cannot see) the spec's Kubernetes
+//! namespace (CRI's `io.kubernetes.cri.sandbox-namespace`) must be T's, and
+//! the manifest's owner must be `--owner O` (T's own artifact, or one the
+//! runtime config's policy shares with T, as the shim decided): an artifact
+//! of another tenant is refused naming both.
+//!
 //! With `--strip-snapshot-config-arg` (the shim passes it when it appended
 //! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
 //! part of the comparison.
@@ -33,7 +40,7 @@ use std::time::Duration;
 use serde_json::Value;
 use vsnap_artifact::gpu::{self, Gpu, GpuError, NVIDIA_SMI_ARGS};
 use vsnap_artifact::spawn::{self, RunError};
-use vsnap_artifact::{HostIdentity, Manifest, Tools, Workload};
+use vsnap_artifact::{HostIdentity, Manifest, Tenant, Tools, Workload};
 
 use crate::{artifact_name, read_spec, Failure, Flags, StateSource, CONTROL_MOUNT};
 
@@ -48,6 +55,8 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--nvidia-smi",
     "--gpu-uuids",
     "--fingerprint-key",
+    "--tenant",
+    "--owner",
     "--bundle",
     "--state",
 ];
@@ -94,6 +103,11 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
             gpus = own_gpus(gpus, list);
         }
         live.gpus = gpu::entries(&gpus);
+    }
+    if let Some(tenant) = flags.value("--tenant") {
+        let recorded = manifest.workload.tenant();
+        check_tenant(&spec, &recorded, tenant, flags.value("--owner"))
+            .map_err(|e| Failure::Check(format!("artifact {name}: {e}")))?;
     }
     let key = flags.abs_path("--fingerprint-key")?;
     compare(&root, key.as_deref(), &manifest, &live, &spec)?;
@@ -189,6 +203,35 @@ pub fn load(root: &Path, name: &str) -> Result<Manifest, Failure> {
     Manifest::load_verified(root, name).map_err(|e| Failure::Check(e.to_string()))
 }
 
+/// The container's tenant as the shim named it (`tenant`) agrees with the
+/// spec's Kubernetes namespace, and the artifact's owner (`recorded`, from
+/// the manifest) is the one the shim accepted (`owner`; the tenant itself
+/// without one).
+pub fn check_tenant(
+    spec: &Value,
+    recorded: &Tenant,
+    tenant: &str,
+    owner: Option<&str>,
+) -> Result<(), String> {
+    let tenant = Tenant::parse(tenant).map_err(|e| format!("--tenant: {e}"))?;
+    let in_spec = Tenant::of_spec(tenant.containerd(), spec).map_err(|e| format!("tenant: {e}"))?;
+    if in_spec != tenant {
+        return Err(format!(
+            "tenant: the spec says {in_spec}, the shim {tenant}"
+        ));
+    }
+    let accepted = match owner {
+        Some(o) => Tenant::parse(o).map_err(|e| format!("--owner: {e}"))?,
+        None => tenant.clone(),
+    };
+    if *recorded != accepted {
+        return Err(format!(
+            "belongs to tenant {recorded}, not {accepted} (the container is tenant {tenant})"
+        ));
+    }
+    Ok(())
+}
+
 /// Every host incompatibility and workload difference, one message.
 /// `fingerprint_key`: the fleet's shared fingerprint key (the shim passes
 /// `--fingerprint-key` when `fleet_fingerprint_key` is configured), else the
@@ -208,8 +251,8 @@ pub fn compare(
     // the shim compares it before the hooks run.
     let live = Workload {
         image_digest: manifest.workload.image_digest.clone(),
-        // Nor can it tell the namespace: the shim compares that too.
-        namespace: manifest.workload.namespace.clone(),
+        // The tenant is not part of the comparison: `check_tenant` and the
+        // shim's policy decide whose artifact a container may restore.
         ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
     };
     diff.extend(manifest.workload.diff(&live));
@@ -227,6 +270,26 @@ pub fn compare(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_spec_and_the_manifest_must_agree_with_the_tenant_the_shim_named() {
+        let spec = json!({"annotations": {"io.kubernetes.cri.sandbox-namespace": "team-a"}});
+        let a = Tenant::parse("k8s.io/team-a").unwrap();
+        let b = Tenant::parse("k8s.io/team-b").unwrap();
+        check_tenant(&spec, &a, "k8s.io/team-a", None).unwrap();
+        let e = check_tenant(&spec, &b, "k8s.io/team-a", None).unwrap_err();
+        assert!(
+            e.contains("belongs to tenant k8s.io/team-b, not k8s.io/team-a"),
+            "{e}"
+        );
+        // Shared on purpose: the shim names the owner it accepted.
+        check_tenant(&spec, &b, "k8s.io/team-a", Some("k8s.io/team-b")).unwrap();
+        // A spec whose namespace is not the one the shim resolved.
+        let e = check_tenant(&spec, &b, "k8s.io/team-b", None).unwrap_err();
+        assert!(e.contains("the spec says k8s.io/team-a"), "{e}");
+        let e = check_tenant(&json!({}), &a, "k8s.io/team-a", None).unwrap_err();
+        assert!(e.contains("the spec says k8s.io,"), "{e}");
+    }
 
     #[test]
     fn only_the_containers_gpus_are_compared() {

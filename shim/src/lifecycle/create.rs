@@ -98,6 +98,10 @@ impl Creator<'_> {
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
+        // The tenant's right to the reference is checked before any
+        // connection.
+        let tenant = crate::snapshot::tenant::resolve(self.namespace, &spec)?;
+        crate::snapshot::tenant::check_reference(config, &tenant, &settings)?;
         fetch::ensure_local(&req.id, config, &settings).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
@@ -115,6 +119,7 @@ impl Creator<'_> {
                 bundle: &bundle,
                 id: &id,
                 namespace: &ns,
+                tenant: &tenant,
                 config: &config,
                 settings: &settings,
                 image_digest: image_digest.as_deref(),

@@ -21,6 +21,7 @@ pub mod rootfs;
 pub mod shm;
 pub mod spec;
 pub mod tcp_table;
+pub mod tenant;
 pub mod vllm_command;
 
 pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
@@ -63,8 +64,13 @@ pub struct Snapshot {
     pub checkpoint_timeout: Duration,
     /// The artifact lock: exclusive while creating, shared while restoring.
     pub lock: Option<Arc<ArtifactLock>>,
-    /// What identifies the workload (taken from the spec at create).
+    /// What identifies the workload (taken from the spec at create); its
+    /// tenant is the container's.
     pub workload: Workload,
+    /// Whose artifact this is: the container's tenant, or for a restore of
+    /// an artifact shared with it, the owner's (the fingerprint hook checks
+    /// the manifest's owner against it).
+    pub owner: vsnap_artifact::Tenant,
     /// The binaries the artifact depends on.
     pub tools: Tools,
     /// The fleet's shared fingerprint key (`fleet_fingerprint_key`), which

@@ -14,7 +14,7 @@ use serde_json::Value;
 use vsnap_artifact::rootfs::RootfsLayer;
 use vsnap_artifact::{
     self as artifact, layout, ArtifactError, ArtifactLock, ArtifactName, Contents, HostIdentity,
-    Manifest, Tools, Workload,
+    Manifest, Tenant, Tools, Workload,
 };
 use vsnap_config::{PagePlacement, RuntimeConfig};
 use vsnap_protocol::{ControlDir, Oracle};
@@ -22,7 +22,8 @@ use vsnap_protocol::{ControlDir, Oracle};
 use super::plan::{self, Mode, Plan};
 use super::profile::Profile;
 use super::{
-    artifact_error, canary, cuda, fetch, rootfs, shm, spec, vllm_command, Snapshot, CONTROL_MOUNT,
+    artifact_error, canary, cuda, fetch, rootfs, shm, spec, tenant, vllm_command, Snapshot,
+    CONTROL_MOUNT,
 };
 use crate::error::{Error, Result};
 
@@ -31,6 +32,8 @@ pub struct Inputs<'a> {
     pub bundle: &'a Path,
     pub id: &'a str,
     pub namespace: &'a str,
+    /// Whose container this is (tenant.rs).
+    pub tenant: &'a Tenant,
     pub config: &'a RuntimeConfig,
     /// The `vsnap.io/` annotations merged with the labels.
     pub settings: &'a HashMap<String, String>,
@@ -48,6 +51,8 @@ struct Preflight {
     contents: Option<Contents>,
     /// The carried writable layer, and the manifest's digests for it.
     carried: Option<(RootfsLayer, Contents)>,
+    /// The artifact's owner (another tenant's where it is shared).
+    owner: Option<Tenant>,
 }
 
 /// What identifies the workload and how its engine speaks.
@@ -84,16 +89,10 @@ impl Snapshot {
         };
         let mode = resolve_mode(plan.mode, &root, name.as_str())?;
         let tools = tools_of(config);
-        let (lock, preflight) = match mode {
-            Mode::Restore => {
-                let lock = ArtifactLock::shared(&root, name.as_str()).map_err(preflight_error)?;
-                let found = preflight_restore(&inputs, &root, name.as_str(), &tools, &engine)?;
-                (lock, found)
-            }
-            _ => match lock_for_create(&inputs, &root, name.as_str())? {
-                Some(lock) => (lock, Preflight::default()),
-                None => return Ok(None),
-            },
+        let Some((lock, preflight)) =
+            lock_and_check(&inputs, &root, &name, (plan.mode, mode), &tools, &engine)?
+        else {
+            return Ok(None);
         };
         let (control_dir, control_owner) = make_control_dir(&inputs, &root)?;
         let place_pages = mode == Mode::Restore
@@ -114,6 +113,7 @@ impl Snapshot {
             control_owner,
             lock: Some(Arc::new(lock)),
             api_key: vllm_command::api_key(&engine.argv, &engine.env).map(canary::ApiKey::new),
+            owner: preflight.owner.unwrap_or_else(|| inputs.tenant.clone()),
             workload: engine.workload,
             tools,
             fingerprint_key: config.fleet_fingerprint_key.clone(),
@@ -248,9 +248,9 @@ impl Engine {
                 .map_err(|e| artifact_error("create: fingerprint key", e))?;
         let workload = Workload {
             image_digest: inputs.image_digest.unwrap_or_default().to_string(),
-            namespace: inputs.namespace.to_string(),
             ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
-        };
+        }
+        .with_tenant(inputs.tenant);
         let argv = spec::args(spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
         let gpus = gpus_of(spec, config)?;
@@ -358,6 +358,8 @@ fn preflight_restore(
 ) -> Result<Preflight> {
     let id = inputs.id;
     let manifest = Manifest::load_verified(root, name).map_err(preflight_error)?;
+    let owner = manifest.workload.tenant();
+    tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
     let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
     live.gpus = artifact::gpu::entries(&engine.gpus);
     // Compatibility, not identity (artifact/src/compat.rs): the MAC above
@@ -391,7 +393,37 @@ fn preflight_restore(
         oracle: Some(manifest.oracle),
         contents: inputs.config.verify_contents.then_some(manifest.contents),
         carried,
+        owner: Some(owner),
     })
+}
+
+/// The artifact's lock and, for a restore, its preflight (the tenant's
+/// right to it first); for a create, the tenant's right to create. None:
+/// the container starts cold without a capture (the name is being written,
+/// or `auto` in a tenant the policy lets create nothing).
+fn lock_and_check(
+    inputs: &Inputs<'_>,
+    root: &Path,
+    name: &ArtifactName,
+    (asked, mode): (Mode, Mode),
+    tools: &Tools,
+    engine: &Engine,
+) -> Result<Option<(ArtifactLock, Preflight)>> {
+    let name = name.as_str();
+    if mode == Mode::Restore {
+        let lock = ArtifactLock::shared(root, name).map_err(preflight_error)?;
+        let found = preflight_restore(inputs, root, name, tools, engine)?;
+        return Ok(Some((lock, found)));
+    }
+    if !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
+        let refused = tenant::create_refused(inputs.tenant, name);
+        if asked != Mode::Auto {
+            return Err(refused);
+        }
+        log::warn!("{}: auto: {refused}: starting cold", inputs.id);
+        return Ok(None);
+    }
+    Ok(lock_for_create(inputs, root, name)?.map(|lock| (lock, Preflight::default())))
 }
 
 /// A create's exclusive lock on the artifact's name, and the check that it
@@ -400,10 +432,10 @@ fn preflight_restore(
 fn lock_for_create(inputs: &Inputs<'_>, root: &Path, name: &str) -> Result<Option<ArtifactLock>> {
     match ArtifactLock::exclusive(root, name) {
         Ok(lock) => {
-            check_replace(
+            tenant::check_replace(
                 root,
                 name,
-                inputs.namespace,
+                inputs.tenant,
                 inputs.config.allow_artifact_replace,
             )?;
             Ok(Some(lock))
@@ -436,24 +468,6 @@ fn check_clocks(id: &str, captured: &artifact::Clocks) -> Result<()> {
             "restore: preflight: {e}"
         ))),
     }
-}
-
-/// A create may replace an artifact of its own namespace only (namespaces
-/// are tenants), unless `allow_artifact_replace` says otherwise. Called
-/// with the name's exclusive lock held.
-fn check_replace(root: &Path, name: &str, namespace: &str, allowed: bool) -> Result<()> {
-    let Ok(existing) = Manifest::load_unverified(root, name) else {
-        return Ok(());
-    };
-    let owner = &existing.workload.namespace;
-    if allowed || owner == namespace {
-        return Ok(());
-    }
-    Err(Error::FailedPrecondition(format!(
-        "create: artifact {name} was captured in namespace {owner:?}, not {namespace:?}: \
-         a create replaces only its own namespace's artifacts (name another artifact, \
-         or set allow_artifact_replace = true in the runtime config)"
-    )))
 }
 
 /// For a container with NVIDIA devices: the CUDA preflight (plugin,

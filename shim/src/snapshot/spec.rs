@@ -343,6 +343,14 @@ fn restore_checks(
     if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
         fingerprint.push("--strip-snapshot-config-arg".into());
     }
+    // Whose container this is, and whose artifact it may restore: the
+    // hook checks the spec's Kubernetes namespace and the manifest's owner.
+    fingerprint.extend([
+        "--tenant".to_string(),
+        s.workload.tenant().to_string(),
+        "--owner".to_string(),
+        s.owner.to_string(),
+    ]);
     // The workload's secrets were keyed with the fleet's key.
     if let Some(key) = &s.fingerprint_key {
         fingerprint.push("--fingerprint-key".into());
