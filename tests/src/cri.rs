@@ -295,8 +295,10 @@ fn cri_config(dir: &Path) -> String {
         Root = "{d}/state/runc-v2"
     [{runtimes}.{VSNAP}]
       runtime_type = "io.vsnap.v1"
-      pod_annotations = ["vsnap.io/*"]
-      container_annotations = ["vsnap.io/*"]
+      # CRI's own sandbox-namespace passes too: a pod that sets it must not
+      # change its tenant (containerd sets it after the pass-through ones).
+      pod_annotations = ["vsnap.io/*", "io.kubernetes.cri.sandbox-namespace"]
+      container_annotations = ["vsnap.io/*", "io.kubernetes.cri.sandbox-namespace"]
       [{runtimes}.{VSNAP}.options]
         ConfigPath = "{d}/vsnap.toml"
     [{runtimes}.{VSNAP_FEATURES}]
@@ -401,6 +403,17 @@ impl CriEnv {
         host_network: bool,
         annotations: &[(&str, &str)],
     ) -> PodSandboxConfig {
+        self.pod_config_in("default", name, host_network, annotations)
+    }
+
+    /// As [`CriEnv::pod_config`], for a pod of Kubernetes namespace `namespace`.
+    pub fn pod_config_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        host_network: bool,
+        annotations: &[(&str, &str)],
+    ) -> PodSandboxConfig {
         let n = PODS.fetch_add(1, Ordering::Relaxed);
         let uid = format!("{}-{}-{n}", std::process::id(), name);
         let log_directory = self.logs.join(&uid);
@@ -409,7 +422,7 @@ impl CriEnv {
             metadata: Some(PodSandboxMetadata {
                 name: name.into(),
                 uid: uid.clone(),
-                namespace: "default".into(),
+                namespace: namespace.into(),
                 attempt: 0,
             }),
             hostname: if host_network {

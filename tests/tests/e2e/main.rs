@@ -8,6 +8,7 @@ mod checkpoint;
 mod clocks;
 mod containerd_restart;
 mod cri;
+mod cri_tenants;
 mod events;
 mod fleet;
 mod gpu_path;

@@ -427,16 +427,13 @@ fn another_namespace_neither_restores_nor_replaces_an_artifact() {
     assert!(!out.ok(), "{out:?}");
     assert_has(
         &out.stderr,
-        &[
-            "restore: preflight: fingerprint mismatch",
-            "workload.namespace: captured \"default\", live \"tenant2\"",
-        ],
+        &["restore: preflight: artifact shared belongs to tenant default, not tenant2"],
     );
     let out = in_tenant("flt-t2", "create");
     assert!(!out.ok(), "{out:?}");
     assert_has(
         &out.stderr,
-        &["create: artifact shared was captured in namespace \"default\", not \"tenant2\""],
+        &["create: artifact shared belongs to tenant default, not tenant2"],
     );
     assert_eq!(std::fs::read(e.manifest("shared")).unwrap(), manifest);
     good_restore(&e, "flt-t3", "shared");
