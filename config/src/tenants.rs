@@ -235,6 +235,15 @@ mod tests {
             !may("k8s.io/team-b", "k8s.io/models", "llama-8b"),
             "not shared to b"
         );
+        // The upgrade share of docs/kubernetes.md: pods' artifacts from
+        // before tenants (owner k8s.io) to every pod, and to no plain tenant.
+        let p = policy("[[share]]\nowner = \"k8s.io\"\nartifacts = [\"*\"]\nto = [\"k8s.io/*\"]")
+            .unwrap();
+        assert!(p
+            .share_for("k8s.io/team-b", "k8s.io", "auto-0123")
+            .is_some());
+        assert!(p.share_for("default", "k8s.io", "auto-0123").is_none());
+        assert!(p.share_for("k8s.io/team-b", "k8s.io/team-a", "x").is_none());
     }
 
     #[test]

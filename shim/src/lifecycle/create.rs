@@ -98,6 +98,10 @@ impl Creator<'_> {
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
+        // A container without a plan runs plain: its tenant is never read.
+        if crate::snapshot::plan::from_annotations(&settings)?.is_none() {
+            return Ok(None);
+        }
         // The tenant's right to the reference is checked before any
         // connection.
         let tenant = crate::snapshot::tenant::resolve(self.namespace, &spec)?;

@@ -108,8 +108,17 @@ pub fn check_replace(root: &Path, name: &str, tenant: &Tenant, allowed: bool) ->
     let Ok(existing) = Manifest::load_unverified(root, name) else {
         return Ok(());
     };
-    let owner = existing.workload.tenant();
-    if owner == *tenant {
+    check_owner_for_replace(name, &existing.workload.tenant(), tenant, allowed)
+}
+
+/// [`check_replace`] once the owner is known.
+fn check_owner_for_replace(
+    name: &str,
+    owner: &Tenant,
+    tenant: &Tenant,
+    allowed: bool,
+) -> Result<()> {
+    if owner == tenant {
         return Ok(());
     }
     let plain = owner.kubernetes().is_none() && tenant.kubernetes().is_none();
@@ -206,6 +215,27 @@ mod tests {
         check_restore(&c.tenants, &t("k8s.io/b"), &t("k8s.io/a"), "m").unwrap();
         assert!(check_restore(&c.tenants, &t("k8s.io/c"), &t("k8s.io/a"), "m").is_err());
         assert!(check_restore(&c.tenants, &t("k8s.io/b"), &t("k8s.io/a"), "n").is_err());
+    }
+
+    #[test]
+    fn a_create_replaces_only_its_own_tenants_artifact() {
+        let check = |owner: &str, tenant: &str, allowed: bool| {
+            check_owner_for_replace("m", &t(owner), &t(tenant), allowed).map_err(|e| e.to_string())
+        };
+        check("k8s.io/a", "k8s.io/a", false).unwrap();
+        let e = check("k8s.io/a", "k8s.io/b", false).unwrap_err();
+        assert!(
+            e.contains("create: artifact m belongs to tenant k8s.io/a, not k8s.io/b")
+                && !e.contains("allow_artifact_replace"),
+            "{e}"
+        );
+        // allow_artifact_replace: between plain containerd namespaces only.
+        let e = check("default", "lab", false).unwrap_err();
+        assert!(e.contains("allow_artifact_replace = true"), "{e}");
+        check("default", "lab", true).unwrap();
+        assert!(check("k8s.io/a", "k8s.io/b", true).is_err());
+        assert!(check("k8s.io/a", "default", true).is_err());
+        assert!(check("default", "k8s.io/b", true).is_err());
     }
 
     #[test]
