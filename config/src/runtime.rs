@@ -462,4 +462,28 @@ mod example {
         let body = include_str!("../examples/vsnap.toml");
         super::RuntimeConfig::parse(body, "config/examples/vsnap.toml").unwrap();
     }
+
+    /// The commented `[tenants]` block of the example, and the example of
+    /// docs/configuration.md, parse as written.
+    #[test]
+    fn the_tenant_examples_parse() {
+        let example = include_str!("../examples/vsnap.toml");
+        let start = example.find("# [tenants]").expect("a [tenants] block");
+        let block: String = example[start..]
+            .lines()
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = super::RuntimeConfig::parse(&block, "the example's [tenants]").unwrap();
+        assert!(c.tenants.may_create("k8s.io/models"), "{block}");
+        let docs = include_str!("../../docs/configuration.md");
+        let at = docs.find("### Tenants").expect("docs: a Tenants section");
+        let toml_start = at + docs[at..].find("```toml\n").expect("a toml example") + 8;
+        let toml_end = toml_start + docs[toml_start..].find("```").unwrap();
+        let c = super::RuntimeConfig::parse(&docs[toml_start..toml_end], "docs").unwrap();
+        assert!(c
+            .tenants
+            .share_for("k8s.io/team-b", "k8s.io/models", "llama-8b")
+            .is_some());
+    }
 }
