@@ -96,8 +96,6 @@ impl Creator<'_> {
         // Read once: the plan's edits are made to this copy, written once.
         let spec = spec::read(&req.bundle)?;
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
-        // A restore from a registry reference whose artifact is not here
-        // pulls it first (fetch.rs), so the preflight sees a local artifact.
         // A container without a plan runs plain: its tenant is never read.
         if crate::snapshot::plan::from_annotations(&settings)?.is_none() {
             return Ok(None);
@@ -106,6 +104,8 @@ impl Creator<'_> {
         // connection.
         let tenant = crate::snapshot::tenant::resolve(self.namespace, &spec)?;
         crate::snapshot::tenant::check_reference(config, &tenant, &settings)?;
+        // A restore from a registry reference whose artifact is not here
+        // pulls it first (fetch.rs), so the preflight sees a local artifact.
         fetch::ensure_local(&req.id, config, &settings).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
