@@ -1,7 +1,7 @@
 //! Benchmark: a 1 GiB restore's StartContainer through CRI beside the same
 //! restore through `ctr run`, side by side in one run on one private
 //! containerd with CRI on. Each path restores its own artifact (artifacts
-//! belong to a containerd namespace: `k8s.io` for CRI, `default` for ctr),
+//! belong to a tenant: `k8s.io/default` for the CRI pod, `default` for ctr),
 //! both captured from the reference engine with `BENCH_RESIDENT_MB` MiB
 //! resident (1024 by default). Timed: CRI's StartContainer (CreateContainer
 //! and the pod are ready before), and `ctr run -d` (which creates the
