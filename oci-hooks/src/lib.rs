@@ -56,7 +56,7 @@ checks:
   fingerprint  --artifact-root R (--artifact NAME | --artifact-from-state)
                [--runc P] [--criu P] [--nvidia-smi P]
                [--cuda-plugin P] [--shim-version V] [--strip-snapshot-config-arg]
-               [--fingerprint-key P]
+               [--fingerprint-key P] [--tenant T [--owner O]]
                [--bundle DIR] [--state FILE]
 
 exit: 0 pass, 1 check failed, 2 usage, 3 input unreadable (all non-zero stop
