@@ -149,7 +149,9 @@ fn host_section(m: &Manifest) -> String {
 fn workload_section(m: &Manifest) -> String {
     let w = &m.workload;
     let mut out = String::from("\nWorkload:\n");
+    let owner = w.tenant().to_string();
     out.push_str(&indented(&[
+        row(&["owner:", or_dash(&owner)]),
         row(&["argv:", &json_text(&w.argv)]),
         row(&["rootfs:", or_dash(&w.rootfs)]),
         row(&["image:", or_dash(&w.image)]),

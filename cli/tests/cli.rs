@@ -114,7 +114,8 @@ impl Fixture {
                 &spec,
                 "/run/vsnap/control",
                 &FingerprintKey::host(HostKey::load(&self.root).unwrap()),
-            ),
+            )
+            .with_tenant(&vsnap_artifact::Tenant::parse("k8s.io/team-a").unwrap()),
             clocks: Some(Clocks::now()),
             origin: None,
             rootfs: None,
@@ -206,6 +207,8 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
         "example.com/engine:1",
         "/rootfs",
         "seccomp",
+        "owner:",
+        "k8s.io/team-a",
     ] {
         assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
     }
