@@ -10,6 +10,7 @@ pub mod clocks;
 pub mod compat;
 pub mod content;
 pub mod cpu;
+pub mod encryption;
 mod durable;
 mod error;
 pub mod fingerprint;

@@ -17,6 +17,7 @@
 mod blobs;
 pub mod cache;
 pub mod chunking;
+pub mod crypt;
 mod error;
 pub mod index;
 pub mod pull;
