@@ -151,6 +151,30 @@ mod tests {
     }
 
     #[test]
+    fn sealed_chunks_cut_alike_and_carry_envelopes() {
+        let data = noise(1 << 20, 5);
+        let sealer = Sealer::new(&vsnap_artifact::encryption::EncryptionKey::from_secret(
+            [9; 32],
+        ));
+        let plain = chunk_reader(&data[..], SMALL).unwrap();
+        let sealed = chunk_reader_sealed(&data[..], SMALL, Some(&sealer)).unwrap();
+        assert_eq!(plain.len(), sealed.len());
+        for (p, s) in plain.iter().zip(&sealed) {
+            assert_eq!((p.offset, p.len), (s.offset, s.len));
+            assert_eq!(p.size, p.len);
+            assert_eq!(s.size, s.len + crate::crypt::OVERHEAD);
+            assert_ne!(p.digest, s.digest);
+            let bytes = &data[s.offset as usize..(s.offset + s.len) as usize];
+            assert_eq!(s.digest, crate::sha256_digest(&sealer.seal(bytes)));
+        }
+        assert_eq!(
+            chunk_reader_sealed(&data[..], SMALL, Some(&sealer)).unwrap(),
+            sealed,
+            "deterministic: a second push finds the same blobs"
+        );
+    }
+
+    #[test]
     fn a_small_file_is_one_chunk_and_an_empty_one_none() {
         assert_eq!(chunk_reader(&b"core"[..], PARAMS).unwrap().len(), 1);
         assert!(chunk_reader(&b""[..], PARAMS).unwrap().is_empty());

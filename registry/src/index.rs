@@ -241,6 +241,14 @@ mod tests {
         let m = back.check(&layers, 0).unwrap();
         assert_eq!(m.name, "a");
         assert!(m.mac.is_empty());
+        // Sealed layers are each an envelope larger than their chunk.
+        let sealed: BTreeMap<String, u64> =
+            layers.iter().map(|(d, n)| (d.clone(), n + 48)).collect();
+        back.check(&sealed, 48).unwrap();
+        let e = back.check(&layers, 48).unwrap_err().to_string();
+        assert!(e.contains("too small") || e.contains("chunks hold"), "{e}");
+        let e = back.check(&sealed, 0).unwrap_err().to_string();
+        assert!(e.contains("chunks hold"), "{e}");
     }
 
     /// One damage done to a good description and its layers.
