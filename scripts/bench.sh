@@ -19,6 +19,7 @@
 # (CARGO_TARGET_DIR, else target/). Their settings and defaults:
 #   cri            BENCH_RUNS=1 (pairs), BENCH_RESIDENT_MB=1024
 #   fleet          BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512
+#   fleet-crypt    BENCH_RUNS=3, BENCH_RESIDENT_MB=512
 #   fleet-restore  BENCH_RUNS=3, BENCH_RESIDENT_MB=512, BENCH_INIT_MS=5000
 #   lifecycle      BENCH_RESTORES=5, BENCH_RESIDENT_MB=1024
 #   real-engine    BENCH_RUNS=5 (restores per case), BENCH_LAYER_MB=0,100,1024
@@ -27,12 +28,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-NAMES=(shim snapshot cri fleet fleet-restore lifecycle real-engine verify)
+NAMES=(shim snapshot cri fleet fleet-crypt fleet-restore lifecycle real-engine verify)
 declare -A WHAT=(
     [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
     [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
     [cri]="a restore through CRI (StartContainer) beside the same restore through \`ctr run -d\`"
     [fleet]="\`vsnap push\` to a loopback registry, then \`vsnap pull\` vs a raw cat + sync of the same bytes"
+    [fleet-crypt]="\`vsnap push\` and \`vsnap pull\` in clear vs encrypted (fleet_encryption_key), same artifact; seal/open/sha256 per core"
     [fleet-restore]="a restore from a registry reference on a host without the artifact vs cold start and local restore"
     [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
     [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"

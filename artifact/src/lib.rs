@@ -11,6 +11,7 @@ pub mod compat;
 pub mod content;
 pub mod cpu;
 mod durable;
+pub mod encryption;
 mod error;
 pub mod fingerprint;
 pub mod gpu;

@@ -219,7 +219,7 @@ fn with_context(payload: &[u8]) -> Vec<u8> {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum KeyFile {
+pub(crate) enum KeyFile {
     /// Secret: root-owned, 0600.
     Private,
     /// Trust: root-owned, writable by root only.
@@ -228,7 +228,7 @@ enum KeyFile {
 
 /// Reads a key file after checking it is a regular root-owned file with the
 /// mode its kind requires (not following a symlink).
-fn read_key_file(path: &Path, kind: KeyFile) -> Result<String> {
+pub(crate) fn read_key_file(path: &Path, kind: KeyFile) -> Result<String> {
     let md = fs::symlink_metadata(path).map_err(|e| ArtifactError::io(path, "stat", e))?;
     let (bad_bits, rule) = match kind {
         KeyFile::Private => (0o077, "a regular root-owned 0600 file"),
@@ -262,7 +262,7 @@ fn read_key_file(path: &Path, kind: KeyFile) -> Result<String> {
 }
 
 /// The 32 key bytes of a key file: `header`, then 64 hex digits.
-fn parse_key_file(path: &Path, text: &str, header: &str) -> Result<[u8; 32]> {
+pub(crate) fn parse_key_file(path: &Path, text: &str, header: &str) -> Result<[u8; 32]> {
     let mut lines = text.lines();
     let invalid = |why: &str| {
         ArtifactError::Invalid(format!(
@@ -286,7 +286,7 @@ fn parse_key_file(path: &Path, text: &str, header: &str) -> Result<[u8; 32]> {
         .ok_or_else(|| invalid("the key is not 64 hex digits"))
 }
 
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let mut f = fs::File::options()
         .write(true)
         .create_new(true)

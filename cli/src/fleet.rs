@@ -26,6 +26,11 @@ pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> 
     crate::store::check_name(name)?;
     let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
     let opts = PushOptions::from_config(&ctx.config, jobs, hashing_threads())?;
+    if opts.encryption.is_none() {
+        crate::warn(&format!(
+            "push {name}: no fleet_encryption_key is configured: the artifact (the engine's memory, its secrets included) is sent to {reference} in clear"
+        ));
+    }
     let result = runtime()?.block_on(vsnap_registry::push(&ctx.root, name, &remote, &opts));
     match result {
         Ok(r) if json => {
@@ -34,13 +39,17 @@ pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> 
         }
         Ok(r) => {
             emit(&format!(
-                "pushed {} to {}\ndigest:  {}\nsigned:  {}\nfiles:   {} ({})\nchunks:  {} ({} distinct, {})\nsent:    {} chunks ({}); {} the registry had ({})\n",
+                "pushed {} to {}\ndigest:  {}\nsigned:  {}\nsealed:  {}\nfiles:   {} ({})\nchunks:  {} ({} distinct, {})\nsent:    {} chunks ({}); {} the registry had ({})\n",
                 r.name,
                 r.reference,
                 r.digest,
                 match (&r.signed_by, &r.signature_tag) {
                     (Some(key), Some(tag)) => format!("by {key} (tag {tag})"),
                     _ => "no (no fleet_signing_key configured)".to_string(),
+                },
+                match &r.encrypted_with {
+                    Some(key) => format!("encrypted with {key}"),
+                    None => "no: sent in clear (no fleet_encryption_key configured)".to_string(),
                 },
                 r.files,
                 human_size(r.bytes),
@@ -72,12 +81,16 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         }
         Ok(r) => {
             emit(&format!(
-                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\ntime:    resolve {} ms, fetch {} ms, assemble {} ms, verify {} ms, publish {} ms\n",
+                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nsealed:  {}\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\ntime:    resolve {} ms, fetch {} ms, assemble {} ms, verify {} ms, publish {} ms\n",
                 r.reference,
                 r.name,
                 r.path,
                 r.digest,
                 r.signed_by,
+                match &r.decrypted_with {
+                    Some(key) => format!("decrypted with {key}"),
+                    None => "no: stored in clear".to_string(),
+                },
                 r.files,
                 human_size(r.bytes),
                 r.chunks,
@@ -104,6 +117,7 @@ fn failed(message: String, e: &RegistryError) -> Outcome {
         RegistryError::Damaged(_)
         | RegistryError::Invalid(_)
         | RegistryError::Untrusted(_)
+        | RegistryError::Key(_)
         | RegistryError::Artifact(_) => {
             crate::warn(&message);
             Ok(FAILED)

@@ -132,7 +132,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Fleet signing keys (docs/fleet.md)
+    /// Fleet signing and encryption keys (docs/fleet.md)
     Key {
         #[command(subcommand)]
         command: KeyCommand,
@@ -149,6 +149,15 @@ enum KeyCommand {
         /// Where the public key goes (must not exist)
         #[arg(long, value_name = "PATH")]
         public: PathBuf,
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a fleet encryption key (32 random bytes, 0600) for every host that pushes or pulls (fleet_encryption_key)
+    GenerateEncryption {
+        /// Where the key goes (must not exist)
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
         /// JSON for tools
         #[arg(long)]
         json: bool,
@@ -238,6 +247,9 @@ fn run(cli: Cli) -> Outcome {
                     json,
                 },
         } => key::generate(private, public, json),
+        Command::Key {
+            command: KeyCommand::GenerateEncryption { ref path, json },
+        } => key::generate_encryption(path, json),
     }
 }
 

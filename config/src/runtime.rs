@@ -100,6 +100,15 @@ pub struct RuntimeConfig {
     /// fingerprints instead of the host key, so a workload captured on one
     /// host compares equal on another. Unset: the host key, as on one host.
     pub fleet_fingerprint_key: Option<PathBuf>,
+    /// The fleet's current encryption key (`vsnap key generate-encryption`:
+    /// 32 random bytes, root-owned 0600): what `vsnap push` sends is
+    /// encrypted with it, and a pull decrypts with it. Unset: pushes are
+    /// sent in clear (with a warning) and encrypted artifacts cannot be
+    /// pulled.
+    pub fleet_encryption_key: Option<PathBuf>,
+    /// Previous fleet encryption keys, kept to decrypt what was pushed
+    /// before a rotation; never used to encrypt.
+    pub fleet_decryption_keys: Vec<PathBuf>,
     /// OCI registries `vsnap push`/`pull` talk to, by `host[:port]` as a
     /// reference names them: credentials and transport. A registry not
     /// listed is used anonymously over HTTPS.
@@ -193,6 +202,8 @@ impl Default for RuntimeConfig {
             fleet_signing_key: None,
             fleet_trusted_keys: Vec::new(),
             fleet_fingerprint_key: None,
+            fleet_encryption_key: None,
+            fleet_decryption_keys: Vec::new(),
             registries: BTreeMap::new(),
         }
     }
@@ -254,12 +265,18 @@ impl RuntimeConfig {
         let fleet_paths = [
             ("fleet_signing_key", self.fleet_signing_key.as_ref()),
             ("fleet_fingerprint_key", self.fleet_fingerprint_key.as_ref()),
+            ("fleet_encryption_key", self.fleet_encryption_key.as_ref()),
         ]
         .into_iter()
         .chain(
             self.fleet_trusted_keys
                 .iter()
                 .map(|p| ("fleet_trusted_keys", Some(p))),
+        )
+        .chain(
+            self.fleet_decryption_keys
+                .iter()
+                .map(|p| ("fleet_decryption_keys", Some(p))),
         );
         for (key, path) in fleet_paths {
             if let Some(path) = path.filter(|p| !p.is_absolute()) {
@@ -380,7 +397,7 @@ mod tests {
     #[test]
     fn fleet_keys_are_absolute_paths() {
         let c = RuntimeConfig::parse(
-            "fleet_signing_key = \"/etc/vsnap/fleet.key\"\nfleet_trusted_keys = [\"/etc/vsnap/a.pub\", \"/etc/vsnap/b.pub\"]\nfleet_fingerprint_key = \"/etc/vsnap/fingerprint.key\"\n",
+            "fleet_signing_key = \"/etc/vsnap/fleet.key\"\nfleet_trusted_keys = [\"/etc/vsnap/a.pub\", \"/etc/vsnap/b.pub\"]\nfleet_fingerprint_key = \"/etc/vsnap/fingerprint.key\"\nfleet_encryption_key = \"/etc/vsnap/enc.key\"\nfleet_decryption_keys = [\"/etc/vsnap/enc-old.key\"]\n",
             "inline",
         )
         .unwrap();
@@ -393,10 +410,20 @@ mod tests {
             c.fleet_fingerprint_key,
             Some(PathBuf::from("/etc/vsnap/fingerprint.key"))
         );
+        assert_eq!(
+            c.fleet_encryption_key,
+            Some(PathBuf::from("/etc/vsnap/enc.key"))
+        );
+        assert_eq!(
+            c.fleet_decryption_keys,
+            [PathBuf::from("/etc/vsnap/enc-old.key")]
+        );
         for body in [
             "fleet_signing_key = \"fleet.key\"",
             "fleet_trusted_keys = [\"/a.pub\", \"b.pub\"]",
             "fleet_fingerprint_key = \"k\"",
+            "fleet_encryption_key = \"enc.key\"",
+            "fleet_decryption_keys = [\"/a.key\", \"old.key\"]",
         ] {
             let err = RuntimeConfig::parse(body, "inline")
                 .unwrap_err()

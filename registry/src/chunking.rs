@@ -12,8 +12,8 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use crate::crypt::Sealer;
 use serde::{Deserialize, Serialize};
-use sha2::Digest;
 
 /// FastCDC bounds, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,16 +36,28 @@ pub const PARAMS: Params = Params {
     max: 8 << 20,
 };
 
-/// One chunk of a file: where it is and its sha256 (`sha256:<hex>`).
+/// One chunk of a file: where it is, and the layer that carries it: its
+/// sha256 (`sha256:<hex>`) and size. In clear the layer is the chunk; sealed
+/// (crate::crypt) it is the chunk's envelope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
     pub offset: u64,
     pub len: u64,
     pub digest: String,
+    pub size: u64,
 }
 
 /// The chunks of everything `source` yields, in order.
 pub fn chunk_reader(source: impl Read, params: Params) -> std::io::Result<Vec<Piece>> {
+    chunk_reader_sealed(source, params, None)
+}
+
+/// As [`chunk_reader`], each chunk's layer sealed with `sealer` when given.
+pub fn chunk_reader_sealed(
+    source: impl Read,
+    params: Params,
+    sealer: Option<&Sealer>,
+) -> std::io::Result<Vec<Piece>> {
     let cdc = fastcdc::v2020::StreamCDC::new(
         source,
         params.min as usize,
@@ -55,22 +67,30 @@ pub fn chunk_reader(source: impl Read, params: Params) -> std::io::Result<Vec<Pi
     let mut pieces = Vec::new();
     for chunk in cdc {
         let chunk = chunk.map_err(std::io::Error::from)?;
-        let digest = format!(
-            "sha256:{}",
-            vsnap_artifact::key::hex(&sha2::Sha256::digest(&chunk.data))
-        );
+        let (digest, size) = match sealer {
+            Some(s) => {
+                let sealed = s.seal(&chunk.data);
+                (crate::sha256_digest(&sealed), sealed.len() as u64)
+            }
+            None => (crate::sha256_digest(&chunk.data), chunk.length as u64),
+        };
         pieces.push(Piece {
             offset: chunk.offset,
             len: chunk.length as u64,
             digest,
+            size,
         });
     }
     Ok(pieces)
 }
 
 /// The chunks of the regular file at `path` (never through a symlink), and
-/// its size.
-pub fn chunk_file(path: &Path, params: Params) -> std::io::Result<(Vec<Piece>, u64)> {
+/// its size; their layers sealed with `sealer` when given.
+pub fn chunk_file(
+    path: &Path,
+    params: Params,
+    sealer: Option<&Sealer>,
+) -> std::io::Result<(Vec<Piece>, u64)> {
     let file = File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -80,9 +100,10 @@ pub fn chunk_file(path: &Path, params: Params) -> std::io::Result<(Vec<Piece>, u
         return Err(std::io::Error::other("not a regular file"));
     }
     // Read no further than the size it has now: the caller compares sizes.
-    let pieces = chunk_reader(
+    let pieces = chunk_reader_sealed(
         std::io::BufReader::with_capacity(1 << 20, file.take(md.len())),
         params,
+        sealer,
     )?;
     Ok((pieces, md.len()))
 }
@@ -130,6 +151,30 @@ mod tests {
     }
 
     #[test]
+    fn sealed_chunks_cut_alike_and_carry_envelopes() {
+        let data = noise(1 << 20, 5);
+        let sealer = Sealer::new(&vsnap_artifact::encryption::EncryptionKey::from_secret(
+            [9; 32],
+        ));
+        let plain = chunk_reader(&data[..], SMALL).unwrap();
+        let sealed = chunk_reader_sealed(&data[..], SMALL, Some(&sealer)).unwrap();
+        assert_eq!(plain.len(), sealed.len());
+        for (p, s) in plain.iter().zip(&sealed) {
+            assert_eq!((p.offset, p.len), (s.offset, s.len));
+            assert_eq!(p.size, p.len);
+            assert_eq!(s.size, s.len + crate::crypt::OVERHEAD);
+            assert_ne!(p.digest, s.digest);
+            let bytes = &data[s.offset as usize..(s.offset + s.len) as usize];
+            assert_eq!(s.digest, crate::sha256_digest(&sealer.seal(bytes)));
+        }
+        assert_eq!(
+            chunk_reader_sealed(&data[..], SMALL, Some(&sealer)).unwrap(),
+            sealed,
+            "deterministic: a second push finds the same blobs"
+        );
+    }
+
+    #[test]
     fn a_small_file_is_one_chunk_and_an_empty_one_none() {
         assert_eq!(chunk_reader(&b"core"[..], PARAMS).unwrap().len(), 1);
         assert!(chunk_reader(&b""[..], PARAMS).unwrap().is_empty());
@@ -159,10 +204,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("pages-1.img");
         std::fs::write(&f, noise(300_000, 3)).unwrap();
-        let (pieces, size) = chunk_file(&f, SMALL).unwrap();
+        let (pieces, size) = chunk_file(&f, SMALL, None).unwrap();
         assert_eq!(size, 300_000);
         assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), size);
         std::os::unix::fs::symlink(&f, dir.path().join("link")).unwrap();
-        assert!(chunk_file(&dir.path().join("link"), SMALL).is_err());
+        assert!(chunk_file(&dir.path().join("link"), SMALL, None).is_err());
     }
 }

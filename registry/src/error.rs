@@ -15,6 +15,9 @@ pub enum RegistryError {
     /// Not signed by a trusted fleet key (says which, and why).
     #[error("{0}")]
     Untrusted(String),
+    /// Encrypted with a fleet key this host does not hold (names its id).
+    #[error("{0}")]
+    Key(String),
     /// The runtime config's credentials cannot be used.
     #[error("{0}")]
     Credentials(String),

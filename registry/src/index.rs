@@ -78,8 +78,10 @@ impl ArtifactConfig {
     }
 
     /// Checks the description against the OCI manifest's layers (digest to
-    /// size) and returns the artifact manifest it carries (unsealed).
-    pub fn check(&self, layers: &BTreeMap<String, u64>) -> Result<Manifest> {
+    /// size; each layer `overhead` bytes larger than the chunk it carries:
+    /// 0 in clear, [`crate::crypt::OVERHEAD`] sealed) and returns the
+    /// artifact manifest it carries (unsealed).
+    pub fn check(&self, layers: &BTreeMap<String, u64>, overhead: u64) -> Result<Manifest> {
         let invalid = |m: String| RegistryError::Invalid(format!("the artifact config: {m}"));
         let manifest = Manifest::parse(
             &serde_json::to_vec(&self.manifest).expect("a value serializes"),
@@ -112,7 +114,10 @@ impl ArtifactConfig {
                 let Some(size) = layers.get(c) else {
                     return Err(invalid(format!("{}: chunk {c} is not a layer", f.path)));
                 };
-                total = total.saturating_add(*size);
+                let Some(plain) = size.checked_sub(overhead) else {
+                    return Err(invalid(format!("{}: chunk {c} is too small", f.path)));
+                };
+                total = total.saturating_add(plain);
                 used.insert(c.as_str());
             }
             if total != f.size {
@@ -233,9 +238,17 @@ mod tests {
         assert!(c.manifest.get("mac").is_none());
         let back = ArtifactConfig::parse(&c.to_bytes()).unwrap();
         assert_eq!(back, c);
-        let m = back.check(&layers).unwrap();
+        let m = back.check(&layers, 0).unwrap();
         assert_eq!(m.name, "a");
         assert!(m.mac.is_empty());
+        // Sealed layers are each an envelope larger than their chunk.
+        let sealed: BTreeMap<String, u64> =
+            layers.iter().map(|(d, n)| (d.clone(), n + 48)).collect();
+        back.check(&sealed, 48).unwrap();
+        let e = back.check(&layers, 48).unwrap_err().to_string();
+        assert!(e.contains("too small") || e.contains("chunks hold"), "{e}");
+        let e = back.check(&sealed, 0).unwrap_err().to_string();
+        assert!(e.contains("chunks hold"), "{e}");
     }
 
     /// One damage done to a good description and its layers.
@@ -298,7 +311,7 @@ mod tests {
         for (want, edit) in cases {
             let (mut c, mut layers) = good();
             edit(&mut c, &mut layers);
-            let e = c.check(&layers).unwrap_err().to_string();
+            let e = c.check(&layers, 0).unwrap_err().to_string();
             assert!(e.contains(want), "{want}: {e}");
         }
         let (mut c, _) = good();

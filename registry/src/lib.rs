@@ -17,6 +17,7 @@
 mod blobs;
 pub mod cache;
 pub mod chunking;
+pub mod crypt;
 mod error;
 pub mod index;
 pub mod pull;
@@ -35,6 +36,14 @@ pub const ARTIFACT_TYPE: &str = "application/vnd.vsnap.artifact.v1";
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.vsnap.artifact.config.v1+json";
 /// Media type of every layer: one chunk of one or more artifact files.
 pub const CHUNK_MEDIA_TYPE: &str = "application/vnd.vsnap.chunk.v1";
+/// The config blob and the layers sealed with a fleet encryption key
+/// ([`crypt`]), named as OCI names encrypted layers (`+encrypted`).
+pub const CONFIG_MEDIA_TYPE_ENCRYPTED: &str =
+    "application/vnd.vsnap.artifact.config.v1+json+encrypted";
+pub const CHUNK_MEDIA_TYPE_ENCRYPTED: &str = "application/vnd.vsnap.chunk.v1+encrypted";
+/// The manifest annotation naming the fleet encryption key's id (never the
+/// key) an encrypted artifact was sealed with.
+pub const ENCRYPTION_KEY_ANNOTATION: &str = "io.vsnap.encryption.key-id";
 /// OCI image manifest media type (what a docker-registry 2.8 stores).
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 

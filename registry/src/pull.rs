@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, File};
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -25,11 +26,13 @@ use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
 
 use crate::blobs::fetch_small;
 use crate::cache::{BlobCache, BlobProblem};
+use crate::crypt::{self, FleetKeys, Sealer};
 use crate::error::{RegistryError, Result};
 use crate::index::{ArtifactConfig, CONFIG_LIMIT};
 use crate::remote::Remote;
 use crate::{
-    sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST,
+    sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CHUNK_MEDIA_TYPE_ENCRYPTED,
+    CONFIG_MEDIA_TYPE, CONFIG_MEDIA_TYPE_ENCRYPTED, ENCRYPTION_KEY_ANNOTATION, OCI_MANIFEST,
 };
 
 pub struct PullOptions {
@@ -40,6 +43,9 @@ pub struct PullOptions {
     /// The fleet keys a pulled artifact must be signed by
     /// (`fleet_trusted_keys`); none configured refuses every pull.
     pub trusted: TrustedKeys,
+    /// The fleet encryption keys (`fleet_encryption_key`, and the previous
+    /// `fleet_decryption_keys`) an encrypted artifact is opened with.
+    pub keys: FleetKeys,
 }
 
 impl PullOptions {
@@ -55,6 +61,7 @@ impl PullOptions {
             jobs,
             verify_threads,
             trusted,
+            keys: FleetKeys::from_config(config)?,
         })
     }
 }
@@ -77,6 +84,9 @@ pub struct PullReport {
     pub reused_bytes: u64,
     /// The trusted fleet key whose signature verified.
     pub signed_by: String,
+    /// The fleet encryption key id it was decrypted with; None: it was
+    /// stored in clear.
+    pub decrypted_with: Option<String>,
     /// Where the time went.
     pub timings_ms: PullTimings,
 }
@@ -120,13 +130,15 @@ pub async fn pull(
     // Trust before content: nothing of an unsigned or untrusted artifact is
     // fetched, not even its config.
     let signed_by = verify_signature(remote, &opts.trusted, &digest).await?;
+    let sealer = choose_key(remote, &opts.keys, &oci)?;
     let layers: BTreeMap<String, u64> = oci
         .layers
         .iter()
         .map(|l| (l.digest.clone(), l.size as u64))
         .collect();
-    let config = fetch_config(remote, &oci.config).await?;
-    let mut manifest = config.check(&layers)?;
+    let config = fetch_config(remote, &oci.config, sealer.as_ref()).await?;
+    let overhead = if sealer.is_some() { crypt::OVERHEAD } else { 0 };
+    let mut manifest = config.check(&layers, overhead)?;
     let name = name.unwrap_or(&manifest.name).to_string();
     vsnap_artifact::layout::check_name(&name)
         .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
@@ -148,6 +160,7 @@ pub async fn pull(
         reused: 0,
         reused_bytes: 0,
         signed_by: signed_by.clone(),
+        decrypted_with: sealer.as_ref().map(|s| s.key_id().to_string()),
         timings_ms: PullTimings::default(),
     };
     timings.fetch = ms(fetching);
@@ -156,16 +169,68 @@ pub async fn pull(
     manifest.name = name.clone();
     manifest.origin = Some(origin(remote, &report.digest, signed_by));
     let threads = opts.verify_threads;
-    report.timings_ms = publish_from_cache(root, cache, config, manifest, threads, timings).await?;
+    let assembly = Assembly {
+        cache,
+        config,
+        sealer,
+        threads,
+    };
+    report.timings_ms = publish_from_cache(root, assembly, manifest, timings).await?;
     Ok(report)
 }
 
 /// The id of the trusted fleet key whose signature of `digest` verifies.
 async fn verify_signature(remote: &Remote, trusted: &TrustedKeys, digest: &str) -> Result<String> {
-    let signature = crate::signature::fetch(remote, digest).await?;
-    trusted
-        .verify(&crate::signature::payload(digest), signature.as_ref())
-        .map_err(|e| RegistryError::Untrusted(format!("pull: {} ({digest}): {e}", remote.name())))
+    let signatures = crate::signature::fetch(remote, digest).await?;
+    let payload = crate::signature::payload(digest);
+    let untrusted =
+        |e| RegistryError::Untrusted(format!("pull: {} ({digest}): {e}", remote.name()));
+    if signatures.is_empty() {
+        return trusted.verify(&payload, None).map_err(untrusted);
+    }
+    // Any one trusted signature that verifies; else the most telling
+    // refusal: that of a trusted key's signature (it does not verify),
+    // else that of the first signature (by a key not trusted here).
+    let mut refusals = Vec::new();
+    for s in &signatures {
+        match trusted.verify(&payload, Some(s)) {
+            Ok(id) => return Ok(id),
+            Err(e) => refusals.push((trusted.key_ids().contains(&s.key_id), e)),
+        }
+    }
+    let at = refusals.iter().position(|(known, _)| *known).unwrap_or(0);
+    Err(untrusted(refusals.swap_remove(at).1))
+}
+
+/// The key to open an encrypted artifact with (None for one in clear): the
+/// one whose id its manifest names, else an error naming the id it needs.
+fn choose_key(remote: &Remote, keys: &FleetKeys, oci: &OciImageManifest) -> Result<Option<Sealer>> {
+    let Some(id) = sealed_with(oci) else {
+        return Ok(None);
+    };
+    keys.find(id).cloned().map(Some).ok_or_else(|| {
+        let held = keys.key_ids();
+        RegistryError::Key(format!(
+            "pull: {}: encrypted with fleet key {id}, which this host does not hold ({})",
+            remote.name(),
+            if held.is_empty() {
+                "no fleet_encryption_key or fleet_decryption_keys configured".to_string()
+            } else {
+                format!("it holds {}", held.join(", "))
+            }
+        ))
+    })
+}
+
+/// The encryption key id an encrypted artifact's manifest names.
+fn sealed_with(oci: &OciImageManifest) -> Option<&str> {
+    if oci.config.media_type != CONFIG_MEDIA_TYPE_ENCRYPTED {
+        return None;
+    }
+    oci.annotations
+        .as_ref()
+        .and_then(|a| a.get(ENCRYPTION_KEY_ANNOTATION))
+        .map(String::as_str)
 }
 
 /// Every layer into the cache, `jobs` at a time; (fetched, bytes) of each.
@@ -232,23 +297,30 @@ fn origin(remote: &Remote, digest: &str, signed_by: String) -> Origin {
     }
 }
 
+/// What the files are assembled from: the cached layers, the file index,
+/// the key that opens sealed layers, and the threads that verify.
+struct Assembly {
+    cache: BlobCache,
+    config: ArtifactConfig,
+    sealer: Option<Sealer>,
+    threads: usize,
+}
+
 /// Assembles and publishes off the async threads, then empties the cache of
 /// the artifact's chunks; returns the timings with those phases filled.
 async fn publish_from_cache(
     root: &Path,
-    cache: BlobCache,
-    config: ArtifactConfig,
+    assembly: Assembly,
     manifest: Manifest,
-    threads: usize,
     mut timings: PullTimings,
 ) -> Result<PullTimings> {
     let root = root.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        assemble_and_publish(&root, &cache, &config, manifest, threads, &mut timings)?;
+        assemble_and_publish(&root, &assembly, manifest, &mut timings)?;
         // The artifact holds every byte now: the cache gives them back.
-        for f in &config.files {
+        for f in &assembly.config.files {
             for c in &f.chunks {
-                let _ = std::fs::remove_file(cache.path(c));
+                let _ = std::fs::remove_file(assembly.cache.path(c));
             }
         }
         Ok::<_, RegistryError>(timings)
@@ -281,8 +353,12 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
     }
     let oci: OciImageManifest = serde_json::from_slice(&bytes)
         .map_err(|e| RegistryError::Invalid(format!("{what}: not an OCI image manifest: {e}")))?;
-    let ours = oci.artifact_type.as_deref() == Some(ARTIFACT_TYPE)
-        && oci.config.media_type == CONFIG_MEDIA_TYPE;
+    let chunk_type = match oci.config.media_type.as_str() {
+        CONFIG_MEDIA_TYPE => CHUNK_MEDIA_TYPE,
+        CONFIG_MEDIA_TYPE_ENCRYPTED => CHUNK_MEDIA_TYPE_ENCRYPTED,
+        _ => "",
+    };
+    let ours = oci.artifact_type.as_deref() == Some(ARTIFACT_TYPE) && !chunk_type.is_empty();
     if !ours {
         return Err(RegistryError::Invalid(format!(
             "{what}: not a vsnap artifact (artifactType {:?}, config media type {:?})",
@@ -291,12 +367,17 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
         )));
     }
     for l in &oci.layers {
-        if l.media_type != CHUNK_MEDIA_TYPE || sha256_hex(&l.digest).is_none() || l.size < 0 {
+        if l.media_type != chunk_type || sha256_hex(&l.digest).is_none() || l.size < 0 {
             return Err(RegistryError::Invalid(format!(
                 "{what}: layer {} ({}) is not a vsnap chunk",
                 l.digest, l.media_type
             )));
         }
+    }
+    if chunk_type == CHUNK_MEDIA_TYPE_ENCRYPTED && sealed_with(&oci).is_none() {
+        return Err(RegistryError::Invalid(format!(
+            "{what}: encrypted, but its manifest names no key ({ENCRYPTION_KEY_ANNOTATION})"
+        )));
     }
     if sha256_hex(&oci.config.digest).is_none() {
         return Err(RegistryError::Invalid(format!(
@@ -307,8 +388,24 @@ pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
     Ok((oci, digest))
 }
 
-async fn fetch_config(remote: &Remote, desc: &OciDescriptor) -> Result<ArtifactConfig> {
-    ArtifactConfig::parse(&fetch_small(remote, desc, CONFIG_LIMIT, "config blob").await?)
+/// The config blob, opened with `sealer` when it is sealed.
+async fn fetch_config(
+    remote: &Remote,
+    desc: &OciDescriptor,
+    sealer: Option<&Sealer>,
+) -> Result<ArtifactConfig> {
+    let bytes = fetch_small(remote, desc, CONFIG_LIMIT, "config blob").await?;
+    let plain = match sealer {
+        Some(s) => s.open(bytes).map_err(|e| {
+            RegistryError::Damaged(format!(
+                "pull: config blob {} {e} (fleet key {})",
+                desc.digest,
+                s.key_id()
+            ))
+        })?,
+        None => bytes,
+    };
+    ArtifactConfig::parse(&plain)
 }
 
 /// One chunk into the cache unless it holds it; returns (fetched, bytes).
@@ -371,12 +468,16 @@ async fn fetch_chunk(
 /// against the manifest's content digests, seals and publishes.
 fn assemble_and_publish(
     root: &Path,
-    cache: &BlobCache,
-    config: &ArtifactConfig,
+    assembly: &Assembly,
     mut manifest: Manifest,
-    threads: usize,
     timings: &mut PullTimings,
 ) -> Result<()> {
+    let Assembly {
+        cache,
+        config,
+        sealer,
+        threads,
+    } = assembly;
     let phase = std::time::Instant::now();
     let name = manifest.name.clone();
     let _lock = ArtifactLock::exclusive(root, &name)?;
@@ -397,21 +498,14 @@ fn assemble_and_publish(
             .open(&dest)
             .map_err(|e| RegistryError::io(format!("pull: create {}", dest.display()), e))?;
         for c in &f.chunks {
-            let src = cache.path(c);
-            let mut input = File::options()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&src)
-                .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
-            std::io::copy(&mut input, &mut out)
-                .map_err(|e| RegistryError::io(format!("pull: write {}", dest.display()), e))?;
+            copy_chunk(&cache.path(c), c, sealer.as_ref(), &mut out, &dest, &f.path)?;
         }
         std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(f.mode & 0o755))
             .map_err(|e| RegistryError::io(format!("pull: chmod {}", dest.display()), e))?;
     }
     timings.assemble = ms(phase);
     let phase = std::time::Instant::now();
-    content::verify(&staging.dir, &manifest.contents, threads)?;
+    content::verify(&staging.dir, &manifest.contents, *threads)?;
     timings.verify = ms(phase);
     let phase = std::time::Instant::now();
     let key = HostKey::load_or_create(root)?;
@@ -419,4 +513,38 @@ fn assemble_and_publish(
     staging.publish(root, &manifest.to_bytes())?;
     timings.publish = ms(phase);
     Ok(())
+}
+
+/// Appends the cached chunk `src` (layer `digest`) to `out`: copied as it
+/// is, or opened with `sealer` (tag and keyed id checked) so that only
+/// plaintext that decrypted and matched is written.
+fn copy_chunk(
+    src: &Path,
+    digest: &str,
+    sealer: Option<&Sealer>,
+    out: &mut File,
+    dest: &Path,
+    file: &str,
+) -> Result<()> {
+    let mut input = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(src)
+        .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
+    let write_err = |e| RegistryError::io(format!("pull: write {}", dest.display()), e);
+    let Some(sealer) = sealer else {
+        std::io::copy(&mut input, out).map_err(write_err)?;
+        return Ok(());
+    };
+    let mut sealed = Vec::new();
+    input
+        .read_to_end(&mut sealed)
+        .map_err(|e| RegistryError::io(format!("pull: read {}", src.display()), e))?;
+    let plain = sealer.open(sealed).map_err(|e| {
+        RegistryError::Damaged(format!(
+            "pull: blob {digest} ({file}) {e} (fleet key {})",
+            sealer.key_id()
+        ))
+    })?;
+    out.write_all(&plain).map_err(write_err)
 }

@@ -19,10 +19,14 @@ use vsnap_artifact::{content, ArtifactLock, Manifest};
 
 use crate::blobs::{blob_exists, send_blob};
 use crate::chunking::{chunk_file, PARAMS};
+use crate::crypt::{FleetKeys, Sealer};
 use crate::error::{RegistryError, Result};
 use crate::index::{ArtifactConfig, FileEntry};
 use crate::remote::Remote;
-use crate::{sha256_digest, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CONFIG_MEDIA_TYPE, OCI_MANIFEST};
+use crate::{
+    sha256_digest, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CHUNK_MEDIA_TYPE_ENCRYPTED, CONFIG_MEDIA_TYPE,
+    CONFIG_MEDIA_TYPE_ENCRYPTED, ENCRYPTION_KEY_ANNOTATION, OCI_MANIFEST,
+};
 
 pub struct PushOptions {
     /// Uploads in flight at once.
@@ -32,6 +36,9 @@ pub struct PushOptions {
     /// The fleet key that signs the pushed manifest (`fleet_signing_key`);
     /// None pushes it unsigned (hosts that require a signature refuse it).
     pub signer: Option<FleetSigner>,
+    /// The fleet encryption key (`fleet_encryption_key`) that seals every
+    /// chunk and the config blob; None sends them in clear.
+    pub encryption: Option<Sealer>,
 }
 
 impl PushOptions {
@@ -47,10 +54,12 @@ impl PushOptions {
             }
             None => None,
         };
+        let encryption = FleetKeys::from_config(config)?.current;
         Ok(PushOptions {
             jobs,
             verify_threads,
             signer,
+            encryption,
         })
     }
 }
@@ -61,6 +70,7 @@ impl Default for PushOptions {
             jobs: 4,
             verify_threads: 2,
             signer: None,
+            encryption: None,
         }
     }
 }
@@ -86,14 +96,19 @@ pub struct PushReport {
     /// The fleet key id that signed it, and the tag holding the signature.
     pub signed_by: Option<String>,
     pub signature_tag: Option<String>,
+    /// The fleet encryption key id everything was sealed with; None: sent
+    /// in clear.
+    pub encrypted_with: Option<String>,
 }
 
-/// Where one layer's bytes are read from.
+/// Where one layer's bytes are read from (`len` bytes of the file), and
+/// the layer's size (sealed: larger by the envelope).
 #[derive(Clone)]
 struct Source {
     path: PathBuf,
     offset: u64,
     len: u64,
+    size: u64,
 }
 
 pub async fn push(
@@ -106,17 +121,20 @@ pub async fn push(
     let _lock = ArtifactLock::shared(root, name)?;
     let (manifest, files, layers) = {
         let (root, name, threads) = (root.to_path_buf(), name.to_string(), opts.verify_threads);
-        tokio::task::spawn_blocking(move || describe(&root, &name, threads))
+        let sealer = opts.encryption.clone();
+        tokio::task::spawn_blocking(move || describe(&root, &name, threads, sealer.as_ref()))
             .await
             .expect("the describing thread does not panic")?
     };
     let config = ArtifactConfig::new(&manifest, PARAMS, files);
     let mut report = new_report(name, remote, &config, &layers);
+    report.encrypted_with = opts.encryption.as_ref().map(|s| s.key_id().to_string());
     remote.login(oci_client::RegistryOperation::Push).await?;
 
-    upload_layers(remote, &layers, opts.jobs, &mut report).await?;
-    let config_descriptor = send_config(remote, &config).await?;
-    let oci = oci_manifest(config_descriptor, &layers, &manifest.name);
+    let sealer = opts.encryption.as_ref();
+    upload_layers(remote, &layers, opts.jobs, sealer, &mut report).await?;
+    let config_descriptor = send_config(remote, &config, sealer).await?;
+    let oci = oci_manifest(config_descriptor, &layers, &manifest.name, sealer);
     let body = serde_json::to_vec(&oci).expect("a manifest serializes");
     let size = body.len();
     report.digest = sha256_digest(&body);
@@ -167,13 +185,14 @@ fn new_report(
         bytes: config.files.iter().map(|f| f.size).sum(),
         chunks: config.files.iter().map(|f| f.chunks.len()).sum(),
         unique_chunks: layers.len(),
-        unique_bytes: layers.values().map(|s| s.len).sum(),
+        unique_bytes: layers.values().map(|s| s.size).sum(),
         uploaded: 0,
         uploaded_bytes: 0,
         skipped: 0,
         skipped_bytes: 0,
         signed_by: None,
         signature_tag: None,
+        encrypted_with: None,
     }
 }
 
@@ -183,10 +202,11 @@ async fn upload_layers(
     remote: &Remote,
     layers: &BTreeMap<String, Source>,
     jobs: usize,
+    sealer: Option<&Sealer>,
     report: &mut PushReport,
 ) -> Result<()> {
     let uploads: Vec<(bool, u64)> = futures_util::stream::iter(layers.iter())
-        .map(|(digest, source)| upload(remote, digest, source))
+        .map(|(digest, source)| upload(remote, digest, source, sealer))
         .buffer_unordered(jobs.max(1))
         .try_collect()
         .await?;
@@ -202,10 +222,17 @@ async fn upload_layers(
     Ok(())
 }
 
-/// Sends the artifact config blob unless the registry has it; returns its
-/// descriptor.
-async fn send_config(remote: &Remote, config: &ArtifactConfig) -> Result<OciDescriptor> {
-    let config_bytes = config.to_bytes();
+/// Sends the artifact config blob (sealed with `sealer` when given) unless
+/// the registry has it; returns its descriptor.
+async fn send_config(
+    remote: &Remote,
+    config: &ArtifactConfig,
+    sealer: Option<&Sealer>,
+) -> Result<OciDescriptor> {
+    let config_bytes = match sealer {
+        Some(s) => s.seal(&config.to_bytes()),
+        None => config.to_bytes(),
+    };
     let config_digest = sha256_digest(&config_bytes);
     if !blob_exists(remote, &config_digest).await? {
         send_blob(
@@ -217,7 +244,11 @@ async fn send_config(remote: &Remote, config: &ArtifactConfig) -> Result<OciDesc
         .await?;
     }
     Ok(OciDescriptor {
-        media_type: CONFIG_MEDIA_TYPE.into(),
+        media_type: match sealer {
+            Some(_) => CONFIG_MEDIA_TYPE_ENCRYPTED,
+            None => CONFIG_MEDIA_TYPE,
+        }
+        .into(),
         digest: config_digest,
         size: config_bytes.len() as i64,
         ..Default::default()
@@ -225,12 +256,22 @@ async fn send_config(remote: &Remote, config: &ArtifactConfig) -> Result<OciDesc
 }
 
 /// The OCI manifest: the config, one layer per distinct chunk, titled by
-/// the artifact's name.
+/// the artifact's name; sealed, the media types say so, the annotations
+/// name the encryption key's id and not the artifact (its name is in the
+/// sealed config).
 fn oci_manifest(
     config: OciDescriptor,
     layers: &BTreeMap<String, Source>,
     title: &str,
+    sealer: Option<&Sealer>,
 ) -> OciImageManifest {
+    let (chunk_type, annotation) = match sealer {
+        Some(s) => (
+            CHUNK_MEDIA_TYPE_ENCRYPTED,
+            (ENCRYPTION_KEY_ANNOTATION, s.key_id()),
+        ),
+        None => (CHUNK_MEDIA_TYPE, ("org.opencontainers.image.title", title)),
+    };
     OciImageManifest {
         schema_version: 2,
         media_type: Some(OCI_MANIFEST.into()),
@@ -239,20 +280,14 @@ fn oci_manifest(
         layers: layers
             .iter()
             .map(|(digest, s)| OciDescriptor {
-                media_type: CHUNK_MEDIA_TYPE.into(),
+                media_type: chunk_type.into(),
                 digest: digest.clone(),
-                size: s.len as i64,
+                size: s.size as i64,
                 ..Default::default()
             })
             .collect(),
         subject: None,
-        annotations: Some(
-            [(
-                "org.opencontainers.image.title".to_string(),
-                title.to_string(),
-            )]
-            .into(),
-        ),
+        annotations: Some([(annotation.0.to_string(), annotation.1.to_string())].into()),
     }
 }
 
@@ -262,6 +297,7 @@ fn describe(
     root: &Path,
     name: &str,
     threads: usize,
+    sealer: Option<&Sealer>,
 ) -> Result<(Manifest, Vec<FileEntry>, BTreeMap<String, Source>)> {
     let manifest = Manifest::load_verified(root, name)?;
     let dir = vsnap_artifact::path(root, name);
@@ -270,7 +306,7 @@ fn describe(
     let mut layers: BTreeMap<String, Source> = BTreeMap::new();
     for (rel, recorded) in &manifest.contents {
         let path = dir.join(rel);
-        let (pieces, size) = chunk_file(&path, PARAMS)
+        let (pieces, size) = chunk_file(&path, PARAMS, sealer)
             .map_err(|e| RegistryError::io(format!("push: read {}", path.display()), e))?;
         if size != recorded.size {
             return Err(RegistryError::Damaged(format!(
@@ -288,6 +324,7 @@ fn describe(
                 path: path.clone(),
                 offset: p.offset,
                 len: p.len,
+                size: p.size,
             });
             chunks.push(p.digest);
         }
@@ -301,17 +338,30 @@ fn describe(
     Ok((manifest, files, layers))
 }
 
-/// Sends one chunk unless the registry has it; returns (sent, bytes).
-async fn upload(remote: &Remote, digest: &str, source: &Source) -> Result<(bool, u64)> {
+/// Sends one chunk (sealed with `sealer` when given) unless the registry
+/// has it; returns (sent, layer bytes).
+async fn upload(
+    remote: &Remote,
+    digest: &str,
+    source: &Source,
+    sealer: Option<&Sealer>,
+) -> Result<(bool, u64)> {
     if blob_exists(remote, digest).await? {
-        return Ok((false, source.len));
+        return Ok((false, source.size));
     }
     let s = source.clone();
-    let bytes = tokio::task::spawn_blocking(move || read_range(&s))
-        .await
-        .expect("the reading thread does not panic")?;
+    let sealer = sealer.cloned();
+    let bytes = tokio::task::spawn_blocking(move || {
+        let plain = read_range(&s)?;
+        Ok::<_, RegistryError>(match sealer {
+            Some(sealer) => sealer.seal(&plain),
+            None => plain,
+        })
+    })
+    .await
+    .expect("the reading thread does not panic")?;
     send_blob(remote, digest, bytes, &source.path.display().to_string()).await?;
-    Ok((true, source.len))
+    Ok((true, source.size))
 }
 
 fn read_range(s: &Source) -> Result<Vec<u8>> {

@@ -1,10 +1,17 @@
-//! Fleet signatures in a registry: where the signature of an artifact's OCI
-//! manifest lives, for a registry without the referrers API (a plain
+//! Fleet signatures in a registry: where the signatures of an artifact's OCI
+//! manifest live, for a registry without the referrers API (a plain
 //! docker-registry 2.8 has none). The OCI tag-schema fallback: a manifest
 //! tagged `sha256-<hex of the signed digest>.sig` in the same repository,
 //! `artifactType` [`SIGNATURE_ARTIFACT_TYPE`], an empty config, one layer
-//! holding the [`FleetSignature`] JSON, and `subject` naming the signed
-//! manifest (for registries that do index referrers).
+//! per signature, each holding a [`FleetSignature`] JSON, and `subject`
+//! naming the signed manifest (for registries that do index referrers).
+//!
+//! Signatures are appended, never replaced (as cosign keeps several
+//! signatures per image): a push reads the signatures already there and
+//! writes them back with its own added, so a push of the same manifest by
+//! another key (another fleet, or a key this host does not trust) leaves
+//! the trusted signature in place, and a pull accepts the manifest when any
+//! one signature by a trusted key verifies.
 //!
 //! What is signed is the OCI manifest's digest (`sha256:<hex>`): it fixes
 //! the config blob (the artifact's manifest, file index and chunk digests)
@@ -26,6 +33,12 @@ const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const EMPTY: &[u8] = b"{}";
 /// A signature blob is a few hundred bytes.
 const SIGNATURE_LIMIT: u64 = 64 << 10;
+/// Most signatures kept (and read) per manifest: more is not a fleet.
+pub const MAX_SIGNATURES: usize = 32;
+/// Rounds of read, append, write, read back: two pushers appending at once
+/// can each overwrite the other's write; the loser sees its signature
+/// missing and appends again.
+const ATTACH_ROUNDS: usize = 5;
 
 /// The bytes signed for the OCI manifest `digest`.
 pub fn payload(digest: &str) -> Vec<u8> {
@@ -40,7 +53,8 @@ pub fn tag(digest: &str) -> String {
     )
 }
 
-/// Stores `signature` of the manifest (`digest`, `size` bytes) beside it.
+/// Adds `signature` of the manifest (`digest`, `size` bytes) to those
+/// stored beside it; removes none. Done when a read back holds it.
 pub async fn attach(
     remote: &Remote,
     digest: &str,
@@ -58,7 +72,59 @@ pub async fn attach(
             send_blob(remote, d, bytes, what).await?;
         }
     }
-    let manifest = OciImageManifest {
+    let ours = OciDescriptor {
+        media_type: SIGNATURE_MEDIA_TYPE.into(),
+        digest: sig_digest,
+        size: sig_bytes.len() as i64,
+        ..Default::default()
+    };
+    let at = at_tag(remote, digest);
+    for _ in 0..ATTACH_ROUNDS {
+        let mut layers = stored_layers(remote, digest).await?;
+        if layers.iter().any(|l| l.digest == ours.digest) {
+            return Ok(());
+        }
+        if layers.len() >= MAX_SIGNATURES {
+            return Err(RegistryError::Invalid(format!(
+                "push: signature {}: already {MAX_SIGNATURES} signatures",
+                at.whole()
+            )));
+        }
+        layers.push(ours.clone());
+        let manifest = signature_manifest(digest, size, empty_digest.clone(), layers);
+        remote
+            .client
+            .push_manifest_raw(
+                &at,
+                serde_json::to_vec(&manifest).expect("a manifest serializes"),
+                OCI_MANIFEST.parse().expect("a header value"),
+            )
+            .await
+            .map_err(|e| RegistryError::registry(format!("push: signature {}", at.whole()), e))?;
+    }
+    match stored_layers(remote, digest)
+        .await?
+        .iter()
+        .any(|l| l.digest == ours.digest)
+    {
+        true => Ok(()),
+        false => Err(RegistryError::Registry {
+            context: format!("push: signature {}", at.whole()),
+            message: format!(
+                "still missing after {ATTACH_ROUNDS} appends (other pushers keep rewriting it)"
+            ),
+        }),
+    }
+}
+
+/// The signature manifest of `digest` holding `layers`.
+fn signature_manifest(
+    digest: &str,
+    size: usize,
+    empty_digest: String,
+    layers: Vec<OciDescriptor>,
+) -> OciImageManifest {
+    OciImageManifest {
         schema_version: 2,
         media_type: Some(OCI_MANIFEST.into()),
         artifact_type: Some(SIGNATURE_ARTIFACT_TYPE.into()),
@@ -68,12 +134,7 @@ pub async fn attach(
             size: EMPTY.len() as i64,
             ..Default::default()
         },
-        layers: vec![OciDescriptor {
-            media_type: SIGNATURE_MEDIA_TYPE.into(),
-            digest: sig_digest,
-            size: sig_bytes.len() as i64,
-            ..Default::default()
-        }],
+        layers,
         subject: Some(OciDescriptor {
             media_type: OCI_MANIFEST.into(),
             digest: digest.to_string(),
@@ -81,59 +142,58 @@ pub async fn attach(
             ..Default::default()
         }),
         annotations: None,
-    };
-    let at = at_tag(remote, digest);
-    remote
-        .client
-        .push_manifest_raw(
-            &at,
-            serde_json::to_vec(&manifest).expect("a manifest serializes"),
-            OCI_MANIFEST.parse().expect("a header value"),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|e| RegistryError::registry(format!("push: signature {}", at.whole()), e))
+    }
 }
 
-/// The signature stored for the manifest `digest`, or None when there is
-/// none. Anything at the signature's tag that is not one is an error.
-pub async fn fetch(remote: &Remote, digest: &str) -> Result<Option<FleetSignature>> {
+/// The signature layers stored for `digest` (none when there is no
+/// signature manifest). Anything at the signature's tag that is not one is
+/// an error.
+async fn stored_layers(remote: &Remote, digest: &str) -> Result<Vec<OciDescriptor>> {
     let at = at_tag(remote, digest);
-    let what = format!("pull: signature {}", at.whole());
+    let what = format!("signature {}", at.whole());
     let bytes = match remote
         .client
         .pull_manifest_raw(&at, &remote.auth, &[OCI_MANIFEST])
         .await
     {
         Ok((bytes, _)) => bytes,
-        Err(e) if not_found(&e) => return Ok(None),
+        Err(e) if not_found(&e) => return Ok(Vec::new()),
         Err(e) => return Err(RegistryError::registry(what, e)),
     };
     let manifest: OciImageManifest = serde_json::from_slice(&bytes)
         .map_err(|e| RegistryError::Invalid(format!("{what}: not an OCI manifest: {e}")))?;
-    let layer = match manifest.layers.as_slice() {
-        [l] if manifest.artifact_type.as_deref() == Some(SIGNATURE_ARTIFACT_TYPE)
-            && l.media_type == SIGNATURE_MEDIA_TYPE =>
-        {
-            l
-        }
-        _ => {
-            return Err(RegistryError::Invalid(format!(
-                "{what}: not a vsnap signature (artifactType {:?})",
-                manifest.artifact_type.as_deref().unwrap_or("")
-            )))
-        }
-    };
-    if sha256_hex(&layer.digest).is_none() {
+    let ours = manifest.artifact_type.as_deref() == Some(SIGNATURE_ARTIFACT_TYPE)
+        && manifest.layers.len() <= MAX_SIGNATURES
+        && manifest
+            .layers
+            .iter()
+            .all(|l| l.media_type == SIGNATURE_MEDIA_TYPE && sha256_hex(&l.digest).is_some());
+    if !ours {
         return Err(RegistryError::Invalid(format!(
-            "{what}: blob {} is not sha256",
-            layer.digest
+            "{what}: not a vsnap signature manifest (artifactType {:?}, {} layers)",
+            manifest.artifact_type.as_deref().unwrap_or(""),
+            manifest.layers.len()
         )));
     }
-    let blob = fetch_small(remote, layer, SIGNATURE_LIMIT, "signature blob").await?;
-    let signature: FleetSignature = serde_json::from_slice(&blob)
-        .map_err(|e| RegistryError::Invalid(format!("{what}: {e}")))?;
-    Ok(Some(signature))
+    Ok(manifest.layers)
+}
+
+/// Every signature stored for the manifest `digest` (none when there is
+/// none), in the order they were added. Anything at the signature's tag
+/// that is not one is an error.
+pub async fn fetch(remote: &Remote, digest: &str) -> Result<Vec<FleetSignature>> {
+    let what = format!("pull: signature {}", at_tag(remote, digest).whole());
+    let mut signatures = Vec::new();
+    for layer in stored_layers(remote, digest).await.map_err(|e| match e {
+        RegistryError::Invalid(m) => RegistryError::Invalid(format!("pull: {m}")),
+        e => e,
+    })? {
+        let blob = fetch_small(remote, &layer, SIGNATURE_LIMIT, "signature blob").await?;
+        let signature: FleetSignature = serde_json::from_slice(&blob)
+            .map_err(|e| RegistryError::Invalid(format!("{what}: {e}")))?;
+        signatures.push(signature);
+    }
+    Ok(signatures)
 }
 
 /// The reference of the signature of `digest`, in REF's repository.

@@ -142,13 +142,16 @@ impl PushTarget {
             };
             match rt.block_on(self.push()) {
                 Ok(r) => log::info!(
-                    "{id}: pushed {} to {} ({}): {} chunks uploaded, {} already there, signed by {}",
+                    "{id}: pushed {} to {} ({}): {} chunks uploaded, {} already there, signed by {}, sealed with {}",
                     self.name,
                     self.reference,
                     r.digest,
                     r.uploaded,
                     r.skipped,
-                    r.signed_by.as_deref().unwrap_or("nobody (no fleet_signing_key)")
+                    r.signed_by.as_deref().unwrap_or("nobody (no fleet_signing_key)"),
+                    r.encrypted_with
+                        .as_deref()
+                        .unwrap_or("nothing: sent in clear (no fleet_encryption_key)")
                 ),
                 Err(e) => log::warn!("{id}: push {} to {}: {e}", self.name, self.reference),
             }

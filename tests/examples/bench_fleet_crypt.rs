@@ -1,0 +1,196 @@
+//! Benchmark: `vsnap push` and `vsnap pull` of one artifact in clear and
+//! encrypted (fleet_encryption_key), side by side in one run, and what
+//! bounds the encrypted pull. One private containerd (host A) captures the
+//! reference engine with `BENCH_RESIDENT_MB` of memory (512 by default);
+//! each run pushes it to a fresh repository of a docker-registry 2.8 on
+//! 127.0.0.1 in clear and encrypted (every chunk sent each time), then B
+//! pulls both (order alternating between runs). Beside them, in this
+//! process on one core: ChaCha20-Poly1305 sealing and opening of 2 MiB
+//! chunks (the transport's own code, registry/src/crypt.rs), and the
+//! sha256 every layer is checked with.
+//!
+//! Run by `scripts/bench.sh fleet-crypt` (release builds). Environment:
+//! BENCH_RUNS (default 3), BENCH_RESIDENT_MB.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use vsnap_artifact::encryption::EncryptionKey;
+use vsnap_e2e::cmd::run;
+use vsnap_e2e::containerd::shim_binary;
+use vsnap_e2e::registry::Registry;
+use vsnap_e2e::snapshot_env::{setup, Env};
+use vsnap_registry::crypt::Sealer;
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn vsnap(config: &str, args: &[&str]) -> serde_json::Value {
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config").arg(config).args(args).arg("--json");
+    let out = run(cmd, None, Duration::from_secs(600));
+    assert!(out.ok(), "vsnap {args:?}: {out:?}");
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+/// `lines` first in `env`'s runtime config.
+fn prepend(env: &Env, lines: &str) {
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
+}
+
+/// A copy of `env`'s config with `line` first: (path).
+fn variant(env: &Env, tag: &str, line: &str) -> String {
+    let path = env.c.dir.join(format!("{tag}.toml"));
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&path, format!("{line}{config}")).unwrap();
+    path.display().to_string()
+}
+
+/// MiB/s of `f` over `bytes`, best of 3.
+fn rate(bytes: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / (1 << 20) as f64 / best
+}
+
+/// One core: seal, open, sha256 of 128 MiB in 2 MiB chunks (MiB/s).
+fn per_core() -> (f64, f64, f64) {
+    let sealer = Sealer::new(&EncryptionKey::from_secret([0x42; 32]));
+    let mut x = 7u64;
+    let chunks: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            (0..2 << 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect();
+    let total = 64 * (2 << 20);
+    let sealed: Vec<Vec<u8>> = chunks.iter().map(|c| sealer.seal(c)).collect();
+    let seal = rate(total, || {
+        for c in &chunks {
+            std::hint::black_box(sealer.seal(c));
+        }
+    });
+    let open = rate(total, || {
+        for s in &sealed {
+            std::hint::black_box(sealer.open(s.clone()).unwrap());
+        }
+    });
+    let sha = rate(total, || {
+        for s in &sealed {
+            std::hint::black_box(vsnap_registry::sha256_digest(s));
+        }
+    });
+    (seal, open, sha)
+}
+
+fn main() {
+    let runs = env_num("BENCH_RUNS", 3);
+    let resident = env_num("BENCH_RESIDENT_MB", 512);
+    let a = setup("bench-crypt-a");
+    let b = setup("bench-crypt-b");
+    let registry = Registry::start(&a.c.dir);
+    for e in [&a, &b] {
+        let mut config = std::fs::read_to_string(&e.config).unwrap();
+        config.push_str(&format!(
+            "[registries.\"{}\"]\nplain_http = true\n",
+            registry.host()
+        ));
+        std::fs::write(&e.config, config).unwrap();
+    }
+    let (private, public) = (a.c.dir.join("k"), a.c.dir.join("k.pub"));
+    let enc = a.c.dir.join("enc.key");
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.args(["key", "generate", "--private"])
+        .arg(&private)
+        .arg("--public")
+        .arg(&public);
+    assert!(run(cmd, None, Duration::from_secs(30)).ok());
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.args(["key", "generate-encryption"]).arg(&enc);
+    assert!(run(cmd, None, Duration::from_secs(30)).ok());
+    prepend(
+        &a,
+        &format!("fleet_signing_key = \"{}\"\n", private.display()),
+    );
+    prepend(
+        &b,
+        &format!("fleet_trusted_keys = [\"{}\"]\n", public.display()),
+    );
+    let enc_line = format!("fleet_encryption_key = \"{}\"\n", enc.display());
+    let clear = [a.config.clone(), b.config.clone()];
+    let sealed = [variant(&a, "enc", &enc_line), variant(&b, "enc", &enc_line)];
+
+    let env = format!("VSNAP_ENGINE_RESIDENT_MB={resident}");
+    a.create_good("donor", "big", &[&env]);
+    let mut bytes = 0;
+    let mut chunks = 0;
+    // (push, pull) seconds per mode; the encrypted pulls' phases.
+    let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    let mut phases = Vec::new();
+    for i in 0..runs {
+        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for mode in order {
+            let [ca, cb] = if mode == 0 { &clear } else { &sealed };
+            let r = format!("{}/bench/m{mode}-{i}:v1", registry.host());
+            let t = Instant::now();
+            let pushed = vsnap(ca, &["push", "big", &r]);
+            times[mode].0.push(t.elapsed().as_secs_f64());
+            assert_eq!(pushed["uploaded"], pushed["unique_chunks"], "{pushed}");
+            assert_eq!(pushed["encrypted_with"].is_string(), mode == 1);
+            bytes = pushed["bytes"].as_u64().unwrap();
+            chunks = pushed["unique_chunks"].as_u64().unwrap();
+            let name = format!("p{mode}-{i}");
+            let t = Instant::now();
+            let pulled = vsnap(cb, &["pull", &r, &name]);
+            times[mode].1.push(t.elapsed().as_secs_f64());
+            eprintln!("mode {mode} run {i}: pull {}", pulled["timings_ms"]);
+            if mode == 1 {
+                phases.push(pulled["timings_ms"].clone());
+            }
+            vsnap(cb, &["rm", &name]);
+        }
+    }
+    let (seal, open, sha) = per_core();
+
+    let mb = bytes as f64 / (1 << 20) as f64;
+    println!(
+        "| {mb:.0} MiB artifact, {chunks} distinct chunks | push s (MiB/s) | pull s (MiB/s) |"
+    );
+    println!("|---|---|---|");
+    for (mode, label) in [(0, "in clear"), (1, "encrypted")] {
+        let (push, pull) = (median(times[mode].0.clone()), median(times[mode].1.clone()));
+        println!(
+            "| {label}, median of {runs} | {push:.2} ({:.0}) | {pull:.2} ({:.0}) |",
+            mb / push,
+            mb / pull
+        );
+    }
+    println!();
+    println!("| one core, 2 MiB chunks | MiB/s |");
+    println!("|---|---|");
+    println!("| seal (ChaCha20-Poly1305 + keyed BLAKE3 id) | {seal:.0} |");
+    println!("| open (tag + keyed BLAKE3 id check) | {open:.0} |");
+    println!("| sha256 of a layer | {sha:.0} |");
+    println!();
+    println!("encrypted pulls' phases (ms): {phases:?}");
+}
