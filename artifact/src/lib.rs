@@ -14,6 +14,7 @@ mod durable;
 mod error;
 pub mod fingerprint;
 pub mod gpu;
+pub mod journal;
 pub mod key;
 pub mod layout;
 pub mod lock;
