@@ -19,6 +19,7 @@ pub mod cache;
 pub mod chunking;
 mod error;
 pub mod index;
+mod journal;
 pub mod pull;
 pub mod push;
 pub mod remote;

@@ -86,9 +86,16 @@ impl Snapshot {
         let tools = tools_of(config);
         let (lock, preflight) = match mode {
             Mode::Restore => {
-                let lock = ArtifactLock::shared(&root, name.as_str()).map_err(preflight_error)?;
-                let found = preflight_restore(&inputs, &root, name.as_str(), &tools, &engine)?;
-                (lock, found)
+                let preflight = ArtifactLock::shared(&root, name.as_str())
+                    .map_err(preflight_error)
+                    .and_then(|lock| {
+                        preflight_restore(&inputs, &root, name.as_str(), &tools, &engine)
+                            .map(|found| (lock, found))
+                    });
+                if preflight.is_err() {
+                    super::journal::preflight_failed(&root, name.as_str(), started.elapsed());
+                }
+                preflight?
             }
             _ => match lock_for_create(&inputs, &root, name.as_str())? {
                 Some(lock) => (lock, Preflight::default()),
