@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +44,7 @@ pub fn serve(root: &Path, addr: SocketAddr) -> Outcome {
     Ok(crate::OK)
 }
 
-fn answer(stream: TcpStream, root: &PathBuf) {
+fn answer(stream: TcpStream, root: &Path) {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let mut reader = BufReader::new(&stream);
     let mut request_line = String::new();
@@ -86,7 +86,7 @@ pub fn respond(request_line: &str, root: &Path) -> (&'static str, String) {
     if path != "/metrics" {
         return ("404 Not Found", "vsnap serves GET /metrics\n".into());
     }
-    match super::exposition(root) {
+    match super::gather::exposition(root) {
         Ok(text) => ("200 OK", text),
         Err(e) => ("500 Internal Server Error", format!("{e}\n")),
     }
