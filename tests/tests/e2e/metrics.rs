@@ -1,7 +1,8 @@
 //! `vsnap metrics` end to end: a capture, a restore and a refused restore
 //! under the private containerd, then `vsnap metrics --listen` scraped by a
 //! real Prometheus server, whose query API returns the restore count and
-//! the phase durations of the restore this test made.
+//! the phase durations of the restore this test made, with the journal's
+//! last record torn as a shim killed mid-write leaves it.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -71,6 +72,23 @@ fn prometheus_scrapes_restores_by_artifact_and_the_phase_durations_of_a_restore(
     let out = e.run("nothing", "restore", "missing", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
 
+    // A shim killed mid-write leaves a torn last record: it costs only itself.
+    let journal = e.artifacts.join(".journal");
+    let segment = std::fs::read_dir(&journal)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .max()
+        .expect("a journal segment");
+    let torn = br#"180 0123456789abcdef {"at":1,"op":"restore","artifact":"ref","ok":tr"#;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&segment)
+        .unwrap();
+    std::io::Write::write_all(&mut f, torn).unwrap();
+    drop(f);
+
     let exporter = Exporter::start(&e.artifacts);
     let prom = Prometheus::start(&e.c.dir, &exporter.addr);
     let wait = |q: &str, want: f64| {
@@ -108,4 +126,9 @@ fn prometheus_scrapes_restores_by_artifact_and_the_phase_durations_of_a_restore(
         .expect("the store's size");
     assert!(size > 0.0, "{size}");
     assert_eq!(prom.value(r#"vsnap_build_info"#), Some(1.0));
+    assert_eq!(
+        prom.value("vsnap_journal_skipped_records_total"),
+        Some(1.0),
+        "the torn record, and only it, skipped"
+    );
 }
