@@ -86,12 +86,7 @@ impl Snapshot {
         let tools = tools_of(config);
         let (lock, preflight) = match mode {
             Mode::Restore => {
-                let preflight = ArtifactLock::shared(&root, name.as_str())
-                    .map_err(preflight_error)
-                    .and_then(|lock| {
-                        preflight_restore(&inputs, &root, name.as_str(), &tools, &engine)
-                            .map(|found| (lock, found))
-                    });
+                let preflight = locked_preflight(&inputs, &root, name.as_str(), &tools, &engine);
                 if preflight.is_err() {
                     super::journal::preflight_failed(&root, name.as_str(), started.elapsed());
                 }
@@ -356,6 +351,19 @@ fn activation_timeout(plan: &Plan, config: &RuntimeConfig, gpus: &[cuda::Gpu]) -
 /// MAC, the host's compatibility and the workload's identity, the clocks,
 /// the file set and sizes (every byte's digest is checked at Start, beside
 /// CRIU), the volume files the capture recorded.
+/// The restore preflight under the artifact's shared lock, which the
+/// container keeps.
+fn locked_preflight(
+    inputs: &Inputs<'_>,
+    root: &Path,
+    name: &str,
+    tools: &Tools,
+    engine: &Engine,
+) -> Result<(ArtifactLock, Preflight)> {
+    let lock = ArtifactLock::shared(root, name).map_err(preflight_error)?;
+    Ok((lock, preflight_restore(inputs, root, name, tools, engine)?))
+}
+
 fn preflight_restore(
     inputs: &Inputs<'_>,
     root: &Path,
