@@ -122,42 +122,61 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
+# A Debian package whose service the tests never use: installed with the service kept
+# from starting (a policy-rc.d that refuses every start, ours only while we install),
+# then disabled where systemd runs. Idempotent: an installed package is left alone.
+install_without_service() { # PACKAGE SERVICE
+    local pkg=$1 svc=$2 st policy own_policy rc
+    st=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [ "$st" = "install ok installed" ]; then
+        log "$pkg: already installed"
+    else
+        log "$pkg: installing (its service kept from starting)"
+        policy=/usr/sbin/policy-rc.d
+        own_policy=0
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\n# vsnap setup: no service starts while packages install\nexit 101\n' >"$policy"
+            chmod 0755 "$policy"
+            own_policy=1
+        fi
+        rc=0
+        apt-get -q -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" update >/dev/null 2>&1 || true
+        apt-get -q -y --no-install-recommends \
+            -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" \
+            -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+            install "$pkg" || rc=$?
+        [ "$own_policy" -eq 1 ] && rm -f "$policy"
+        [ "$rc" -eq 0 ] || die "apt-get install $pkg failed"
+    fi
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        if systemctl is-enabled --quiet "$svc.service" 2>/dev/null ||
+            systemctl is-active --quiet "$svc.service" 2>/dev/null; then
+            systemctl disable --now "$svc.service" >/dev/null 2>&1 ||
+                die "cannot disable the packaged $svc service"
+            log "$pkg: packaged service disabled (tests run their own)"
+        fi
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
 STEP=docker-registry
 # The OCI registry the fleet tests push to and pull from (docs/fleet.md). Every test
 # runs its own (`docker-registry serve <config>`, filesystem storage in its scratch
-# folder, 127.0.0.1 and a free port); the packaged service is never needed, so it is
-# kept from starting while the package installs (a policy-rc.d that refuses every
-# start, ours only while we install) and disabled afterwards where systemd runs.
-st=$(dpkg-query -W -f='${Status}' docker-registry 2>/dev/null || true)
-if [ "$st" = "install ok installed" ]; then
-    log "docker-registry: already installed: $(docker-registry --version 2>/dev/null || echo '?')"
-else
-    log "docker-registry: installing (its service kept from starting)"
-    policy=/usr/sbin/policy-rc.d
-    own_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\n# vsnap setup: no service starts while packages install\nexit 101\n' >"$policy"
-        chmod 0755 "$policy"
-        own_policy=1
-    fi
-    rc=0
-    apt-get -q -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" update >/dev/null 2>&1 || true
-    apt-get -q -y --no-install-recommends \
-        -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" \
-        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-        install docker-registry || rc=$?
-    [ "$own_policy" -eq 1 ] && rm -f "$policy"
-    [ "$rc" -eq 0 ] || die "apt-get install docker-registry failed"
-fi
+# folder, 127.0.0.1 and a free port); the packaged service is never needed.
+install_without_service docker-registry docker-registry
 command -v docker-registry >/dev/null 2>&1 || die "docker-registry not on PATH after install"
-if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-    if systemctl is-enabled --quiet docker-registry.service 2>/dev/null ||
-        systemctl is-active --quiet docker-registry.service 2>/dev/null; then
-        systemctl disable --now docker-registry.service >/dev/null 2>&1 ||
-            die "cannot disable the packaged docker-registry service"
-        log "docker-registry: packaged service disabled (tests run their own)"
-    fi
-fi
+log "docker-registry: $(docker-registry --version 2>/dev/null || echo '?')"
+
+# ---------------------------------------------------------------------------------------
+STEP=prometheus
+# `vsnap metrics` is checked by Debian's promtool (`promtool check metrics`) and
+# scraped by a real Prometheus server in an e2e test (its own data dir, config and
+# port, started and stopped by pid); the packaged service is never needed.
+install_without_service prometheus prometheus
+for tool in prometheus promtool; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not on PATH after installing prometheus"
+done
+log "prometheus: $(prometheus --version 2>&1 | head -n 1)"
 
 # ---------------------------------------------------------------------------------------
 # Private apt configuration for Debian sid: the system's sources stay untouched. The mirror

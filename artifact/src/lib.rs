@@ -15,6 +15,7 @@ pub mod encryption;
 mod error;
 pub mod fingerprint;
 pub mod gpu;
+pub mod journal;
 pub mod key;
 pub mod layout;
 pub mod lock;

@@ -12,6 +12,7 @@ mod gc;
 mod inspect;
 mod key;
 mod ls;
+mod metrics;
 mod rm;
 mod store;
 mod table;
@@ -43,7 +44,7 @@ pub type Outcome = Result<u8, String>;
 #[command(
     name = "vsnap",
     version,
-    about = "Inspect, verify, list, remove, garbage-collect, push and pull vsnap snapshot artifacts; make fleet keys",
+    about = "Inspect, verify, list, remove, garbage-collect, push and pull vsnap snapshot artifacts; make fleet keys; export metrics",
     after_help = "Exit status: 0 ok, 1 invalid artifact or refused removal, 2 usage, configuration or I/O error. See docs/cli.md."
 )]
 struct Cli {
@@ -131,6 +132,12 @@ enum Command {
         /// JSON for tools
         #[arg(long)]
         json: bool,
+    },
+    /// Restores, captures, pulls and pushes (counts, phases, bytes, failures) and the store's size, in the Prometheus text format
+    Metrics {
+        /// Serve them at http://ADDR:PORT/metrics instead of printing them once
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Fleet signing and encryption keys (docs/fleet.md)
     Key {
@@ -239,6 +246,7 @@ fn run(cli: Cli) -> Outcome {
             jobs,
             json,
         } => fleet::pull(&ctx()?, reference, name.as_deref(), jobs.into(), json),
+        Command::Metrics { listen } => metrics::run(&ctx()?, listen),
         Command::Key {
             command:
                 KeyCommand::Generate {

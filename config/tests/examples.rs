@@ -228,3 +228,43 @@ fn the_node_installer_writes_the_example_drop_in_and_a_valid_runtime_config() {
     );
     RuntimeConfig::parse(&data["config.toml"], &format!("{origin} config.toml")).unwrap();
 }
+
+#[test]
+fn the_node_installer_serves_metrics_on_the_port_its_scrape_annotations_name() {
+    let path = examples().join("kubernetes/node-installer.yaml");
+    let origin = path.display().to_string();
+    let ds: DaemonSet = parse_documents(&origin, &std::fs::read_to_string(&path).unwrap())
+        .into_iter()
+        .find(|doc| doc["kind"] == "DaemonSet")
+        .map(|doc| serde_json::from_value(doc).unwrap())
+        .expect("a DaemonSet");
+    let template = ds.spec.template;
+    let annotations = template.metadata.unwrap().annotations.unwrap();
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let port: i32 = annotations["prometheus.io/port"].parse().unwrap();
+    let metrics = template
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .find(|c| c.name == "metrics")
+        .expect("a metrics container");
+    let ports = metrics.ports.unwrap();
+    assert!(
+        ports.iter().any(|p| p.container_port == port),
+        "containerPort {port}"
+    );
+    let command = metrics.command.unwrap().join(" ");
+    assert!(
+        command.ends_with(&format!("metrics --listen 0.0.0.0:{port}")),
+        "{command}"
+    );
+    let mounts = metrics.volume_mounts.unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.mount_path == "/var/lib/vsnap" && m.read_only != Some(true)),
+        "the journal under the artifact root, writable for its lock"
+    );
+}

@@ -20,6 +20,7 @@ pub mod chunking;
 pub mod crypt;
 mod error;
 pub mod index;
+mod journal;
 pub mod pull;
 pub mod push;
 pub mod remote;

@@ -15,6 +15,7 @@ use std::fs::{DirBuilder, File};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use vsnap_artifact::journal::{Op, Record};
 
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
@@ -113,7 +114,41 @@ fn ms(since: std::time::Instant) -> u64 {
 /// Most bytes an OCI manifest may hold (4 MiB, as registries limit them).
 const MANIFEST_LIMIT: usize = 4 << 20;
 
+/// Pulls `remote` into `root` as `name` (or the name it was pushed with);
+/// the outcome, its bytes and phases go to the metrics journal of `root`.
 pub async fn pull(
+    root: &Path,
+    name: Option<&str>,
+    remote: &Remote,
+    opts: &PullOptions,
+) -> Result<PullReport> {
+    let started = std::time::Instant::now();
+    let pulled = pull_unrecorded(root, name, remote, opts).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let artifact = match (&pulled, name) {
+        (Ok(r), _) => r.name.clone(),
+        (Err(_), Some(name)) => name.to_string(),
+        (Err(_), None) => crate::journal::repository_name(remote),
+    };
+    let record = match &pulled {
+        Ok(r) => {
+            let t = &r.timings_ms;
+            let secs = |ms: u64| ms as f64 / 1000.0;
+            Record::now(Op::Pull, &artifact, true, seconds)
+                .bytes(r.fetched_bytes)
+                .phase("resolve", secs(t.resolve))
+                .phase("fetch", secs(t.fetch))
+                .phase("assemble", secs(t.assemble))
+                .phase("verify", secs(t.verify))
+                .phase("publish", secs(t.publish))
+        }
+        Err(_) => Record::now(Op::Pull, &artifact, false, seconds).failed_in("pull"),
+    };
+    crate::journal::record(root, record).await;
+    pulled
+}
+
+async fn pull_unrecorded(
     root: &Path,
     name: Option<&str>,
     remote: &Remote,

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use vsnap_artifact::journal::{Op, Record};
 
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
@@ -111,7 +112,26 @@ struct Source {
     size: u64,
 }
 
+/// Pushes the artifact `name` of `root` to `remote`; the outcome and the
+/// bytes uploaded go to the metrics journal of `root`.
 pub async fn push(
+    root: &Path,
+    name: &str,
+    remote: &Remote,
+    opts: &PushOptions,
+) -> Result<PushReport> {
+    let started = std::time::Instant::now();
+    let pushed = push_unrecorded(root, name, remote, opts).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let record = match &pushed {
+        Ok(r) => Record::now(Op::Push, name, true, seconds).bytes(r.uploaded_bytes),
+        Err(_) => Record::now(Op::Push, name, false, seconds).failed_in("push"),
+    };
+    crate::journal::record(root, record).await;
+    pushed
+}
+
+async fn push_unrecorded(
     root: &Path,
     name: &str,
     remote: &Remote,

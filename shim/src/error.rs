@@ -17,7 +17,10 @@ pub enum Error {
     #[error("{0}")]
     AlreadyExists(String),
     /// A runc invocation failed; `detail` is runc's own last error line.
-    #[error("{phase}: runc {verb} failed: {detail}")]
+    /// The container's `runc create` says it as containerd's runc-v2 shim
+    /// does, where users grep for it: `OCI runtime create failed: runc
+    /// create failed: ...`.
+    #[error("{}", runc_message(phase, verb, detail))]
     Runc {
         phase: String,
         verb: &'static str,
@@ -78,5 +81,14 @@ impl From<Error> for ttrpc::Error {
 impl From<containerd_shim::Error> for Error {
     fn from(e: containerd_shim::Error) -> Self {
         Error::Other(e.to_string())
+    }
+}
+
+/// What a failed runc invocation says (see [`Error::Runc`]).
+fn runc_message(phase: &str, verb: &str, detail: &str) -> String {
+    if phase == "create" && verb == "create" {
+        format!("OCI runtime create failed: runc create failed: {detail}")
+    } else {
+        format!("{phase}: runc {verb} failed: {detail}")
     }
 }

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod events;
 pub mod image;
 pub mod lib_sh;
+pub mod prometheus;
 pub mod registry;
 pub mod snapshot_env;
 pub mod vllm;

@@ -43,6 +43,11 @@ impl Timings {
             .sum()
     }
 
+    /// Each phase that ran and its time, in order.
+    pub fn entries(&self) -> impl Iterator<Item = (PhaseName, Duration)> + '_ {
+        self.0.iter().copied()
+    }
+
     #[cfg(test)]
     pub fn phases(&self) -> Vec<PhaseName> {
         self.0.iter().map(|(p, _)| *p).collect()

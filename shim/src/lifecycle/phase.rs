@@ -62,6 +62,28 @@ impl PhaseName {
     }
 }
 
+impl PhaseName {
+    /// The phase's label in the metrics journal and `vsnap metrics`
+    /// (`phase="criu"`): short, stable, without the operation.
+    pub fn slug(self) -> &'static str {
+        match self {
+            PhaseName::Verify => "verify",
+            PhaseName::CriuRestore => "criu",
+            PhaseName::Restored => "restored",
+            PhaseName::GpuResume => "gpu_resume",
+            PhaseName::Activation => "activation",
+            PhaseName::Visible => "visible",
+            PhaseName::WaitReady => "waiting",
+            PhaseName::Inventory => "inventory",
+            PhaseName::Checkpoint => "checkpoint",
+            PhaseName::Carry => "carry",
+            PhaseName::Digest => "digest",
+            PhaseName::Publish => "publish",
+            PhaseName::Donor => "donor",
+        }
+    }
+}
+
 impl fmt::Display for PhaseName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -73,6 +73,29 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_create_says_it_as_runc_v2_does_and_other_verbs_name_their_phase() {
+        let line = Some(
+            "runc create failed: unable to start container process: exec: \"/x\": not found"
+                .to_string(),
+        );
+        assert_eq!(
+            failure("create", "create", line, b"", 1).to_string(),
+            "OCI runtime create failed: runc create failed: unable to start container process: exec: \"/x\": not found"
+        );
+        assert_eq!(
+            failure(
+                "restore",
+                "restore",
+                Some("runc restore failed: criu".into()),
+                b"",
+                1
+            )
+            .to_string(),
+            "restore: runc restore failed: criu"
+        );
+    }
+
+    #[test]
     fn a_failure_says_runcs_line_else_its_stderr_else_the_status() {
         let detail = |e: Error| match e {
             Error::Runc {

@@ -11,6 +11,7 @@ pub mod criu_image;
 pub mod cuda;
 pub mod fetch;
 pub mod inventory;
+pub mod journal;
 pub mod listener;
 pub mod pages;
 pub mod plan;

@@ -89,8 +89,15 @@ impl Snapshot {
         };
         let mode = resolve_mode(plan.mode, &root, name.as_str())?;
         let tools = tools_of(config);
-        let Some((lock, preflight)) =
-            lock_and_check(&inputs, &root, &name, (plan.mode, mode), &tools, &engine)?
+        let Some((lock, preflight)) = lock_and_check(
+            &inputs,
+            &root,
+            &name,
+            (plan.mode, mode),
+            &tools,
+            &engine,
+            started,
+        )?
         else {
             return Ok(None);
         };
@@ -349,6 +356,19 @@ fn activation_timeout(plan: &Plan, config: &RuntimeConfig, gpus: &[cuda::Gpu]) -
 /// MAC, the host's compatibility and the workload's identity, the clocks,
 /// the file set and sizes (every byte's digest is checked at Start, beside
 /// CRIU), the volume files the capture recorded.
+/// The restore preflight under the artifact's shared lock, which the
+/// container keeps.
+fn locked_preflight(
+    inputs: &Inputs<'_>,
+    root: &Path,
+    name: &str,
+    tools: &Tools,
+    engine: &Engine,
+) -> Result<(ArtifactLock, Preflight)> {
+    let lock = ArtifactLock::shared(root, name).map_err(preflight_error)?;
+    Ok((lock, preflight_restore(inputs, root, name, tools, engine)?))
+}
+
 fn preflight_restore(
     inputs: &Inputs<'_>,
     root: &Path,
@@ -408,12 +428,15 @@ fn lock_and_check(
     (asked, mode): (Mode, Mode),
     tools: &Tools,
     engine: &Engine,
+    started: Instant,
 ) -> Result<Option<(ArtifactLock, Preflight)>> {
     let name = name.as_str();
     if mode == Mode::Restore {
-        let lock = ArtifactLock::shared(root, name).map_err(preflight_error)?;
-        let found = preflight_restore(inputs, root, name, tools, engine)?;
-        return Ok(Some((lock, found)));
+        let preflight = locked_preflight(inputs, root, name, tools, engine);
+        if preflight.is_err() {
+            super::journal::preflight_failed(root, name, started.elapsed());
+        }
+        return preflight.map(Some);
     }
     if !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
         let refused = tenant::create_refused(inputs.tenant, name);

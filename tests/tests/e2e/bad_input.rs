@@ -125,7 +125,12 @@ fn a_bad_spec_is_refused_by_runc_with_its_reason() {
         "bs1",
     ]);
     assert_ne!(out.code, Some(0));
-    assert!(out.stderr.contains("runc create failed"), "{out:?}");
+    // As containerd's runc-v2 shim says it.
+    assert!(
+        out.stderr
+            .contains("OCI runtime create failed: runc create failed: "),
+        "{out:?}"
+    );
     assert!(
         out.stderr.to_lowercase().contains("cwd"),
         "runc's reason is passed on: {out:?}"
@@ -149,5 +154,10 @@ fn a_command_that_does_not_exist_fails_at_create_and_cleans_up() {
     ]);
     assert_ne!(out.code, Some(0));
     assert!(out.stderr.contains("/bin/nope"), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("OCI runtime create failed: runc create failed: "),
+        "{out:?}"
+    );
     assert_nothing_left(&c, "nc1");
 }

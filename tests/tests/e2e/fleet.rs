@@ -138,6 +138,34 @@ fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
     assert_eq!(pulled["name"], "ref");
     assert_eq!(pulled["fetched"], pushed["unique_chunks"], "{pulled}");
     assert_eq!(pulled["signed_by"], pushed["signed_by"], "{pulled}");
+    // Each host's metrics count its transfer and the bytes it sent.
+    let metrics = |env: &Env| {
+        let out = vsnap(env, &["metrics"]);
+        assert!(out.ok(), "{out:?}");
+        out.stdout
+    };
+    let on_a = metrics(&a);
+    assert_has(
+        &on_a,
+        &[
+            "vsnap_pushes_total{artifact=\"ref\",result=\"ok\"} 1",
+            &format!(
+                "vsnap_pushed_bytes_total{{artifact=\"ref\"}} {}",
+                pushed["uploaded_bytes"]
+            ),
+            "vsnap_captures_total{artifact=\"ref\",result=\"ok\"} 1",
+        ],
+    );
+    assert_has(
+        &metrics(&b),
+        &[
+            "vsnap_pulls_total{artifact=\"ref\",result=\"ok\"} 1",
+            &format!(
+                "vsnap_pulled_bytes_total{{artifact=\"ref\"}} {}",
+                pulled["fetched_bytes"]
+            ),
+        ],
+    );
 
     // The same artifact, sealed with B's key instead of A's, and saying
     // where it came from.

@@ -16,6 +16,7 @@ mod hooks;
 mod labels;
 mod lifecycle;
 mod lifecycle_faults;
+mod metrics;
 mod no_leaks;
 mod rootfs_carry;
 mod snapshot;

@@ -156,6 +156,18 @@ fn canary_drift_after_restore_fails_start_naming_the_phase() {
         "no control dir left"
     );
     assert!(e.manifest("drift").exists(), "the artifact itself stays");
+    // The failure outlives the bundle: counted by artifact and by phase.
+    let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
+    let metrics = || {
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.arg("--root").arg(&e.artifacts).arg("metrics");
+        vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(60)).stdout
+    };
+    vsnap_e2e::snapshot_env::poll(Duration::from_secs(30), "the failure journaled", || {
+        let text = metrics();
+        text.contains("vsnap_failures_total{op=\"restore\",phase=\"activation\"} 1")
+            && text.contains("vsnap_restores_total{artifact=\"drift\",result=\"failed\"} 1")
+    });
 }
 
 #[test]

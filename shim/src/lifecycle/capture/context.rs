@@ -13,10 +13,11 @@ use vsnap_protocol::{CaptureReady, Oracle};
 
 use crate::deadline::Deadline;
 use crate::error::Error;
-use crate::lifecycle::driver::Run;
+use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::Runc;
-use crate::snapshot::{record_error, Snapshot};
+use crate::snapshot::{journal, record_error, Snapshot};
+use vsnap_artifact::journal::Op;
 
 /// What the engine said when it was capture-ready.
 pub(super) struct Ready {
@@ -105,6 +106,31 @@ impl CaptureRun {
 
     pub(super) fn ready(&self) -> &Ready {
         self.ready.as_ref().expect("the wait phase ran")
+    }
+
+    /// The capture's record in the metrics journal: its phases' times,
+    /// the published artifact's size, or the phase that failed.
+    pub(super) fn journal(&self, ran: &std::result::Result<Timings, Failed>) {
+        let s = &self.snapshot;
+        let timings = match ran {
+            Ok(t) => t,
+            Err(f) => &f.timings,
+        };
+        let mut record = journal::outcome(Op::Capture, s.artifact.as_str(), self.started.elapsed());
+        for (phase, took) in timings.entries() {
+            record = record.phase(phase.slug(), took.as_secs_f64());
+        }
+        if let Err(f) = ran {
+            record = record.failed_in(f.phase.slug());
+        }
+        let (root, published) = (s.root.clone(), self.published.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut record = record;
+            if let Some(dir) = published {
+                record.bytes = vsnap_artifact::layout::bytes_under(&dir);
+            }
+            journal::record_now(&root, &record);
+        });
     }
 
     pub(super) fn staging(&self) -> &Staging {

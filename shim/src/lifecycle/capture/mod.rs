@@ -35,10 +35,9 @@ pub const PHASES: [&dyn Phase<CaptureRun>; 7] = [
 /// says (after the lock is gone), or, on failure, the task is killed.
 pub async fn run(mut capture: CaptureRun) {
     let stop = Stop::new(capture.outer_deadline());
-    if driver::drive(&mut capture, &PHASES, &stop, driver::GRACE)
-        .await
-        .is_err()
-    {
+    let ran = driver::drive(&mut capture, &PHASES, &stop, driver::GRACE).await;
+    capture.journal(&ran);
+    if ran.is_err() {
         return;
     }
     if let Some(path) = &capture.published {

@@ -17,12 +17,13 @@ use crate::container::Container;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
-use crate::lifecycle::driver::Run;
+use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::init_start::InitStart;
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::{criu as criu_flags, record_error, RestoreTimings, Snapshot};
+use crate::snapshot::{criu as criu_flags, journal, record_error, RestoreTimings, Snapshot};
+use vsnap_artifact::journal::Op;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
@@ -127,7 +128,9 @@ impl RestoreRun {
         }
     }
 
-    pub(super) fn record_timings(&self) {
+    /// `vsnap-restore.json` in the bundle, and the restore's record in the
+    /// metrics journal.
+    pub(super) fn record_timings(&self, phases: &Timings) {
         let Some(s) = &self.snapshot else { return };
         let timings = RestoreTimings {
             preflight: s.preflight,
@@ -143,6 +146,31 @@ impl RestoreRun {
             self.id
         );
         timings.record(&self.bundle);
+        let total =
+            s.preflight + s.rootfs_unpack + phases.entries().map(|(_, d)| d).sum::<Duration>();
+        let secs = |d: Duration| d.as_secs_f64();
+        let record = journal::outcome(Op::Restore, s.artifact.as_str(), total)
+            .phase("preflight", secs(timings.preflight))
+            .phase("rootfs", secs(timings.rootfs))
+            .phase("verify", secs(timings.verify))
+            .phase("criu", secs(timings.criu_restore))
+            .phase("activation", secs(timings.activation))
+            .phase("listener", secs(timings.listener));
+        journal::record(&s.root, record);
+    }
+
+    /// A failed restore's record in the metrics journal: the phase that
+    /// failed and the times of those that ran.
+    pub(super) fn journal_failure(&self, failed: &Failed) {
+        let Some(s) = &self.snapshot else { return };
+        let ran = failed.timings.entries();
+        let total = s.preflight + s.rootfs_unpack + ran.map(|(_, d)| d).sum::<Duration>();
+        let mut record = journal::outcome(Op::Restore, s.artifact.as_str(), total)
+            .failed_in(failed.phase.slug());
+        for (phase, took) in failed.timings.entries() {
+            record = record.phase(phase.slug(), took.as_secs_f64());
+        }
+        journal::record(&s.root, record);
     }
 }
 

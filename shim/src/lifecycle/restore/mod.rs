@@ -55,7 +55,7 @@ pub async fn drive(mut run: RestoreRun) -> Result<i32> {
     match driver::drive(&mut run, units, &stop, driver::GRACE).await {
         Ok(phases) => {
             log::debug!("{}: restore phases: {phases:?}", run.id);
-            run.record_timings();
+            run.record_timings(&phases);
             Ok(run.pid)
         }
         Err(failed) => {
@@ -65,6 +65,7 @@ pub async fn drive(mut run: RestoreRun) -> Result<i32> {
                 failed.phase,
                 failed.timings.of(failed.phase)
             );
+            run.journal_failure(&failed);
             Err(failed.error)
         }
     }
