@@ -75,7 +75,11 @@ impl Snapshot {
             std::mem::replace(&mut inputs.layer, rootfs::WritableLayer::Shared),
             &inputs,
         );
-        let engine = Engine::of(&inputs, &root, &mut plan)?;
+        let mut engine = Engine::of(&inputs, &root, &mut plan)?;
+        if let rootfs::WritableLayer::Mounted(overlay) = &layer {
+            // dockerd's per-container merged path: the image's layers instead.
+            engine.workload.rootfs = overlay.image_identity();
+        }
         // `auto` without a name: the workload's identity names the artifact.
         let name = match plan.artifact.clone() {
             Some(name) => name,
@@ -230,9 +234,15 @@ impl Snapshot {
         let file = std::fs::File::open(&tar)
             .map_err(|e| Error::io(format!("restore: rootfs: open {}", tar.display()), e))?;
         let reader = vsnap_artifact::content::VerifyingReader::new(file, &dir, &rel, digest);
-        rootfs::unpack(reader, &tar, upper)?
-            .finish()
-            .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))?;
+        let unpack = |upper: &Path| {
+            rootfs::unpack(reader, &tar, upper)?
+                .finish()
+                .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))
+        };
+        match &self.layer {
+            rootfs::WritableLayer::Mounted(overlay) => overlay.refill(unpack)?,
+            _ => unpack(upper)?,
+        }
         Ok(vec![rel])
     }
 }
