@@ -8,6 +8,7 @@ mod checkpoint;
 mod clocks;
 mod containerd_restart;
 mod cri;
+mod docker;
 mod events;
 mod fleet;
 mod gpu_path;
