@@ -310,8 +310,9 @@ fn preflight_error(e: ArtifactError) -> Error {
     artifact_error("restore: preflight", e)
 }
 
-/// The layer a capture carries: for a rootfs the caller mounted (a shared
-/// snapshot), the overlay found under the spec's root path, if any.
+/// The layer a capture carries: for a rootfs without mounts in the request,
+/// the overlay the caller mounted at the spec's root path (dockerd's
+/// overlay2), else a shared folder.
 fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::WritableLayer {
     match layer {
         rootfs::WritableLayer::Shared => match inputs.spec["root"]["path"].as_str() {

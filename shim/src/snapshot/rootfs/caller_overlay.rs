@@ -40,15 +40,48 @@ impl CallerOverlay {
                 .split(',')
                 .find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
         };
+        let upper = PathBuf::from(option("upperdir")?);
+        // dockerd mounts many layers with paths relative to its overlay2
+        // folder (`l/<short id>`), from inside it: made absolute here.
+        let base = upper
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"));
         let lower = option("lowerdir")
-            .map(|l| l.split(':').map(PathBuf::from).collect())
+            .map(|l| l.split(':').map(|p| base.join(p)).collect())
             .unwrap_or_default();
         Some(CallerOverlay {
             merged: root.to_path_buf(),
-            upper: PathBuf::from(option("upperdir")?),
+            upper,
             lower,
             options: row.super_options.clone(),
         })
+    }
+
+    /// The mount data to mount the overlay again: its options, with the
+    /// lower dirs absolute.
+    fn mount_data(&self) -> Result<String> {
+        let lower: Vec<String> = self.lower.iter().map(|l| l.display().to_string()).collect();
+        let data = self
+            .options
+            .split(',')
+            .filter(|o| *o != "rw" && *o != "ro")
+            .map(|o| match o.strip_prefix("lowerdir=") {
+                Some(_) => format!("lowerdir={}", lower.join(":")),
+                None => o.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        // The kernel takes one page of mount data.
+        if data.len() >= 4096 {
+            return Err(Error::FailedPrecondition(format!(
+                "restore: rootfs: the overlay at {} has {} layers, too many to mount again with absolute paths ({} bytes of options): restore it from an image with fewer layers",
+                self.merged.display(),
+                self.lower.len(),
+                data.len()
+            )));
+        }
+        Ok(data)
     }
 
     /// The image under the container, in words that are the same for every
@@ -78,7 +111,8 @@ impl CallerOverlay {
         let db = data_root.join("image/overlay2/layerdb/sha256");
         std::fs::read_dir(db).ok()?.flatten().find_map(|e| {
             let named = std::fs::read_to_string(e.path().join("cache-id")).ok()?;
-            (named.trim() == cache_id).then(|| format!("sha256:{}", e.file_name().to_string_lossy()))
+            (named.trim() == cache_id)
+                .then(|| format!("sha256:{}", e.file_name().to_string_lossy()))
         })
     }
 
@@ -92,18 +126,13 @@ impl CallerOverlay {
     pub fn refill(&self, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
         use nix::mount::{mount, umount2, MntFlags, MsFlags};
         let shown = self.merged.display();
+        let data = self.mount_data()?;
         umount2(&self.merged, MntFlags::empty()).map_err(|e| {
             Error::FailedPrecondition(format!(
                 "restore: rootfs: unmount the caller's overlay at {shown} to put the carried layer into it: {e}"
             ))
         })?;
         let filled = self.set_aside_used_layer().and_then(|()| fill(&self.upper));
-        let data: String = self
-            .options
-            .split(',')
-            .filter(|o| *o != "rw" && *o != "ro")
-            .collect::<Vec<_>>()
-            .join(",");
         mount(
             Some("overlay"),
             &self.merged,
@@ -123,7 +152,12 @@ impl CallerOverlay {
 impl CallerOverlay {
     fn set_aside_used_layer(&self) -> Result<()> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let io = |what: &str, e| Error::io(format!("restore: rootfs: {what} {}", self.upper.display()), e);
+        let io = |what: &str, e| {
+            Error::io(
+                format!("restore: rootfs: {what} {}", self.upper.display()),
+                e,
+            )
+        };
         let used = std::fs::read_dir(&self.upper)
             .map_err(|e| io("read", e))?
             .next()
@@ -177,6 +211,18 @@ mod tests {
             [PathBuf::from("/d/overlay2/l/A"), "/d/overlay2/l/B".into()]
         );
         assert!(CallerOverlay::at(Path::new("/srv/rootfs"), info).is_none());
+        assert_eq!(
+            o.mount_data().unwrap(),
+            "lowerdir=/d/overlay2/l/A:/d/overlay2/l/B,upperdir=/d/overlay2/abc/diff,workdir=/d/overlay2/abc/work"
+        );
+        // Many layers: dockerd's paths relative to its overlay2 folder.
+        let relative = info.replace(
+            "lowerdir=/d/overlay2/l/A:/d/overlay2/l/B",
+            "lowerdir=l/A:l/B",
+        );
+        let r = CallerOverlay::at(Path::new("/d/overlay2/abc/merged"), &relative).unwrap();
+        assert_eq!(r.lower, o.lower);
+        assert_eq!(r.mount_data().unwrap(), o.mount_data().unwrap());
     }
 
     #[test]
@@ -198,7 +244,10 @@ mod tests {
         };
         let (a, b) = (of("I1").image_identity(), of("I2").image_identity());
         assert_eq!(a, b);
-        assert!(a.starts_with("overlay lowerdir ") && a.ends_with("img/diff"), "{a}");
+        assert!(
+            a.starts_with("overlay lowerdir ") && a.ends_with("img/diff"),
+            "{a}"
+        );
         let db = d.path().join("image/overlay2/layerdb/sha256/c0ffee");
         std::fs::create_dir_all(&db).unwrap();
         std::fs::write(db.join("cache-id"), "img").unwrap();

@@ -10,6 +10,9 @@
 //!   hard links) into `rootfs/upper.tar`; a restore unpacks it into the new
 //!   container's upper dir, still empty and not yet mounted, so the merged
 //!   view over the same image is the one CRIU dumped.
+//! - dockerd's overlay2 driver mounts the overlay itself, before Create:
+//!   the same upper dir is packed, and a restore unpacks into it with the
+//!   overlay taken off for the time (`caller_overlay.rs`).
 //! - Files on volumes (bind mounts) are not vsnap's to carry: their
 //!   fingerprints are recorded, and a restore whose file vanished or changed
 //!   fails before CRIU runs, naming the file.
