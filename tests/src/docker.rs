@@ -129,6 +129,11 @@ impl Docker {
     /// Imports the folder `root` as image `name` (`docker import` of its
     /// tar, PATH=/bin), under `work`.
     pub fn import(&self, work: &Path, root: &Path, name: &str) {
+        self.import_with(work, root, name, &["PATH=/bin"]);
+    }
+
+    /// As [`Docker::import`], with the image's environment `env`.
+    pub fn import_with(&self, work: &Path, root: &Path, name: &str, env: &[&str]) {
         let tar = work.join(format!("{}.tar", name.replace([':', '/'], "_")));
         let out = run(
             {
@@ -140,13 +145,14 @@ impl Docker {
             Duration::from_secs(60),
         );
         assert!(out.ok(), "tar of {}: {out:?}", root.display());
-        self.ok(&[
-            "import",
-            "--change",
-            "ENV PATH=/bin",
-            &tar.display().to_string(),
-            name,
-        ]);
+        let changes: Vec<String> = env.iter().map(|kv| format!("ENV {kv}")).collect();
+        let mut args = vec!["import"];
+        for c in &changes {
+            args.extend(["--change", c.as_str()]);
+        }
+        let tar = tar.display().to_string();
+        args.extend([tar.as_str(), name]);
+        self.ok(&args);
     }
 
     /// The container's full id.

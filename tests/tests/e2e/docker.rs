@@ -9,6 +9,7 @@ use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::docker::{Docker, MOBY, RUNTIME};
 use vsnap_e2e::engine::{engine_rootfs, free_port, wait_listening, HostEngine};
 use vsnap_e2e::snapshot_env::{answers, assert_has, poll};
+use vsnap_e2e::vllm::{self, BARRIER_FLAGS};
 
 const IMAGE: &str = "vsnap-ref-engine:docker";
 
@@ -254,4 +255,63 @@ fn the_writable_layer_travels_and_docker_restart_of_auto_restores() {
     let gone = cat("copy", "/etc/deleted-by-engine");
     assert!(!gone.ok(), "the whiteout travelled: {gone:?}");
     d.ok(&["rm", "-f", "copy"]);
+}
+
+#[test]
+fn vllms_server_from_an_overlay2_image_is_captured_and_restored_through_docker() {
+    let d = Docker::start("docker-vllm");
+    let work = d.dir.join("vllm-image");
+    std::fs::create_dir_all(&work).unwrap();
+    let env = [
+        "PATH=/usr/local/bin:/usr/bin:/bin",
+        "VLLM_WORKER_MULTIPROC_METHOD=spawn",
+    ];
+    d.import_with(&work, std::path::Path::new(vllm::ROOTFS), vllm::IMAGE, &env);
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
+    let run = |name: &str, plan: &str, port: u16| {
+        let plan = format!("vsnap.io/plan={plan}");
+        let listen = format!("vsnap.io/listen=127.0.0.1:{port}");
+        let mut args = vec!["run", "-d", "--name", name, "--runtime", RUNTIME];
+        args.extend(["--network", "host", "--annotation", &plan]);
+        args.extend([
+            "--annotation",
+            "vsnap.io/artifact=vllm",
+            "--annotation",
+            &listen,
+        ]);
+        args.extend(["--annotation", "vsnap.io/after-capture=exit", vllm::IMAGE]);
+        args.extend(argv.iter().map(String::as_str));
+        d.docker(&args, None)
+    };
+    let out = run("vllm-donor", "create", free_port());
+    assert!(out.ok(), "{out:?}");
+    let manifest = d.env.wait_manifest("vllm");
+    // The Triton launcher the cold start compiled travels in the layer.
+    assert_eq!(
+        manifest["rootfs"]["layer"]["kind"], "overlay-upper",
+        "{manifest}"
+    );
+    poll(Duration::from_secs(120), "the donor to stop", || {
+        d.inspect("vllm-donor", "{{.State.Running}}") == "false"
+    });
+    d.ok(&["rm", "vllm-donor"]);
+    let oracle = &manifest["oracle"];
+
+    let port = free_port();
+    let out = run("vllm-copy", "restore", port);
+    assert!(out.ok(), "{out:?}\n{}", d.env.c.log_tail());
+    let (status, answer) = vllm::canary(port, None);
+    assert_eq!(status, 200, "{answer}");
+    let got = vllm::oracle_of(&answer);
+    assert_eq!(
+        (&got.0, &got.1),
+        (&oracle["token_ids"], &oracle["text"]),
+        "{answer}"
+    );
+    let top = d.ok(&["top", "vllm-copy"]);
+    assert!(
+        top.lines().count() >= 4,
+        "PID 1, resource tracker, EngineCore: {top}"
+    );
+    d.ok(&["rm", "-f", "vllm-copy"]);
 }

@@ -33,8 +33,7 @@ impl CallerOverlay {
     pub fn at(root: &Path, mountinfo: &str) -> Option<Self> {
         let row = mounts::parse(mountinfo)
             .into_iter()
-            .filter(|r| r.mount_point == root && r.fs_type == "overlay")
-            .last()?;
+            .rfind(|r| r.mount_point == root && r.fs_type == "overlay")?;
         let option = |key: &str| {
             row.super_options
                 .split(',')
