@@ -184,6 +184,32 @@ impl Docker {
         self.env.c.dir.join("state/vsnap-runc").join(MOBY)
     }
 
+    /// After every container was removed: no shim, no runc container, no
+    /// bundle in the moby namespace, no control dir, and nothing mounted
+    /// under dockerd's overlay2 folder (a restore's remount of a container's
+    /// overlay included).
+    pub fn assert_nothing_left(&self) {
+        let c = &self.env.c;
+        crate::snapshot_env::poll(Duration::from_secs(30), "the shims to exit", || {
+            c.shim_pids().is_empty()
+        });
+        assert_eq!(
+            crate::containerd::runc_list(&self.runc_root()),
+            Vec::<String>::new()
+        );
+        assert_eq!(c.bundles_in(MOBY), Vec::<String>::new(), "bundles");
+        assert_eq!(
+            crate::snapshot_env::control_dirs(&self.env.artifacts),
+            Vec::<String>::new()
+        );
+        let overlay2 = self.dir.join("data/overlay2").display().to_string();
+        let left: Vec<String> = crate::containerd::mount_points()
+            .into_iter()
+            .filter(|m| m.starts_with(&overlay2))
+            .collect();
+        assert_eq!(left, Vec::<String>::new(), "overlay mounts");
+    }
+
     pub fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();

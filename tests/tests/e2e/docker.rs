@@ -201,6 +201,8 @@ fn create_then_restore_through_docker_run_and_a_refused_restore_says_why() {
     );
     assert!(!out.stderr.contains("MODEL_REV=2"), "{out:?}");
     assert_eq!(d.inspect("other", "{{.State.Status}}"), "created");
+    d.ok(&["rm", "other"]);
+    d.assert_nothing_left();
 }
 
 #[test]
@@ -255,6 +257,7 @@ fn the_writable_layer_travels_and_docker_restart_of_auto_restores() {
     let gone = cat("copy", "/etc/deleted-by-engine");
     assert!(!gone.ok(), "the whiteout travelled: {gone:?}");
     d.ok(&["rm", "-f", "copy"]);
+    d.assert_nothing_left();
 }
 
 #[test]
