@@ -234,18 +234,21 @@ fn the_writable_layer_travels_and_docker_restart_of_auto_restores() {
         d.env.c.log_tail()
     );
     assert_eq!(answers(port), reference);
-    let set_aside = std::fs::read_dir(d.dir.join("data/overlay2"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().join("diff.vsnap-previous").is_dir())
-        .count();
-    assert_eq!(set_aside, 1, "the layer the first run wrote is set aside");
+    let set_aside = || {
+        std::fs::read_dir(d.dir.join("data/overlay2"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join("diff.vsnap-previous").is_dir())
+            .count()
+    };
+    assert_eq!(set_aside(), 1, "the layer the first run wrote is set aside");
     wait_log(&d, "svc", &format!("copy-{} (copy) released", d.id("svc")));
     assert_eq!(
         cat("svc", "/root/.triton/cache/ab12/cuda_utils.so").stdout,
         "launcher\n"
     );
     d.ok(&["rm", "-f", "svc"]);
+    assert_eq!(set_aside(), 0, "it goes with the container");
 
     // A new container, a fresh overlay2 layer: the carried one is put back.
     let port = free_port();
