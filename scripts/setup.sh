@@ -8,6 +8,10 @@
 #   * containerd 2.1.x from Debian sid (.deb fetched through a PRIVATE apt configuration,
 #     extracted with dpkg -x): containerd, ctr, containerd-shim-runc-v2 into
 #     /opt/vsnap/containerd/bin/ (sid's runc is not used: it needs a newer glibc);
+#   * Docker Engine 28.x from Debian sid (.debs docker.io and docker-cli fetched through
+#     the same private apt configuration, extracted with dpkg -x): dockerd, docker-proxy
+#     and the docker CLI into /opt/vsnap/docker/bin/ (no service, no system socket: the
+#     tests and docs/docker.md start a dockerd of their own against a private containerd);
 #   * CRIU 4.2.x built from Debian sid's source tarball: /usr/local/sbin/criu and
 #     /usr/lib/criu/cuda_plugin.so (CRIU's compiled-in plugin folder);
 #   * Debian's docker-registry (the CNCF distribution registry 2.8) for the fleet tests,
@@ -58,6 +62,8 @@ CTR_BIN="$PREFIX/containerd/bin"
 CRIU_BIN=/usr/local/sbin/criu
 CRIU_PLUGINDIR=/usr/lib/criu
 CONTAINERD_SERIES=2.1
+DOCKER_BIN="$PREFIX/docker/bin"
+DOCKER_SERIES=28
 CRIU_SERIES=4.2
 APT_LOCK_WAIT=600
 
@@ -77,7 +83,7 @@ if ! flock -n 9; then
     flock -w 3600 9 || die "timed out waiting for $CACHE/setup.lock"
 fi
 # Leftovers of an interrupted run (safe to remove while holding the lock).
-rm -rf "$BUILD"/unpack.* "$CACHE"/containerd-x.*
+rm -rf "$BUILD"/unpack.* "$CACHE"/containerd-x.* "$CACHE"/docker-x.*
 
 # ---------------------------------------------------------------------------------------
 STEP=rust
@@ -255,6 +261,59 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
+STEP=docker
+# Docker Engine from sid's docker.io (dockerd, docker-proxy) and docker-cli (docker).
+# They link only glibc 2.34 and bookworm's own libraries, so they run here as extracted.
+docker_ok() {
+    local b
+    for b in dockerd docker-proxy docker; do [ -x "$DOCKER_BIN/$b" ] || return 1; done
+    "$DOCKER_BIN/dockerd" --version 2>/dev/null | grep -E "^Docker version ${DOCKER_SERIES}\." >/dev/null &&
+        "$DOCKER_BIN/docker" --version 2>/dev/null | grep -E "^Docker version ${DOCKER_SERIES}\." >/dev/null
+}
+# Sets DEB to the cached .deb of package $1 in series DOCKER_SERIES, downloaded from sid
+# if missing.
+docker_deb() {
+    local pkg=$1 arch deb ver
+    arch=$(dpkg --print-architecture)
+    deb=$(ls -1 "$DL/${pkg}_${DOCKER_SERIES}".*_"$arch".deb 2>/dev/null | sort -V | tail -n 1 || true)
+    if [ -n "$deb" ] && ! dpkg-deb --info "$deb" >/dev/null 2>&1; then
+        rm -f "$deb"
+        deb=
+    fi
+    if [ -z "$deb" ]; then
+        priv_apt_setup
+        ver=$(priv_apt_cache show "$pkg" 2>/dev/null | awk '/^Version:/{print $2}' | pick_series "$DOCKER_SERIES" || true)
+        [ -n "$ver" ] || die "Debian sid offers no $pkg $DOCKER_SERIES.x"
+        log "docker: downloading $pkg=$ver from sid"
+        (cd "$DL" && priv_apt -q download "$pkg=$ver") || die "download of $pkg=$ver failed"
+        deb=$(ls -1 "$DL/${pkg}_${DOCKER_SERIES}".*_"$arch".deb 2>/dev/null | sort -V | tail -n 1 || true)
+        [ -n "$deb" ] || die "$pkg .deb not found in $DL after download"
+    fi
+    DEB=$deb
+}
+if docker_ok; then
+    log "docker: already installed: $("$DOCKER_BIN/dockerd" --version)"
+else
+    docker_deb docker.io
+    engine_deb=$DEB
+    docker_deb docker-cli
+    cli_deb=$DEB
+    tmp=$(mktemp -d "$CACHE/docker-x.XXXXXX")
+    for deb in "$engine_deb" "$cli_deb"; do
+        dpkg -x "$deb" "$tmp" || { rm -rf "$tmp" "$deb"; die "dpkg -x $deb failed (cached .deb removed; re-run)"; }
+    done
+    mkdir -p "$DOCKER_BIN"
+    for b in usr/sbin/dockerd usr/sbin/docker-proxy usr/bin/docker; do
+        [ -x "$tmp/$b" ] || { rm -rf "$tmp"; die "$b missing from $(basename "$engine_deb") / $(basename "$cli_deb")"; }
+        install -m 0755 "$tmp/$b" "$DOCKER_BIN/.$(basename "$b").new"
+        mv -f "$DOCKER_BIN/.$(basename "$b").new" "$DOCKER_BIN/$(basename "$b")"
+    done
+    rm -rf "$tmp"
+    docker_ok || die "installed dockerd/docker do not report version $DOCKER_SERIES.x"
+    log "docker: installed: $("$DOCKER_BIN/dockerd" --version)"
+fi
+
+# ---------------------------------------------------------------------------------------
 STEP=criu
 criu_ok() {
     [ -x "$CRIU_BIN" ] && [ -f "$CRIU_PLUGINDIR/cuda_plugin.so" ] &&
@@ -345,6 +404,9 @@ STEP=versions
     "$CRIU_BIN" --version | sed 's/^/criu: /'
     echo "criu-path: $CRIU_BIN"
     echo "docker-registry: $(docker-registry --version 2>/dev/null || echo '?')"
+    echo "dockerd: $("$DOCKER_BIN/dockerd" --version)"
+    echo "docker: $("$DOCKER_BIN/docker" --version)"
+    echo "docker-path: $DOCKER_BIN"
     echo "criu-plugins: $CRIU_PLUGINDIR/cuda_plugin.so"
 } >"$PREFIX/.versions.txt.new"
 if cmp -s "$PREFIX/.versions.txt.new" "$PREFIX/versions.txt"; then

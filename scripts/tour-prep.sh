@@ -9,7 +9,8 @@
 # /tmp/vsnap-tour (VSNAP_TOUR_DIR) then holds rootfs/ (the reference engine, busybox) and
 # containerd.toml (a private containerd: its own root, state and socket, CRI and NRI off).
 # The cleanup removes what the tour makes: the containers of the tour's containerd, that
-# containerd (the pid in containerd.pid), the artifact "tour" and the folder itself.
+# containerd (the pid in containerd.pid), the dockerd of docs/docker.md if one was
+# started (the pid in docker/dockerd.pid), the artifact "tour" and the folder itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
@@ -20,7 +21,30 @@ vsnap_path
 T=${VSNAP_TOUR_DIR:-/tmp/vsnap-tour}
 CTR=(/opt/vsnap/containerd/bin/ctr --address "$T/state/containerd.sock")
 
+# The dockerd of docs/docker.md, if one was started beside the tour: its containers, then
+# dockerd by its pid, then what it left mounted under its folders (its network namespace).
+clean_docker() {
+    local sock=$T/docker/docker.sock pid c m
+    if [ -S "$sock" ]; then
+        for c in $(/opt/vsnap/docker/bin/docker -H "unix://$sock" ps -aq 2>/dev/null); do
+            echo "tour-prep: removing docker container $c"
+            /opt/vsnap/docker/bin/docker -H "unix://$sock" rm -f "$c" >/dev/null
+        done
+    fi
+    pid=$(cat "$T/docker/dockerd.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /opt/vsnap/docker/bin/dockerd ]; then
+        echo "tour-prep: stopping the tour's dockerd (pid $pid)"
+        kill "$pid"
+        for _ in $(seq 200); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+        [ ! -d "/proc/$pid" ] || { echo "tour-prep: dockerd $pid did not stop" >&2; exit 1; }
+    fi
+    for m in $(awk -v d="$T/docker/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
+        umount "$m"
+    done
+}
+
 clean() {
+    clean_docker
     if [ -S "$T/state/containerd.sock" ] && "${CTR[@]}" version >/dev/null 2>&1; then
         for c in $("${CTR[@]}" c ls -q); do
             echo "tour-prep: removing container $c"

@@ -249,12 +249,19 @@ pub fn compare(
         .map_err(|e| Failure::Check(e.to_string()))?;
     // The image digest comes from containerd's API, which a hook cannot ask:
     // the shim compares it before the hooks run.
-    let live = Workload {
+    let mut live = Workload {
         image_digest: manifest.workload.image_digest.clone(),
         // The tenant is not part of the comparison: `check_tenant` and the
         // shim's policy decide whose artifact a container may restore.
         ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
     };
+    // A root folder the caller mounted as an overlay (dockerd's overlay2) is
+    // identified by its image layers, which the shim reads from the mount
+    // table and compares before the hooks run.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if is_overlay_mount_point(&live.rootfs, &mountinfo) {
+        live.rootfs = manifest.workload.rootfs.clone();
+    }
     diff.extend(manifest.workload.diff(&live));
     if diff.is_empty() {
         return Ok(());
@@ -266,9 +273,29 @@ pub fn compare(
     )))
 }
 
+/// Whether `path` (absolute, as mountinfo escapes it) is an overlay's
+/// mount point in `mountinfo`.
+fn is_overlay_mount_point(path: &str, mountinfo: &str) -> bool {
+    path.starts_with('/')
+        && mountinfo.lines().any(|l| {
+            let point = l.split(' ').nth(4);
+            let fs_type = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+            point == Some(path) && fs_type == Some("overlay")
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_folder_the_caller_mounted_as_an_overlay_is_recognised() {
+        let info = "36 25 0:31 / /d/overlay2/abc/merged rw,relatime shared:1 - overlay overlay rw,lowerdir=/l\n\
+                    37 25 8:1 / /srv/rootfs rw,relatime shared:2 - ext4 /dev/vda rw\n";
+        assert!(is_overlay_mount_point("/d/overlay2/abc/merged", info));
+        assert!(!is_overlay_mount_point("/srv/rootfs", info));
+        assert!(!is_overlay_mount_point("rootfs", info));
+    }
     use serde_json::json;
 
     #[test]

@@ -76,6 +76,7 @@ fn points_under(dir: &Path, rows: Vec<MountRow>) -> Vec<PathBuf> {
 
 /// The filesystem types mounted at `point`, per a mountinfo text, in mount
 /// order.
+#[cfg(test)]
 pub fn fs_types_at(point: &Path, mountinfo: &str) -> Vec<String> {
     parse(mountinfo)
         .into_iter()

@@ -9,6 +9,7 @@
 pub mod cmd;
 pub mod containerd;
 pub mod cri;
+pub mod docker;
 pub mod engine;
 pub mod events;
 pub mod image;

@@ -80,7 +80,11 @@ impl Snapshot {
             std::mem::replace(&mut inputs.layer, rootfs::WritableLayer::Shared),
             &inputs,
         );
-        let engine = Engine::of(&inputs, &root, &mut plan)?;
+        let mut engine = Engine::of(&inputs, &root, &mut plan)?;
+        if let rootfs::WritableLayer::Mounted(overlay) = &layer {
+            // dockerd's per-container merged path: the image's layers instead.
+            engine.workload.rootfs = overlay.image_identity();
+        }
         // `auto` without a name: the workload's identity names the artifact.
         let name = match plan.artifact.clone() {
             Some(name) => name,
@@ -237,9 +241,15 @@ impl Snapshot {
         let file = std::fs::File::open(&tar)
             .map_err(|e| Error::io(format!("restore: rootfs: open {}", tar.display()), e))?;
         let reader = vsnap_artifact::content::VerifyingReader::new(file, &dir, &rel, digest);
-        rootfs::unpack(reader, &tar, upper)?
-            .finish()
-            .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))?;
+        let unpack = |upper: &Path| {
+            rootfs::unpack(reader, &tar, upper)?
+                .finish()
+                .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))
+        };
+        match &self.layer {
+            rootfs::WritableLayer::Mounted(overlay) => overlay.refill(unpack)?,
+            _ => unpack(upper)?,
+        }
         Ok(vec![rel])
     }
 }
@@ -307,8 +317,9 @@ fn preflight_error(e: ArtifactError) -> Error {
     artifact_error("restore: preflight", e)
 }
 
-/// The layer a capture carries: for a rootfs the caller mounted (a shared
-/// snapshot), the overlay found under the spec's root path, if any.
+/// The layer a capture carries: for a rootfs without mounts in the request,
+/// the overlay the caller mounted at the spec's root path (dockerd's
+/// overlay2), else a shared folder.
 fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::WritableLayer {
     match layer {
         rootfs::WritableLayer::Shared => match inputs.spec["root"]["path"].as_str() {

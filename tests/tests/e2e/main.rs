@@ -9,6 +9,7 @@ mod clocks;
 mod containerd_restart;
 mod cri;
 mod cri_tenants;
+mod docker;
 mod events;
 mod fleet;
 mod gpu_path;

@@ -10,16 +10,21 @@
 //!   hard links) into `rootfs/upper.tar`; a restore unpacks it into the new
 //!   container's upper dir, still empty and not yet mounted, so the merged
 //!   view over the same image is the one CRIU dumped.
+//! - dockerd's overlay2 driver mounts the overlay itself, before Create:
+//!   the same upper dir is packed, and a restore unpacks into it with the
+//!   overlay taken off for the time (`caller_overlay.rs`).
 //! - Files on volumes (bind mounts) are not vsnap's to carry: their
 //!   fingerprints are recorded, and a restore whose file vanished or changed
 //!   fails before CRIU runs, naming the file.
 
+mod caller_overlay;
 #[cfg(test)]
 mod layer_tests;
 mod pack;
 mod unpack;
 mod volumes;
 
+pub use caller_overlay::CallerOverlay;
 pub use pack::pack;
 pub use unpack::unpack;
 pub use volumes::{check_volume_files, open_volume_files};
@@ -41,6 +46,8 @@ pub struct RootMount {
 pub enum WritableLayer {
     /// An overlay's upper dir (containerd's overlayfs snapshotter).
     Upper(PathBuf),
+    /// An overlay the caller mounted at the root folder (dockerd's overlay2).
+    Mounted(CallerOverlay),
     /// No rootfs mounts: the spec's root folder is shared with restores.
     Shared,
     ReadOnly,
@@ -78,20 +85,13 @@ impl WritableLayer {
 
     /// A rootfs without mounts of the shim's own: the spec's root folder.
     /// A folder that is itself an overlay mount point was prepared by the
-    /// caller (dockerd's overlay2 driver): its changes are the caller's
-    /// snapshot's, not a folder the restores share, so it is not carried
-    /// and the manifest says why. Else: shared.
+    /// caller (dockerd's overlay2 driver): its upper dir is the writable
+    /// layer ([`CallerOverlay`]). Any other folder is shared with restores.
     pub fn of_root_folder(root: &Path, mountinfo: &str) -> Self {
-        let overlay = crate::mounts::fs_types_at(root, mountinfo)
-            .iter()
-            .any(|t| t == "overlay");
-        if !overlay {
-            return WritableLayer::Shared;
+        match CallerOverlay::at(root, mountinfo) {
+            Some(o) => WritableLayer::Mounted(o),
+            None => WritableLayer::Shared,
         }
-        WritableLayer::Unknown(format!(
-                "{} is an overlay the caller mounted (e.g. dockerd's overlay2): its writable layer is not the shim's to carry",
-                root.display()
-            ))
     }
 
     /// What the container's rootfs is, in words.
@@ -100,6 +100,11 @@ impl WritableLayer {
             WritableLayer::Upper(upper) => {
                 format!("an overlay snapshot (upper dir {})", upper.display())
             }
+            WritableLayer::Mounted(o) => format!(
+                "an overlay mounted by the caller at {} (upper dir {})",
+                o.merged.display(),
+                o.upper.display()
+            ),
             WritableLayer::Shared => "a rootfs folder of its own (--rootfs)".to_string(),
             WritableLayer::ReadOnly => "a read-only rootfs".to_string(),
             WritableLayer::Unknown(why) => why.clone(),
@@ -111,6 +116,7 @@ impl WritableLayer {
     pub fn to_carry(&self) -> std::result::Result<&Path, RootfsLayer> {
         match self {
             WritableLayer::Upper(upper) => Ok(upper),
+            WritableLayer::Mounted(o) => Ok(&o.upper),
             WritableLayer::Shared => Err(RootfsLayer::SharedFolder),
             WritableLayer::ReadOnly => Err(RootfsLayer::ReadOnly),
             WritableLayer::Unknown(reason) => Err(RootfsLayer::NotCarried {
@@ -162,10 +168,12 @@ mod tests {
     fn a_root_folder_that_is_an_overlay_mount_is_not_taken_for_a_shared_one() {
         let info = "36 25 0:31 / /var/lib/docker/overlay2/abc/merged rw,relatime shared:1 - overlay overlay rw,lowerdir=/l,upperdir=/var/lib/docker/overlay2/abc/diff,workdir=/w\n\
                     37 25 8:1 / /srv/rootfs rw,relatime shared:2 - ext4 /dev/vda rw\n";
-        assert!(matches!(
-            WritableLayer::of_root_folder(Path::new("/var/lib/docker/overlay2/abc/merged"), info),
-            WritableLayer::Unknown(r) if r.contains("overlay2")
-        ));
+        let layer =
+            WritableLayer::of_root_folder(Path::new("/var/lib/docker/overlay2/abc/merged"), info);
+        assert_eq!(
+            layer.to_carry().ok(),
+            Some(Path::new("/var/lib/docker/overlay2/abc/diff"))
+        );
         assert_eq!(
             WritableLayer::of_root_folder(Path::new("/srv/rootfs"), info),
             WritableLayer::Shared
