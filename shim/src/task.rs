@@ -476,8 +476,15 @@ impl Task for TaskService {
             .as_ref()
             .map(|a| a.value.clone())
             .unwrap_or_default();
-        serde_json::from_slice::<oci_spec::runtime::LinuxResources>(&resources)
-            .map_err(|e| Error::InvalidArgument(format!("update: resources: {e}")))?;
+        match serde_json::from_slice::<serde_json::Value>(&resources) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => {
+                return Err(
+                    Error::InvalidArgument("update: resources: not an object".into()).into(),
+                )
+            }
+            Err(e) => return Err(Error::InvalidArgument(format!("update: resources: {e}")).into()),
+        }
         c.runc.update(&req.id, resources).await?;
         Ok(Empty::new())
     }
