@@ -20,6 +20,7 @@ mod metrics;
 mod mounts;
 mod oom;
 mod options;
+mod pack;
 mod prepared;
 mod process;
 mod runc;

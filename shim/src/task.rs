@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim::asynchronous::ExitSignal;
-use containerd_shim::util::{convert_to_any, convert_to_timestamp};
+use containerd_shim::util::convert_to_timestamp;
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed,
@@ -229,7 +229,9 @@ impl TaskService {
                     exec_id,
                     ..Default::default()
                 };
-                info.info = MessageField::some(convert_to_any(Box::new(details))?);
+                info.info = MessageField::some(
+                    crate::pack::pack(&details).map_err(|e| Error::Other(format!("pids: {e}")))?,
+                );
             }
             processes.push(info);
         }
