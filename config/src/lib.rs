@@ -6,5 +6,6 @@
 pub mod runtime;
 
 pub use runtime::{
-    ConfigError, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT, DEFAULT_CONFIG_PATH,
+    ConfigError, ConfigSource, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT,
+    DEFAULT_CONFIG_PATH,
 };

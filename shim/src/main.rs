@@ -29,6 +29,7 @@ mod shared;
 mod snapshot;
 mod stdio;
 mod task;
+mod vsnap_cli;
 
 /// The runtime name containerd resolves to this binary.
 pub const RUNTIME_ID: &str = "io.vsnap.v1";

@@ -16,6 +16,7 @@ pub mod pages;
 pub mod plan;
 pub mod prepare;
 pub mod profile;
+pub mod reference;
 pub mod restore;
 pub mod rootfs;
 pub mod shm;
