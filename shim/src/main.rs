@@ -11,6 +11,7 @@ mod deadline;
 mod error;
 mod events;
 mod exits;
+mod grpc;
 mod inflight;
 mod info;
 mod labels;
