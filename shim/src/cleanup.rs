@@ -167,9 +167,14 @@ pub async fn undo_runc_state(
     if let Some(rootfs) = rootfs {
         mounts::unmount_below(rootfs);
     }
-    if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
-        warn!("{id}: {e}");
-        return;
+    // No state folder: runc does not know the container (the live shim
+    // deleted it, or runc was killed before it made one). Asking it would
+    // cost a runc run on every container's dead-shim delete.
+    if runc.root.join(id).exists() {
+        if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
+            warn!("{id}: {e}");
+            return;
+        }
     }
     // Killed before it recorded its state, runc cannot find the container's
     // cgroups to remove them: remove them here.
