@@ -104,7 +104,11 @@ async fn pull_if_missing(
         {
             continue;
         }
-        return Err(fail(ran.reason()));
+        let reason = ran.reason();
+        let prefix = format!("pull {reference}: ");
+        return Err(fail(
+            reason.strip_prefix(&prefix).unwrap_or(&reason).to_string(),
+        ));
     }
 }
 
@@ -206,7 +210,9 @@ impl PushTarget {
             if !ArtifactLock::is_held(root, &self.name).unwrap_or(false)
                 || Instant::now() >= deadline
             {
-                return Err(ran.reason());
+                let reason = ran.reason();
+                let prefix = format!("push {}: ", self.name);
+                return Err(reason.strip_prefix(&prefix).unwrap_or(&reason).to_string());
             }
         }
     }
