@@ -113,6 +113,26 @@ pub struct RuntimeConfig {
     /// reference names them: credentials and transport. A registry not
     /// listed is used anonymously over HTTPS.
     pub registries: BTreeMap<String, RegistryConfig>,
+    /// The `vsnap` CLI, which the shim runs for registry pulls and pushes
+    /// (so their client never sits in every container's shim). A bare
+    /// name is looked for beside the shim's binary, then on PATH.
+    pub vsnap_cli: PathBuf,
+    /// Where this config came from (not a key): a helper the shim runs
+    /// reads the same config.
+    #[serde(skip)]
+    pub source: ConfigSource,
+}
+
+/// Where a [`RuntimeConfig`] was read from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ConfigSource {
+    /// No file: the defaults.
+    #[default]
+    Defaults,
+    /// A file ([`RuntimeConfig::load`]).
+    File(PathBuf),
+    /// A body given inline (containerd's `ConfigBody`).
+    Body(String),
 }
 
 /// One registry's settings (`[registries."host:port"]`). Credentials come
@@ -205,6 +225,8 @@ impl Default for RuntimeConfig {
             fleet_encryption_key: None,
             fleet_decryption_keys: Vec::new(),
             registries: BTreeMap::new(),
+            vsnap_cli: PathBuf::from("vsnap"),
+            source: ConfigSource::Defaults,
         }
     }
 }
@@ -237,7 +259,9 @@ impl RuntimeConfig {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&body, &path.display().to_string())
+        let mut config = Self::parse(&body, &path.display().to_string())?;
+        config.source = ConfigSource::File(path.to_path_buf());
+        Ok(config)
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
@@ -247,6 +271,9 @@ impl RuntimeConfig {
         };
         if self.runc_binary.as_os_str().is_empty() {
             return Err(invalid("runc_binary: must not be empty".into()));
+        }
+        if self.vsnap_cli.as_os_str().is_empty() {
+            return Err(invalid("vsnap_cli: must not be empty".into()));
         }
         if let Some(root) = &self.runc_root {
             if !root.is_absolute() {

@@ -143,6 +143,34 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// The shim holds `vsnap.io/artifact-ref` to the tenant policy with
+    /// vsnap_config::reference (no registry client in the shim); the pull
+    /// then reaches what oci-client parses. The two must agree, or a policy
+    /// would be checked against one repository and another pulled.
+    #[test]
+    fn the_shims_reading_of_a_reference_is_the_pulls() {
+        let digest = format!("@sha256:{}", "a".repeat(64));
+        for r in [
+            "127.0.0.1:5000/fleet/qwen:v1",
+            "localhost:5000/a/b-c__d.e:1.0-rc_1",
+            "localhost/a",
+            "registry.example/fleet/q",
+            "ubuntu",
+            "ubuntu:latest",
+            "library/ubuntu",
+            "team/engine:v2",
+            "index.docker.io/x/y",
+            "docker.io/x",
+            &format!("r.example:443/x{digest}"),
+            &format!("r.example/x:t{digest}"),
+        ] {
+            let ours = vsnap_config::reference::parse(r).unwrap();
+            let theirs = parse_reference(r).unwrap();
+            assert_eq!(ours.registry, theirs.registry(), "{r}");
+            assert_eq!(ours.repository, theirs.repository(), "{r}");
+        }
+    }
+
     #[test]
     fn credentials_come_from_the_config_and_never_show() {
         let dir = tempfile::tempdir().unwrap();

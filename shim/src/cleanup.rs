@@ -89,10 +89,20 @@ pub fn restored_init_pid(bundle: &Path) -> Option<i32> {
         .then_some(pid)
 }
 
+/// The bundle's spec (`config.json`) as JSON; an error unless an object.
+pub fn read_spec(bundle: &Path) -> std::result::Result<serde_json::Value, String> {
+    let bytes = std::fs::read(bundle.join("config.json")).map_err(|e| e.to_string())?;
+    match serde_json::from_slice(&bytes) {
+        Ok(spec @ serde_json::Value::Object(_)) => Ok(spec),
+        Ok(_) => Err("the spec is not a JSON object".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The container's cgroupfs path from its spec, when it has one.
 pub fn cgroups_path(bundle: &Path) -> Option<PathBuf> {
-    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json")).ok()?;
-    let path = spec.linux().as_ref()?.cgroups_path().clone()?;
+    let spec = read_spec(bundle).ok()?;
+    let path = PathBuf::from(spec["linux"]["cgroupsPath"].as_str()?);
     path.is_absolute().then_some(path)
 }
 
@@ -134,9 +144,8 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
 
 /// The spec's `root.path`, absolute (a relative one is under the bundle).
 pub fn rootfs_path(bundle: &Path) -> Option<PathBuf> {
-    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json")).ok()?;
-    let root = spec.root().as_ref()?.path().clone();
-    Some(bundle.join(root))
+    let spec = read_spec(bundle).ok()?;
+    Some(bundle.join(spec["root"]["path"].as_str()?))
 }
 
 /// Undoes what a killed or failed `runc restore` leaves: runc's criu-root
@@ -158,9 +167,14 @@ pub async fn undo_runc_state(
     if let Some(rootfs) = rootfs {
         mounts::unmount_below(rootfs);
     }
-    if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
-        warn!("{id}: {e}");
-        return;
+    // No state folder: runc does not know the container (the live shim
+    // deleted it, or runc was killed before it made one). Asking it would
+    // cost a runc run on every container's dead-shim delete.
+    if runc.root.join(id).exists() {
+        if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
+            warn!("{id}: {e}");
+            return;
+        }
     }
     // Killed before it recorded its state, runc cannot find the container's
     // cgroups to remove them: remove them here.

@@ -17,10 +17,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::pack::{pack, Named};
 use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::event::Event;
-use containerd_shim::util::{convert_to_any, timestamp};
-use containerd_shim_protos::protobuf::MessageDyn;
+use containerd_shim::util::timestamp;
 use containerd_shim_protos::shim::event::Envelope;
 use containerd_shim_protos::shim::events::ForwardRequest;
 use containerd_shim_protos::shim_async::{Client, EventsClient};
@@ -72,9 +72,9 @@ impl Events {
 
     /// Queues an event and returns; the sender task delivers it after every
     /// event queued before it, retrying until containerd takes it.
-    pub async fn send(&self, event: impl Event + 'static) {
+    pub async fn send<E: Event + Named>(&self, event: E) {
         let topic = event.topic();
-        let envelope = match envelope(&topic, &self.namespace, Box::new(event)) {
+        let envelope = match envelope(&topic, &self.namespace, &event) {
             Ok(envelope) => envelope,
             Err(e) => {
                 error!("dropped event {topic}: cannot encode it: {e}");
@@ -95,16 +95,16 @@ impl Events {
 
 /// The envelope containerd's `Events.Forward` takes, as `RemotePublisher`
 /// builds it: stamped when queued, not when delivered.
-fn envelope(
+fn envelope<E: Named>(
     topic: &str,
     namespace: &str,
-    event: Box<dyn MessageDyn>,
+    event: &E,
 ) -> containerd_shim::error::Result<Envelope> {
     let mut envelope = Envelope::new();
     envelope.set_topic(topic.to_owned());
     envelope.set_namespace(namespace.to_owned());
     envelope.set_timestamp(timestamp()?);
-    envelope.set_event(convert_to_any(event)?);
+    envelope.set_event(pack(event)?);
     Ok(envelope)
 }
 
@@ -378,7 +378,7 @@ mod tests {
             exit_status: 137,
             ..Default::default()
         };
-        let e = envelope("/tasks/exit", "k8s.io", Box::new(exit)).unwrap();
+        let e = envelope("/tasks/exit", "k8s.io", &exit).unwrap();
         assert_eq!(e.topic(), "/tasks/exit");
         assert_eq!(e.namespace(), "k8s.io");
         assert!(e.timestamp().seconds > 0);

@@ -1,25 +1,92 @@
 //! The lower-precedence sources of `vsnap.io/` settings, read from containerd
 //! over its API: the container's labels, then its image's config labels (so
 //! an image author can opt in). OCI annotations, which the shim reads from
-//! the spec, win over both. This is an edge: protobuf stays here.
+//! the spec, win over both. This is an edge: protobuf stays here; the
+//! calls go through the shim's own small gRPC client (grpc.rs).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
-use containerd_client::services::v1::{
-    containers_client::ContainersClient, content_client::ContentClient,
-    images_client::ImagesClient, GetContainerRequest, GetImageRequest, ReadContentRequest,
-};
-use containerd_client::tonic::transport::Channel;
-use containerd_client::tonic::Request;
-use containerd_client::with_namespace;
 use serde_json::Value;
+
+use crate::grpc::Connection;
 
 const PREFIX: &str = "vsnap.io/";
 /// containerd answers locally; anything slower is a problem to report, not wait on.
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Manifests and image configs are small; refuse to buffer anything larger.
 const MAX_BLOB: usize = 4 << 20;
+
+const GET_CONTAINER: &str = "/containerd.services.containers.v1.Containers/Get";
+const GET_IMAGE: &str = "/containerd.services.images.v1.Images/Get";
+const READ_CONTENT: &str = "/containerd.services.content.v1.Content/Read";
+
+/// The fields of containerd's API messages that are read here (prost skips
+/// the others); numbers as in containerd's api/services/*/v1/*.proto.
+mod api {
+    use std::collections::HashMap;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetContainerRequest {
+        #[prost(string, tag = "1")]
+        pub id: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetContainerResponse {
+        #[prost(message, optional, tag = "1")]
+        pub container: Option<Container>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Container {
+        #[prost(string, tag = "1")]
+        pub id: String,
+        #[prost(map = "string, string", tag = "2")]
+        pub labels: HashMap<String, String>,
+        #[prost(string, tag = "3")]
+        pub image: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetImageRequest {
+        #[prost(string, tag = "1")]
+        pub name: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetImageResponse {
+        #[prost(message, optional, tag = "1")]
+        pub image: Option<Image>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Image {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "3")]
+        pub target: Option<Descriptor>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Descriptor {
+        #[prost(string, tag = "1")]
+        pub media_type: String,
+        #[prost(string, tag = "2")]
+        pub digest: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ReadContentRequest {
+        #[prost(string, tag = "1")]
+        pub digest: String,
+        #[prost(int64, tag = "2")]
+        pub offset: i64,
+        #[prost(int64, tag = "3")]
+        pub size: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ReadContentResponse {
+        #[prost(int64, tag = "1")]
+        pub offset: i64,
+        #[prost(bytes = "vec", tag = "2")]
+        pub data: Vec<u8>,
+    }
+}
 
 /// `vsnap.io/` keys from the container's labels over its image's labels.
 pub async fn vsnap_labels(
@@ -33,10 +100,10 @@ pub async fn vsnap_labels(
 }
 
 async fn lookup(address: &str, ns: &str, id: &str) -> Result<HashMap<String, String>, String> {
-    let (channel, container) = container(address, ns, id).await?;
+    let (mut conn, container) = container(address, ns, id).await?;
     let mut labels = HashMap::new();
     if !container.image.is_empty() {
-        labels.extend(image_labels(&channel, ns, &container.image).await?);
+        labels.extend(image_labels(&mut conn, ns, &container.image).await?);
     }
     labels.extend(vsnap_only(container.labels));
     Ok(labels)
@@ -46,40 +113,53 @@ async fn container(
     address: &str,
     ns: &str,
     id: &str,
-) -> Result<(Channel, containerd_client::services::v1::Container), String> {
+) -> Result<(Connection, api::Container), String> {
     let address = address.trim_start_matches("unix://");
-    let channel = containerd_client::connect(address)
+    let mut conn = Connection::connect(Path::new(address)).await?;
+    let request = api::GetContainerRequest { id: id.to_string() };
+    let container = one::<_, api::GetContainerResponse>(&mut conn, GET_CONTAINER, ns, &request)
         .await
-        .map_err(|e| format!("connect {address}: {e}"))?;
-    let request = GetContainerRequest { id: id.to_string() };
-    let container = ContainersClient::new(channel.clone())
-        .get(with_namespace!(request, ns))
-        .await
-        .map_err(|e| format!("get container {id}: {}", e.message()))?
-        .into_inner()
+        .map_err(|e| format!("get container {id}: {e}"))?
         .container
         .ok_or_else(|| format!("container {id} not found"))?;
-    Ok((channel, container))
+    Ok((conn, container))
+}
+
+/// The one answer of a unary call.
+async fn one<Req: prost::Message, Resp: prost::Message + Default>(
+    conn: &mut Connection,
+    path: &str,
+    ns: &str,
+    request: &Req,
+) -> Result<Resp, String> {
+    let mut answers = conn.call::<Req, Resp>(path, ns, request).await?;
+    match answers.len() {
+        1 => Ok(answers.remove(0)),
+        n => Err(format!("{path}: {n} answers to a unary call")),
+    }
+}
+
+async fn get_image(conn: &mut Connection, ns: &str, name: &str) -> Result<api::Image, String> {
+    let request = api::GetImageRequest {
+        name: name.to_string(),
+    };
+    one::<_, api::GetImageResponse>(conn, GET_IMAGE, ns, &request)
+        .await
+        .map_err(|e| format!("get image {name}: {e}"))?
+        .image
+        .ok_or_else(|| format!("image {name} not found"))
 }
 
 /// The digest of the container's image (its index or manifest), or `None`
 /// for a container without an image (`ctr run --rootfs`).
 pub async fn image_digest(address: &str, ns: &str, id: &str) -> Result<Option<String>, String> {
     let find = async {
-        let (channel, container) = container(address, ns, id).await?;
+        let (mut conn, container) = container(address, ns, id).await?;
         if container.image.is_empty() {
             return Ok(None);
         }
-        let request = GetImageRequest {
-            name: container.image.clone(),
-        };
-        let image = ImagesClient::new(channel)
-            .get(with_namespace!(request, ns))
-            .await
-            .map_err(|e| format!("get image {}: {}", container.image, e.message()))?
-            .into_inner()
-            .image;
-        Ok(image.and_then(|i| i.target).map(|t| t.digest))
+        let image = get_image(&mut conn, ns, &container.image).await?;
+        Ok(image.target.map(|t| t.digest))
     };
     tokio::time::timeout(TIMEOUT, find)
         .await
@@ -87,24 +167,15 @@ pub async fn image_digest(address: &str, ns: &str, id: &str) -> Result<Option<St
 }
 
 async fn image_labels(
-    channel: &Channel,
+    conn: &mut Connection,
     ns: &str,
     name: &str,
 ) -> Result<HashMap<String, String>, String> {
-    let request = GetImageRequest {
-        name: name.to_string(),
-    };
-    let image = ImagesClient::new(channel.clone())
-        .get(with_namespace!(request, ns))
-        .await
-        .map_err(|e| format!("get image {name}: {}", e.message()))?
-        .into_inner()
-        .image
-        .ok_or_else(|| format!("image {name} not found"))?;
+    let image = get_image(conn, ns, name).await?;
     let target = image
         .target
         .ok_or_else(|| format!("image {name} has no target"))?;
-    let mut doc = read_json(channel, ns, &target.digest).await?;
+    let mut doc = read_json(conn, ns, &target.digest).await?;
     // An index: take the linux/amd64 manifest (else the first).
     if let Some(manifests) = doc["manifests"].as_array() {
         let pick = manifests
@@ -117,13 +188,13 @@ async fn image_labels(
             .or_else(|| manifests.first())
             .ok_or_else(|| format!("image {name}: empty index"))?;
         let digest = pick["digest"].as_str().unwrap_or_default().to_string();
-        doc = read_json(channel, ns, &digest).await?;
+        doc = read_json(conn, ns, &digest).await?;
     }
     let config = doc["config"]["digest"]
         .as_str()
         .ok_or_else(|| format!("image {name}: manifest has no config"))?
         .to_string();
-    let config = read_json(channel, ns, &config).await?;
+    let config = read_json(conn, ns, &config).await?;
     let labels = config["config"]["Labels"]
         .as_object()
         .map(|m| {
@@ -135,23 +206,18 @@ async fn image_labels(
     Ok(vsnap_only(labels))
 }
 
-async fn read_json(channel: &Channel, ns: &str, digest: &str) -> Result<Value, String> {
-    let request = ReadContentRequest {
+async fn read_json(conn: &mut Connection, ns: &str, digest: &str) -> Result<Value, String> {
+    let request = api::ReadContentRequest {
         digest: digest.to_string(),
         offset: 0,
         size: 0,
     };
-    let mut stream = ContentClient::new(channel.clone())
-        .read(with_namespace!(request, ns))
+    let chunks = conn
+        .call::<_, api::ReadContentResponse>(READ_CONTENT, ns, &request)
         .await
-        .map_err(|e| format!("read {digest}: {}", e.message()))?
-        .into_inner();
+        .map_err(|e| format!("read {digest}: {e}"))?;
     let mut bytes = Vec::new();
-    while let Some(chunk) = stream
-        .message()
-        .await
-        .map_err(|e| format!("read {digest}: {}", e.message()))?
-    {
+    for chunk in chunks {
         bytes.extend_from_slice(&chunk.data);
         if bytes.len() > MAX_BLOB {
             return Err(format!("{digest} is larger than {MAX_BLOB} bytes"));

@@ -11,6 +11,7 @@ mod deadline;
 mod error;
 mod events;
 mod exits;
+mod grpc;
 mod inflight;
 mod info;
 mod labels;
@@ -20,6 +21,7 @@ mod metrics;
 mod mounts;
 mod oom;
 mod options;
+mod pack;
 mod prepared;
 mod process;
 mod runc;
@@ -28,6 +30,7 @@ mod shared;
 mod snapshot;
 mod stdio;
 mod task;
+mod vsnap_cli;
 
 /// The runtime name containerd resolves to this binary.
 pub const RUNTIME_ID: &str = "io.vsnap.v1";

@@ -1,8 +1,8 @@
 //! OOM notifications for a container's memory cgroup.
 //!
-//! [`watch`] finds the memory cgroup of a process and starts one plain thread
-//! (never a tokio worker: the shim runs a current_thread runtime) that blocks
-//! on the kernel's notification and sends `()` on a channel per OOM:
+//! [`watch`] finds the memory cgroup of a process and spawns one task on the
+//! shim's runtime that waits (through the reactor, no thread of its own) on
+//! the kernel's notification and sends `()` on a channel per OOM:
 //!
 //! - cgroup v1: an eventfd registered through `cgroup.event_control` on
 //!   `memory.oom_control`, as containerd's Go runc shim does; one message per
@@ -14,7 +14,7 @@
 //!   increase of `oom_kill`. The watcher ends once the cgroup has no process.
 //!
 //! When the watcher ends, the channel closes. A dropped receiver stops the
-//! watcher at its next wakeup.
+//! watcher. Call [`watch`] inside the runtime.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -24,6 +24,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::{Error, Result};
@@ -34,7 +36,7 @@ use crate::metrics::{cgroups_of, parse_flat_keyed, Cgroups};
 /// The receiver gets one `()` per OOM in that cgroup and is closed (`recv()`
 /// returns `None`) when the cgroup goes away (v1) or has no process left
 /// (v2). Does a few small cgroupfs reads and writes synchronously; the
-/// waiting happens on a thread of its own.
+/// waiting happens in a task.
 pub fn watch(pid: u32) -> Result<UnboundedReceiver<()>> {
     let cgroups = cgroups_of(pid, "oom")?;
     let dir = cgroups
@@ -50,7 +52,7 @@ pub fn watch(pid: u32) -> Result<UnboundedReceiver<()>> {
 }
 
 /// Registers an eventfd for `memory.oom_control` of the v1 cgroup `dir` and
-/// starts the thread that waits on it.
+/// spawns the task that waits on it.
 fn start_v1(dir: PathBuf, tx: UnboundedSender<()>) -> Result<()> {
     let io_err = |what: &str, e| Error::io(format!("oom: {what} in {}", dir.display()), e);
     let oom_control = File::open(dir.join("memory.oom_control"))
@@ -62,20 +64,17 @@ fn start_v1(dir: PathBuf, tx: UnboundedSender<()>) -> Result<()> {
         .open(dir.join("cgroup.event_control"))
         .and_then(|mut f| f.write_all(registration.as_bytes()))
         .map_err(|e| io_err("writing cgroup.event_control", e))?;
-    std::thread::Builder::new()
-        .name("oom-v1".into())
-        .spawn(move || v1_loop(efd, oom_control, tx))
-        .map_err(|e| io_err("starting the watcher thread", e))?;
+    let efd = readable(efd).map_err(|e| io_err("polling the eventfd", e))?;
+    tokio::spawn(v1_loop(efd, oom_control, tx));
     Ok(())
 }
 
 /// Sends one message per eventfd wakeup while the cgroup still exists.
-fn v1_loop(mut efd: File, oom_control: File, tx: UnboundedSender<()>) {
+async fn v1_loop(efd: AsyncFd<File>, oom_control: File, tx: UnboundedSender<()>) {
     let mut counter = [0u8; 8];
     let mut contents = [0u8; 256];
     loop {
-        // read_exact retries on EINTR.
-        if efd.read_exact(&mut counter).is_err() {
+        if read_when_ready(&efd, &mut counter, &tx).await.is_none() {
             return;
         }
         // A removed cgroup's files fail to read: that wakeup was the removal.
@@ -88,10 +87,40 @@ fn v1_loop(mut efd: File, oom_control: File, tx: UnboundedSender<()>) {
     }
 }
 
-/// A new close-on-exec eventfd, as a `File` to read its counter from.
+/// `file` registered with the runtime's reactor for reading.
+fn readable(file: File) -> std::io::Result<AsyncFd<File>> {
+    // SAFETY: the AsyncFd owns the File: its descriptor stays open and the
+    // same for the AsyncFd's whole life.
+    unsafe { AsyncFd::register_with_interest(file, Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// One read of `fd` once it is readable; None when it fails or nobody
+/// listens any more.
+async fn read_when_ready(
+    fd: &AsyncFd<File>,
+    buf: &mut [u8],
+    tx: &UnboundedSender<()>,
+) -> Option<usize> {
+    loop {
+        let mut guard = tokio::select! {
+            ready = fd.readable() => ready.ok()?,
+            () = tx.closed() => return None,
+        };
+        match guard.try_io(|f| (&*f.get_ref()).read(buf)) {
+            Ok(Ok(n)) if n > 0 => return Some(n),
+            Ok(Err(e)) if e.kind() == ErrorKind::Interrupted => {}
+            Ok(_) => return None,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// A new close-on-exec, non-blocking eventfd, as a `File` to read its
+/// counter from.
 fn eventfd() -> std::io::Result<File> {
     // SAFETY: eventfd takes no pointers.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -108,16 +137,13 @@ fn start_v2(dir: PathBuf, tx: UnboundedSender<()>) -> Result<()> {
     let kills = parse_oom_kills(&events);
     let inotify = inotify_watching(&[dir.join("memory.events"), dir.join("cgroup.events")])
         .map_err(|e| io_err("watching memory.events and cgroup.events", e))?;
-    let thread_dir = dir.clone();
-    std::thread::Builder::new()
-        .name("oom-v2".into())
-        .spawn(move || v2_loop(inotify, &thread_dir, kills, tx))
-        .map_err(|e| io_err("starting the watcher thread", e))?;
+    let inotify = readable(inotify).map_err(|e| io_err("polling inotify", e))?;
+    tokio::spawn(async move { v2_loop(inotify, &dir, kills, tx).await });
     Ok(())
 }
 
 /// Sends one message per new OOM kill until the cgroup is empty or gone.
-fn v2_loop(mut inotify: File, dir: &Path, mut kills: u64, tx: UnboundedSender<()>) {
+async fn v2_loop(inotify: AsyncFd<File>, dir: &Path, mut kills: u64, tx: UnboundedSender<()>) {
     let mut buf = [0u8; 4096];
     loop {
         // Emptiness first: every kill before it is then in memory.events.
@@ -136,19 +162,17 @@ fn v2_loop(mut inotify: File, dir: &Path, mut kills: u64, tx: UnboundedSender<()
         if done {
             return;
         }
-        match inotify.read(&mut buf) {
-            Ok(n) if n > 0 => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            _ => return,
+        if read_when_ready(&inotify, &mut buf, &tx).await.is_none() {
+            return;
         }
     }
 }
 
-/// A new close-on-exec inotify instance with an `IN_MODIFY` watch on each of
+/// A new close-on-exec, non-blocking inotify instance with an `IN_MODIFY` watch on each of
 /// `paths`, as a `File` to read events from.
 fn inotify_watching(paths: &[PathBuf]) -> std::io::Result<File> {
     // SAFETY: inotify_init1 takes no pointers.
-    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use containerd_shim_protos::protobuf::{well_known_types::any::Any, CodedInputStream, Message};
 use containerd_shim_protos::shim::oci::Options as RuncOptions;
-use vsnap_config::{RuntimeConfig, DEFAULT_CONFIG_PATH};
+use vsnap_config::{ConfigSource, RuntimeConfig, DEFAULT_CONFIG_PATH};
 
 use crate::error::{Error, Result};
 
@@ -32,7 +32,10 @@ pub fn from_any(any: Option<&Any>) -> Result<RuntimeConfig> {
             if !body.is_empty() {
                 let body = String::from_utf8(body)
                     .map_err(|_| invalid("ConfigBody is not UTF-8".into()))?;
-                RuntimeConfig::parse(&body, "ConfigBody").map_err(|e| invalid(e.to_string()))
+                let mut config = RuntimeConfig::parse(&body, "ConfigBody")
+                    .map_err(|e| invalid(e.to_string()))?;
+                config.source = ConfigSource::Body(body);
+                Ok(config)
             } else if !path.is_empty() {
                 RuntimeConfig::load(Path::new(&path)).map_err(|e| invalid(e.to_string()))
             } else {

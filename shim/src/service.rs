@@ -44,10 +44,9 @@ impl Shim for Service {
 
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         // containerd starts us in the bundle: group a pod's containers in one shim.
-        let grouping = oci_spec::runtime::Spec::load("config.json")
+        let grouping = cleanup::read_spec(std::path::Path::new("."))
             .ok()
-            .and_then(|spec| spec.annotations().clone())
-            .and_then(|a| a.get(SANDBOX_ID).cloned())
+            .and_then(|spec| spec["annotations"][SANDBOX_ID].as_str().map(String::from))
             .unwrap_or_else(|| opts.id.clone());
         let address = spawn(opts, &grouping, Vec::new()).await?;
         write_str_to_file("address", &address).await?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim::asynchronous::ExitSignal;
-use containerd_shim::util::{convert_to_any, convert_to_timestamp};
+use containerd_shim::util::convert_to_timestamp;
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed,
@@ -229,7 +229,9 @@ impl TaskService {
                     exec_id,
                     ..Default::default()
                 };
-                info.info = MessageField::some(convert_to_any(Box::new(details))?);
+                info.info = MessageField::some(
+                    crate::pack::pack(&details).map_err(|e| Error::Other(format!("pids: {e}")))?,
+                );
             }
             processes.push(info);
         }
@@ -476,8 +478,15 @@ impl Task for TaskService {
             .as_ref()
             .map(|a| a.value.clone())
             .unwrap_or_default();
-        serde_json::from_slice::<oci_spec::runtime::LinuxResources>(&resources)
-            .map_err(|e| Error::InvalidArgument(format!("update: resources: {e}")))?;
+        match serde_json::from_slice::<serde_json::Value>(&resources) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => {
+                return Err(
+                    Error::InvalidArgument("update: resources: not an object".into()).into(),
+                )
+            }
+            Err(e) => return Err(Error::InvalidArgument(format!("update: resources: {e}")).into()),
+        }
         c.runc.update(&req.id, resources).await?;
         Ok(Empty::new())
     }

@@ -106,7 +106,12 @@ impl Creator<'_> {
         crate::snapshot::tenant::check_reference(config, &tenant, &settings)?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
-        fetch::ensure_local(&req.id, config, &settings).await?;
+        fetch::ensure_local(&req.id, config, self.exits, &settings).await?;
+        // No plan: nothing to prepare, and no blocking thread that would
+        // linger in a plain container's idle shim.
+        if crate::snapshot::plan::from_annotations(&settings)?.is_none() {
+            return Ok(None);
+        }
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
         // the runtime thread. The version probes and nvidia-smi spawned there

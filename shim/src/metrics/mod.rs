@@ -51,8 +51,8 @@ impl Metrics {
     /// Packs the metrics into the `Any` that goes into `StatsResponse.stats`.
     pub fn to_any(&self) -> Result<Any> {
         let any = match self {
-            Metrics::V1(m) => containerd_shim::util::convert_to_any(Box::new(m.clone())),
-            Metrics::V2(m) => containerd_shim::util::convert_to_any(Box::new(m.clone())),
+            Metrics::V1(m) => crate::pack::pack(m),
+            Metrics::V2(m) => crate::pack::pack(m),
         };
         any.map_err(|e| Error::Other(format!("stats: encoding the metrics: {e}")))
     }

@@ -1,9 +1,9 @@
 //! Restoring straight from a registry (`vsnap.io/artifact-ref`): at create,
 //! before the preflight, a restore (or `auto`) whose artifact the artifact
-//! root does not hold pulls it from the reference, exactly as `vsnap pull`
-//! does (vsnap-registry: signed by a trusted fleet key before anything is
-//! fetched, every chunk and every file checked, sealed with this host's
-//! key, published atomically). The preflight then treats it as any local
+//! root does not hold pulls it from the reference by running `vsnap pull`
+//! (vsnap_cli.rs; vsnap-registry: signed by a trusted fleet key before
+//! anything is fetched, every chunk and every file checked, sealed with
+//! this host's key, published atomically). The preflight then treats it as any local
 //! artifact. An artifact already here is used as it is: the reference is
 //! only where to get it from.
 //!
@@ -11,22 +11,30 @@
 //! never from the annotation; nothing of them is logged.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
 use vsnap_config::RuntimeConfig;
-use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
 
 use super::plan::{self, Mode, Plan};
 use crate::error::{Error, Result};
+use crate::exits::Exits;
+use crate::vsnap_cli::{self, CliError};
+
+/// Chunks transferred at once, as before the transfers moved to the CLI.
+const JOBS: &str = "4";
 
 /// Pulls the plan's artifact when it has a reference and the root lacks
-/// the artifact. Another container pulling the same artifact meanwhile is
-/// waited for. `auto` falls back to a cold start (and a capture) when the
-/// pull fails; `restore` fails naming the reference and why.
+/// the artifact, through the `vsnap` CLI (`vsnap pull`, vsnap_cli.rs).
+/// Another container pulling the same artifact meanwhile is waited for.
+/// `auto` falls back to a cold start (and a capture) when the pull fails;
+/// `restore` fails naming the reference and why.
 pub async fn ensure_local(
     id: &str,
     config: &RuntimeConfig,
+    exits: &Exits,
     settings: &HashMap<String, String>,
 ) -> Result<()> {
     let Some(plan) = plan::from_annotations(settings)? else {
@@ -36,73 +44,94 @@ pub async fn ensure_local(
         return Ok(());
     };
     let timeout = Duration::from_secs(config.pull_timeout_s);
-    // On a thread and runtime of its own: the registry client's futures are
-    // not Send for every lifetime, which the shim's task API requires.
-    let pulling = {
-        let (config, reference) = (config.clone(), reference.clone());
-        tokio::task::spawn_blocking(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::Other(format!("restore: pull {reference}: runtime: {e}")))?;
-            Ok::<_, Error>(rt.block_on(tokio::time::timeout(
-                timeout,
-                pull_if_missing(&config, &reference, name.as_str()),
-            )))
-        })
-    };
-    let pulled: std::result::Result<Result<()>, _> = pulling
-        .await
-        .map_err(|e| Error::Other(format!("restore: pull {reference}: {e}")))??;
+    let pulled = tokio::time::timeout(
+        timeout,
+        pull_if_missing(config, exits, &reference, name.as_str(), timeout),
+    )
+    .await;
     match pulled {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if plan.mode == Mode::Auto => {
+        Ok(Err(e)) if plan.mode == Mode::Auto && !matches!(e, Error::DeadlineExceeded(_)) => {
             log::warn!("{id}: auto: {e}: starting cold");
             Ok(())
         }
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::DeadlineExceeded(format!(
-            "restore: pull {reference}: not done within pull_timeout_s ({}s); an interrupted pull resumes from its download cache",
-            timeout.as_secs()
-        ))),
+        Err(_) => Err(pull_deadline(&reference, timeout)),
     }
 }
 
-async fn pull_if_missing(config: &RuntimeConfig, reference: &str, name: &str) -> Result<()> {
+fn pull_deadline(reference: &str, timeout: Duration) -> Error {
+    Error::DeadlineExceeded(format!(
+        "restore: pull {reference}: not done within pull_timeout_s ({}s); an interrupted pull resumes from its download cache",
+        timeout.as_secs()
+    ))
+}
+
+async fn pull_if_missing(
+    config: &RuntimeConfig,
+    exits: &Exits,
+    reference: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
     let root = &config.artifact_root;
     let fail = |e: String| Error::FailedPrecondition(format!("restore: pull {reference}: {e}"));
     loop {
-        match Manifest::load_unverified(root, name) {
-            Ok(_) => return Ok(()),
-            Err(ArtifactError::NotFound(_)) => {}
-            Err(e) => return Err(fail(e.to_string())),
+        if local(root, name).map_err(fail)? {
+            return Ok(());
         }
         // Another container (or `vsnap pull`) is writing it: wait for it.
         if ArtifactLock::is_held(root, name).map_err(|e| fail(e.to_string()))? {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        let remote = Remote::new(reference, &config.registries).map_err(|e| fail(e.to_string()))?;
-        let opts = PullOptions::from_config(config, 4, cores()).map_err(fail)?;
+        let args: Vec<OsString> = ["pull", reference, name, "--jobs", JOBS, "--json"]
+            .iter()
+            .map(OsString::from)
+            .collect();
         let started = Instant::now();
-        match vsnap_registry::pull(root, Some(name), &remote, &opts).await {
-            Ok(r) => {
-                log::info!(
-                    "pulled {reference} ({}) as {name}: {} bytes, {} chunks fetched, {} from the download cache, signed by {}, in {} ms",
-                    r.digest,
-                    r.bytes,
-                    r.fetched,
-                    r.reused,
-                    r.signed_by,
-                    started.elapsed().as_millis()
-                );
-                return Ok(());
-            }
-            // Another pull took the lock between the look and the pull.
-            Err(RegistryError::Artifact(ArtifactError::Locked(_))) => continue,
-            Err(e) => return Err(fail(e.to_string())),
+        let ran = match vsnap_cli::run(config, exits, &args, timeout).await {
+            Ok(ran) => ran,
+            Err(CliError::TimedOut(_)) => return Err(pull_deadline(reference, timeout)),
+            Err(CliError::Failed(e)) => return Err(fail(e)),
+        };
+        if ran.code == 0 {
+            log_pulled(reference, name, &ran.stdout, started);
+            return Ok(());
         }
+        // Another pull took the lock between the look and the pull.
+        if ArtifactLock::is_held(root, name).unwrap_or(false) || local(root, name).unwrap_or(false)
+        {
+            continue;
+        }
+        let reason = ran.reason();
+        let prefix = format!("pull {reference}: ");
+        return Err(fail(
+            reason.strip_prefix(&prefix).unwrap_or(&reason).to_string(),
+        ));
     }
+}
+
+/// Whether the root holds `name` (unverified: the preflight verifies).
+fn local(root: &std::path::Path, name: &str) -> std::result::Result<bool, String> {
+    match Manifest::load_unverified(root, name) {
+        Ok(_) => Ok(true),
+        Err(ArtifactError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn log_pulled(reference: &str, name: &str, report: &[u8], started: Instant) {
+    let r: Value = serde_json::from_slice(report).unwrap_or_default();
+    log::info!(
+        "pulled {reference} ({}) as {name}: {} bytes, {} chunks fetched, {} from the download cache, signed by {}, in {} ms",
+        r["digest"].as_str().unwrap_or("?"),
+        r["bytes"],
+        r["fetched"],
+        r["reused"],
+        r["signed_by"].as_str().unwrap_or("?"),
+        started.elapsed().as_millis()
+    );
 }
 
 /// Where an `auto` create pushes what it published (the runtime config's
@@ -129,28 +158,24 @@ impl PushTarget {
         })
     }
 
-    /// Pushes in the background, once the capture let go of the artifact's
-    /// lock; the outcome is logged (the artifact stays here either way).
-    pub fn push_in_background(self, id: String) {
-        std::thread::spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return log::warn!("{id}: push {}: runtime: {e}", self.reference),
-            };
-            match rt.block_on(self.push()) {
+    /// Pushes in the background through the `vsnap` CLI (`vsnap push`),
+    /// once the capture let go of the artifact's lock; the outcome is
+    /// logged (the artifact stays here either way).
+    pub fn push_in_background(self, id: String, exits: Exits) {
+        tokio::spawn(async move {
+            match self.push(&exits).await {
                 Ok(r) => log::info!(
                     "{id}: pushed {} to {} ({}): {} chunks uploaded, {} already there, signed by {}, sealed with {}",
                     self.name,
                     self.reference,
-                    r.digest,
-                    r.uploaded,
-                    r.skipped,
-                    r.signed_by.as_deref().unwrap_or("nobody (no fleet_signing_key)"),
-                    r.encrypted_with
-                        .as_deref()
+                    r["digest"].as_str().unwrap_or("?"),
+                    r["uploaded"],
+                    r["skipped"],
+                    r["signed_by"]
+                        .as_str()
+                        .unwrap_or("nobody (no fleet_signing_key)"),
+                    r["encrypted_with"]
+                        .as_str()
                         .unwrap_or("nothing: sent in clear (no fleet_encryption_key)")
                 ),
                 Err(e) => log::warn!("{id}: push {} to {}: {e}", self.name, self.reference),
@@ -158,26 +183,40 @@ impl PushTarget {
         });
     }
 
-    async fn push(&self) -> std::result::Result<vsnap_registry::PushReport, String> {
-        let remote =
-            Remote::new(&self.reference, &self.config.registries).map_err(|e| e.to_string())?;
-        let opts = PushOptions::from_config(&self.config, 4, cores())?;
+    async fn push(&self, exits: &Exits) -> std::result::Result<Value, String> {
+        let args: Vec<OsString> = [
+            "push",
+            &self.name,
+            &self.reference,
+            "--jobs",
+            JOBS,
+            "--json",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let root = &self.config.artifact_root;
         // The capture's exclusive lock may still be held for a moment.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            match vsnap_registry::push(&self.config.artifact_root, &self.name, &remote, &opts).await
+            if ArtifactLock::is_held(root, &self.name).unwrap_or(false) && Instant::now() < deadline
             {
-                Err(RegistryError::Artifact(ArtifactError::Locked(_)))
-                    if Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                r => return r.map_err(|e| e.to_string()),
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let ran = vsnap_cli::run(&self.config, exits, &args, Duration::from_secs(24 * 3600))
+                .await
+                .map_err(|e| e.to_string())?;
+            if ran.code == 0 {
+                return Ok(serde_json::from_slice(&ran.stdout).unwrap_or_default());
+            }
+            if !ArtifactLock::is_held(root, &self.name).unwrap_or(false)
+                || Instant::now() >= deadline
+            {
+                let reason = ran.reason();
+                let prefix = format!("push {}: ", self.name);
+                return Err(reason.strip_prefix(&prefix).unwrap_or(&reason).to_string());
             }
         }
     }
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
 }

@@ -132,8 +132,7 @@ fn artifact_ref_of(
             format!("needs {ARTIFACT}: the name the pulled artifact gets here"),
         )),
         (Some(r), ..) => {
-            vsnap_registry::remote::parse_reference(r)
-                .map_err(|e| invalid(ARTIFACT_REF, e.to_string()))?;
+            vsnap_config::reference::check(r).map_err(|e| invalid(ARTIFACT_REF, e))?;
             Ok(Some(r.clone()))
         }
     }

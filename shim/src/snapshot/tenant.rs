@@ -42,9 +42,9 @@ pub fn check_reference(
         None => Vec::new(),
         Some(list) => list,
     };
-    let parsed = vsnap_registry::remote::parse_reference(&reference)
+    let parsed = vsnap_config::reference::parse(&reference)
         .map_err(|e| Error::InvalidArgument(format!("create: {}: {e}", plan::ARTIFACT_REF)))?;
-    let (registry, repository) = (parsed.registry(), parsed.repository());
+    let (registry, repository) = (parsed.registry.as_str(), parsed.repository.as_str());
     if allowed.iter().any(|e| ref_allowed(e, registry, repository)) {
         return Ok(());
     }

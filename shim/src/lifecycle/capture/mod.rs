@@ -44,7 +44,7 @@ pub async fn run(mut capture: CaptureRun) {
         info!("{}: artifact published at {}", capture.id, path.display());
     }
     if let Some(target) = capture.snapshot.push_to.clone() {
-        target.push_in_background(capture.id.clone());
+        target.push_in_background(capture.id.clone(), capture.runc.exits.clone());
     }
 }
 
