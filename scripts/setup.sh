@@ -345,6 +345,7 @@ STEP=versions
     "$CRIU_BIN" --version | sed 's/^/criu: /'
     echo "criu-path: $CRIU_BIN"
     echo "docker-registry: $(docker-registry --version 2>/dev/null || echo '?')"
+    echo "prometheus: $(prometheus --version 2>&1 | head -n 1)"
     echo "criu-plugins: $CRIU_PLUGINDIR/cuda_plugin.so"
 } >"$PREFIX/.versions.txt.new"
 if cmp -s "$PREFIX/.versions.txt.new" "$PREFIX/versions.txt"; then
