@@ -407,6 +407,7 @@ STEP=versions
     echo "dockerd: $("$DOCKER_BIN/dockerd" --version)"
     echo "docker: $("$DOCKER_BIN/docker" --version)"
     echo "docker-path: $DOCKER_BIN"
+    echo "prometheus: $(prometheus --version 2>&1 | head -n 1)"
     echo "criu-plugins: $CRIU_PLUGINDIR/cuda_plugin.so"
 } >"$PREFIX/.versions.txt.new"
 if cmp -s "$PREFIX/.versions.txt.new" "$PREFIX/versions.txt"; then
