@@ -102,7 +102,8 @@ pub struct PullTimings {
     pub resolve: u64,
     /// Chunks into the download cache (and cached ones hashed again).
     pub fetch: u64,
-    /// Files written in the staging folder from the cache.
+    /// Files written in the staging folder from the cache (sealed chunks
+    /// opened, on every core).
     pub assemble: u64,
     /// The content digests of every file.
     pub verify: u64,
