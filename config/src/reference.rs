@@ -132,7 +132,10 @@ mod tests {
             repository: g.to_string(),
         };
         for (r, want) in [
-            ("127.0.0.1:5000/fleet/qwen:v1", parts("127.0.0.1:5000", "fleet/qwen")),
+            (
+                "127.0.0.1:5000/fleet/qwen:v1",
+                parts("127.0.0.1:5000", "fleet/qwen"),
+            ),
             ("localhost/a", parts("localhost", "a")),
             ("ubuntu", parts("docker.io", "library/ubuntu")),
             ("team/ubuntu:1", parts("docker.io", "team/ubuntu")),

@@ -12,9 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, File};
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use vsnap_artifact::journal::{Op, Record};
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -29,7 +33,7 @@ use crate::blobs::fetch_small;
 use crate::cache::{BlobCache, BlobProblem};
 use crate::crypt::{self, FleetKeys, Sealer};
 use crate::error::{RegistryError, Result};
-use crate::index::{ArtifactConfig, CONFIG_LIMIT};
+use crate::index::{ArtifactConfig, FileEntry, CONFIG_LIMIT};
 use crate::remote::Remote;
 use crate::{
     sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CHUNK_MEDIA_TYPE_ENCRYPTED,
@@ -99,7 +103,8 @@ pub struct PullTimings {
     pub resolve: u64,
     /// Chunks into the download cache (and cached ones hashed again).
     pub fetch: u64,
-    /// Files written in the staging folder from the cache.
+    /// Files written in the staging folder from the cache (sealed chunks
+    /// opened, on every core).
     pub assemble: u64,
     /// The content digests of every file.
     pub verify: u64,
@@ -209,6 +214,7 @@ async fn pull_unrecorded(
         config,
         sealer,
         threads,
+        sizes: layers,
     };
     report.timings_ms = publish_from_cache(root, assembly, manifest, timings).await?;
     Ok(report)
@@ -339,6 +345,8 @@ struct Assembly {
     config: ArtifactConfig,
     sealer: Option<Sealer>,
     threads: usize,
+    /// Each layer's size, by digest.
+    sizes: BTreeMap<String, u64>,
 }
 
 /// Assembles and publishes off the async threads, then empties the cache of
@@ -512,11 +520,13 @@ fn assemble_and_publish(
         config,
         sealer,
         threads,
+        ..
     } = assembly;
     let phase = std::time::Instant::now();
     let name = manifest.name.clone();
     let _lock = ArtifactLock::exclusive(root, &name)?;
     let staging = Staging::new(root, &name)?;
+    let mut sealed_files = Vec::new();
     for f in &config.files {
         let dest = staging.dir.join(&f.path);
         let parent = dest.parent().expect("a checked path has a folder");
@@ -532,11 +542,20 @@ fn assemble_and_publish(
             .custom_flags(libc::O_NOFOLLOW)
             .open(&dest)
             .map_err(|e| RegistryError::io(format!("pull: create {}", dest.display()), e))?;
-        for c in &f.chunks {
-            copy_chunk(&cache.path(c), c, sealer.as_ref(), &mut out, &dest, &f.path)?;
+        if sealer.is_some() {
+            sealed_files.push((out, dest, f));
+            continue;
         }
-        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(f.mode & 0o755))
-            .map_err(|e| RegistryError::io(format!("pull: chmod {}", dest.display()), e))?;
+        for c in &f.chunks {
+            copy_chunk(&cache.path(c), &mut out, &dest)?;
+        }
+        chmod(&dest, f.mode)?;
+    }
+    if let Some(sealer) = sealer {
+        open_chunks(assembly, sealer, &sealed_files)?;
+        for (_, dest, f) in &sealed_files {
+            chmod(dest, f.mode)?;
+        }
     }
     timings.assemble = ms(phase);
     let phase = std::time::Instant::now();
@@ -550,28 +569,82 @@ fn assemble_and_publish(
     Ok(())
 }
 
-/// Appends the cached chunk `src` (layer `digest`) to `out`: copied as it
-/// is, or opened with `sealer` (tag and keyed id checked) so that only
-/// plaintext that decrypted and matched is written.
-fn copy_chunk(
-    src: &Path,
-    digest: &str,
-    sealer: Option<&Sealer>,
-    out: &mut File,
-    dest: &Path,
-    file: &str,
-) -> Result<()> {
+fn chmod(dest: &Path, mode: u32) -> Result<()> {
+    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(mode & 0o755))
+        .map_err(|e| RegistryError::io(format!("pull: chmod {}", dest.display()), e))
+}
+
+/// Appends the cached chunk `src` to `out` as it is (an artifact in clear).
+fn copy_chunk(src: &Path, out: &mut File, dest: &Path) -> Result<()> {
     let mut input = File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(src)
         .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
-    let write_err = |e| RegistryError::io(format!("pull: write {}", dest.display()), e);
-    let Some(sealer) = sealer else {
-        std::io::copy(&mut input, out).map_err(write_err)?;
-        return Ok(());
-    };
-    let mut sealed = Vec::new();
+    std::io::copy(&mut input, out)
+        .map_err(|e| RegistryError::io(format!("pull: write {}", dest.display()), e))?;
+    Ok(())
+}
+
+/// Opens every sealed chunk of `files` from the cache (tag and keyed id
+/// checked) and writes its plaintext at its place in its file, one chunk
+/// per core at a time: only plaintext that decrypted and matched is
+/// written. The first failure stops the others and is returned.
+fn open_chunks(
+    assembly: &Assembly,
+    sealer: &Sealer,
+    files: &[(File, PathBuf, &FileEntry)],
+) -> Result<()> {
+    let mut jobs = Vec::new();
+    for (i, (_, _, f)) in files.iter().enumerate() {
+        let mut at = 0u64;
+        for c in &f.chunks {
+            jobs.push((i, at, c.as_str()));
+            at += assembly.sizes[c] - crypt::OVERHEAD;
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let failed: Mutex<Option<RegistryError>> = Mutex::new(None);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers.min(jobs.len()) {
+            s.spawn(|| loop {
+                let j = next.fetch_add(1, Ordering::Relaxed);
+                if j >= jobs.len() || failed.lock().expect("not poisoned").is_some() {
+                    return;
+                }
+                let (i, at, digest) = jobs[j];
+                let (out, dest, f) = &files[i];
+                if let Err(e) = open_chunk(assembly, sealer, digest, out, at, dest, &f.path) {
+                    failed.lock().expect("not poisoned").get_or_insert(e);
+                    return;
+                }
+            });
+        }
+    });
+    match failed.into_inner().expect("not poisoned") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One sealed chunk (layer `digest`) opened and written at `at` of `out`.
+fn open_chunk(
+    assembly: &Assembly,
+    sealer: &Sealer,
+    digest: &str,
+    out: &File,
+    at: u64,
+    dest: &Path,
+    file: &str,
+) -> Result<()> {
+    let src = assembly.cache.path(digest);
+    let mut input = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&src)
+        .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
+    let mut sealed = Vec::with_capacity(assembly.sizes[digest] as usize);
     input
         .read_to_end(&mut sealed)
         .map_err(|e| RegistryError::io(format!("pull: read {}", src.display()), e))?;
@@ -581,5 +654,6 @@ fn copy_chunk(
             sealer.key_id()
         ))
     })?;
-    out.write_all(&plain).map_err(write_err)
+    out.write_all_at(&plain, at)
+        .map_err(|e| RegistryError::io(format!("pull: write {}", dest.display()), e))
 }
