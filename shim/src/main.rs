@@ -35,8 +35,20 @@ mod vsnap_cli;
 /// The runtime name containerd resolves to this binary.
 pub const RUNTIME_ID: &str = "io.vsnap.v1";
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+/// How long a blocking-pool thread (tokio::fs, spawn_blocking) outlives its
+/// last task: an idle shim keeps only its runtime's thread.
+const BLOCKING_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
+        .expect("the shim's runtime starts");
+    runtime.block_on(shim_main());
+}
+
+async fn shim_main() {
     // `-v` / `-version`, as containerd's shims answer it.
     if std::env::args()
         .skip(1)

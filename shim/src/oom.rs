@@ -107,7 +107,7 @@ async fn read_when_ready(
             ready = fd.readable() => ready.ok()?,
             () = tx.closed() => return None,
         };
-        match guard.try_io(|f| (&*f.get_ref()).read(buf)) {
+        match guard.try_io(|f| f.get_ref().read(buf)) {
             Ok(Ok(n)) if n > 0 => return Some(n),
             Ok(Err(e)) if e.kind() == ErrorKind::Interrupted => {}
             Ok(_) => return None,
