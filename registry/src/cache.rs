@@ -76,15 +76,39 @@ impl BlobCache {
         Ok(intact)
     }
 
-    /// A writer for the blob `digest` of `size` bytes.
-    pub fn writer(&self, digest: &str, size: u64) -> Result<BlobWriter> {
-        let done = self.path(digest);
-        let part = self.dir.join(format!(
+    /// `bytes` derived from blob `digest` (its opened plaintext) written
+    /// whole into a file of this process's own beside it, named as a part
+    /// (`<hex>.part-<pid>-<n>`): never taken for a complete blob, and swept
+    /// by a later pull once this process is gone. Its path.
+    pub fn write_part(&self, digest: &str, bytes: &[u8]) -> Result<PathBuf> {
+        let path = self.part_path(digest);
+        let mut file = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| RegistryError::io(format!("create {}", path.display()), e))?;
+        if let Err(e) = file.write_all(bytes) {
+            let _ = std::fs::remove_file(&path);
+            return Err(RegistryError::io(format!("write {}", path.display()), e));
+        }
+        Ok(path)
+    }
+
+    fn part_path(&self, digest: &str) -> PathBuf {
+        self.dir.join(format!(
             "{}.part-{}-{}",
             sha256_hex(digest).expect("a checked sha256 digest"),
             std::process::id(),
             PART.fetch_add(1, Ordering::Relaxed)
-        ));
+        ))
+    }
+
+    /// A writer for the blob `digest` of `size` bytes.
+    pub fn writer(&self, digest: &str, size: u64) -> Result<BlobWriter> {
+        let done = self.path(digest);
+        let part = self.part_path(digest);
         let file = File::options()
             .write(true)
             .create_new(true)

@@ -13,11 +13,9 @@
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, File};
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use vsnap_artifact::journal::{Op, Record};
 
@@ -33,7 +31,7 @@ use crate::blobs::fetch_small;
 use crate::cache::{BlobCache, BlobProblem};
 use crate::crypt::{self, FleetKeys, Sealer};
 use crate::error::{RegistryError, Result};
-use crate::index::{ArtifactConfig, FileEntry, CONFIG_LIMIT};
+use crate::index::{ArtifactConfig, CONFIG_LIMIT};
 use crate::remote::Remote;
 use crate::{
     sha256_digest, sha256_hex, ARTIFACT_TYPE, CHUNK_MEDIA_TYPE, CHUNK_MEDIA_TYPE_ENCRYPTED,
@@ -186,7 +184,20 @@ async fn pull_unrecorded(
     let cache = BlobCache::open(root)?;
     timings.resolve = ms(started);
     let fetching = std::time::Instant::now();
-    let fetched = fetch_chunks(remote, &cache, &oci.layers, &config, opts.jobs).await?;
+    let opened = Opened::default();
+    let fetch = Fetch {
+        remote,
+        cache: &cache,
+        sealer: sealer.as_ref(),
+        opened: &opened,
+    };
+    let fetched = match fetch_chunks(&fetch, &oci.layers, &config, opts.jobs).await {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            opened.remove_all();
+            return Err(e);
+        }
+    };
     let mut report = PullReport {
         name: name.clone(),
         reference: remote.name(),
@@ -212,9 +223,8 @@ async fn pull_unrecorded(
     let assembly = Assembly {
         cache,
         config,
-        sealer,
+        opened: opened.take(),
         threads,
-        sizes: layers,
     };
     report.timings_ms = publish_from_cache(root, assembly, manifest, timings).await?;
     Ok(report)
@@ -275,9 +285,49 @@ fn sealed_with(oci: &OciImageManifest) -> Option<&str> {
 }
 
 /// Every layer into the cache, `jobs` at a time; (fetched, bytes) of each.
+/// What the fetch of every chunk shares: where from, the cache, the key
+/// that opens sealed chunks and the plaintexts opened so far.
+struct Fetch<'a> {
+    remote: &'a Remote,
+    cache: &'a BlobCache,
+    sealer: Option<&'a Sealer>,
+    opened: &'a Opened,
+}
+
+/// The plaintexts of a sealed artifact's chunks, by layer digest: each
+/// opened (tag and keyed id checked) as soon as its ciphertext is in the
+/// cache, while other chunks are still being fetched, into a file of this
+/// pull's own beside it (`<hex>.part-<pid>-<n>`, which a later pull sweeps
+/// if this one died). Only plaintext that verified is ever written; all of
+/// it is removed when the pull ends, published or not.
+#[derive(Default)]
+struct Opened(Mutex<BTreeMap<String, PathBuf>>);
+
+impl Opened {
+    fn insert(&self, digest: &str, path: PathBuf) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .insert(digest.to_string(), path);
+    }
+
+    fn take(&self) -> BTreeMap<String, PathBuf> {
+        std::mem::take(&mut *self.0.lock().expect("not poisoned"))
+    }
+
+    fn remove_all(&self) {
+        remove_opened(&self.take());
+    }
+}
+
+fn remove_opened(opened: &BTreeMap<String, PathBuf>) {
+    for path in opened.values() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 async fn fetch_chunks(
-    remote: &Remote,
-    cache: &BlobCache,
+    fetch: &Fetch<'_>,
     layers: &[OciDescriptor],
     config: &ArtifactConfig,
     jobs: usize,
@@ -289,7 +339,7 @@ async fn fetch_chunks(
                 .get(layer.digest.as_str())
                 .map(|o| o.join(", "))
                 .unwrap_or_default();
-            fetch_chunk(remote, cache, layer, files)
+            fetch_and_open(fetch, layer, files)
         })
         .buffer_unordered(jobs.max(1))
         .try_collect()
@@ -343,10 +393,9 @@ fn origin(remote: &Remote, digest: &str, signed_by: String) -> Origin {
 struct Assembly {
     cache: BlobCache,
     config: ArtifactConfig,
-    sealer: Option<Sealer>,
+    /// The opened plaintexts of a sealed artifact's layers, by digest.
+    opened: BTreeMap<String, PathBuf>,
     threads: usize,
-    /// Each layer's size, by digest.
-    sizes: BTreeMap<String, u64>,
 }
 
 /// Assembles and publishes off the async threads, then empties the cache of
@@ -359,7 +408,9 @@ async fn publish_from_cache(
 ) -> Result<PullTimings> {
     let root = root.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        assemble_and_publish(&root, &assembly, manifest, &mut timings)?;
+        let assembled = assemble_and_publish(&root, &assembly, manifest, &mut timings);
+        remove_opened(&assembly.opened);
+        assembled?;
         // The artifact holds every byte now: the cache gives them back.
         for f in &assembly.config.files {
             for c in &f.chunks {
@@ -451,12 +502,35 @@ async fn fetch_config(
     ArtifactConfig::parse(&plain)
 }
 
+/// One chunk into the cache unless it holds it and, for a sealed artifact,
+/// opened there at once (on a blocking thread, so the other fetches go on);
+/// returns (fetched, bytes).
+async fn fetch_and_open(
+    fetch: &Fetch<'_>,
+    layer: &OciDescriptor,
+    files: String,
+) -> Result<(bool, u64)> {
+    let fetched = fetch_chunk(fetch.remote, fetch.cache, layer, &files).await?;
+    let Some(sealer) = fetch.sealer else {
+        return Ok(fetched);
+    };
+    let (sealer, digest) = (sealer.clone(), layer.digest.clone());
+    let cache = BlobCache {
+        dir: fetch.cache.dir.clone(),
+    };
+    let path = tokio::task::spawn_blocking(move || open_chunk(&cache, &sealer, &digest, &files))
+        .await
+        .expect("the opening thread does not panic")?;
+    fetch.opened.insert(&layer.digest, path);
+    Ok(fetched)
+}
+
 /// One chunk into the cache unless it holds it; returns (fetched, bytes).
 async fn fetch_chunk(
     remote: &Remote,
     cache: &BlobCache,
     layer: &OciDescriptor,
-    files: String,
+    files: &str,
 ) -> Result<(bool, u64)> {
     let size = layer.size as u64;
     let digest = layer.digest.clone();
@@ -518,15 +592,13 @@ fn assemble_and_publish(
     let Assembly {
         cache,
         config,
-        sealer,
+        opened,
         threads,
-        ..
     } = assembly;
     let phase = std::time::Instant::now();
     let name = manifest.name.clone();
     let _lock = ArtifactLock::exclusive(root, &name)?;
     let staging = Staging::new(root, &name)?;
-    let mut sealed_files = Vec::new();
     for f in &config.files {
         let dest = staging.dir.join(&f.path);
         let parent = dest.parent().expect("a checked path has a folder");
@@ -542,20 +614,13 @@ fn assemble_and_publish(
             .custom_flags(libc::O_NOFOLLOW)
             .open(&dest)
             .map_err(|e| RegistryError::io(format!("pull: create {}", dest.display()), e))?;
-        if sealer.is_some() {
-            sealed_files.push((out, dest, f));
-            continue;
-        }
         for c in &f.chunks {
-            copy_chunk(&cache.path(c), &mut out, &dest)?;
+            // A sealed artifact's chunk as it was opened; one in clear as
+            // the cache holds it.
+            let src = opened.get(c).cloned().unwrap_or_else(|| cache.path(c));
+            copy_chunk(&src, &mut out, &dest)?;
         }
         chmod(&dest, f.mode)?;
-    }
-    if let Some(sealer) = sealer {
-        open_chunks(assembly, sealer, &sealed_files)?;
-        for (_, dest, f) in &sealed_files {
-            chmod(dest, f.mode)?;
-        }
     }
     timings.assemble = ms(phase);
     let phase = std::time::Instant::now();
@@ -586,74 +651,24 @@ fn copy_chunk(src: &Path, out: &mut File, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Opens every sealed chunk of `files` from the cache (tag and keyed id
-/// checked) and writes its plaintext at its place in its file, one chunk
-/// per core at a time: only plaintext that decrypted and matched is
-/// written. The first failure stops the others and is returned.
-fn open_chunks(
-    assembly: &Assembly,
-    sealer: &Sealer,
-    files: &[(File, PathBuf, &FileEntry)],
-) -> Result<()> {
-    let mut jobs = Vec::new();
-    for (i, (_, _, f)) in files.iter().enumerate() {
-        let mut at = 0u64;
-        for c in &f.chunks {
-            jobs.push((i, at, c.as_str()));
-            at += assembly.sizes[c] - crypt::OVERHEAD;
-        }
-    }
-    let next = AtomicUsize::new(0);
-    let failed: Mutex<Option<RegistryError>> = Mutex::new(None);
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    std::thread::scope(|s| {
-        for _ in 0..workers.min(jobs.len()) {
-            s.spawn(|| loop {
-                let j = next.fetch_add(1, Ordering::Relaxed);
-                if j >= jobs.len() || failed.lock().expect("not poisoned").is_some() {
-                    return;
-                }
-                let (i, at, digest) = jobs[j];
-                let (out, dest, f) = &files[i];
-                if let Err(e) = open_chunk(assembly, sealer, digest, out, at, dest, &f.path) {
-                    failed.lock().expect("not poisoned").get_or_insert(e);
-                    return;
-                }
-            });
-        }
-    });
-    match failed.into_inner().expect("not poisoned") {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
-/// One sealed chunk (layer `digest`) opened and written at `at` of `out`.
-fn open_chunk(
-    assembly: &Assembly,
-    sealer: &Sealer,
-    digest: &str,
-    out: &File,
-    at: u64,
-    dest: &Path,
-    file: &str,
-) -> Result<()> {
-    let src = assembly.cache.path(digest);
+/// The sealed chunk `digest` opened from the cache (tag and keyed id
+/// checked) into a plaintext file of this pull's own beside it; its path.
+fn open_chunk(cache: &BlobCache, sealer: &Sealer, digest: &str, files: &str) -> Result<PathBuf> {
+    let src = cache.path(digest);
     let mut input = File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&src)
         .map_err(|e| RegistryError::io(format!("pull: open {}", src.display()), e))?;
-    let mut sealed = Vec::with_capacity(assembly.sizes[digest] as usize);
+    let mut sealed = Vec::new();
     input
         .read_to_end(&mut sealed)
         .map_err(|e| RegistryError::io(format!("pull: read {}", src.display()), e))?;
     let plain = sealer.open(sealed).map_err(|e| {
         RegistryError::Damaged(format!(
-            "pull: blob {digest} ({file}) {e} (fleet key {})",
+            "pull: blob {digest} ({files}) {e} (fleet key {})",
             sealer.key_id()
         ))
     })?;
-    out.write_all_at(&plain, at)
-        .map_err(|e| RegistryError::io(format!("pull: write {}", dest.display()), e))
+    cache.write_part(digest, &plain)
 }
