@@ -85,12 +85,7 @@ impl Snapshot {
             // dockerd's per-container merged path: the image's layers instead.
             engine.workload.rootfs = overlay.image_identity();
         }
-        // `auto` without a name: the workload's identity names the artifact.
-        let name = match plan.artifact.clone() {
-            Some(name) => name,
-            None => ArtifactName::new(format!("auto-{}", engine.workload.key()))
-                .map_err(|e| Error::Other(format!("create: {e}")))?,
-        };
+        let name = artifact_name(&plan, &engine.workload)?;
         let mode = resolve_mode(plan.mode, &root, name.as_str())?;
         let tools = tools_of(config);
         let Some((lock, preflight)) = lock_and_check(
@@ -330,6 +325,16 @@ fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::W
             None => rootfs::WritableLayer::Shared,
         },
         other => other,
+    }
+}
+
+/// The plan's artifact; for `auto` without a name, the one the workload's
+/// identity names.
+fn artifact_name(plan: &Plan, workload: &Workload) -> Result<ArtifactName> {
+    match plan.artifact.clone() {
+        Some(name) => Ok(name),
+        None => ArtifactName::new(format!("auto-{}", workload.key()))
+            .map_err(|e| Error::Other(format!("create: {e}"))),
     }
 }
 
