@@ -10,7 +10,11 @@
 //! sha256 every layer is checked with.
 //!
 //! Run by `scripts/bench.sh fleet-crypt` (release builds). Environment:
-//! BENCH_RUNS (default 3), BENCH_RESIDENT_MB.
+//! BENCH_RUNS (default 3), BENCH_RESIDENT_MB, BENCH_LINK_MBPS: when set,
+//! B pulls through a proxy that serves each connection at most that many
+//! MB/s divided by the pull's 4 connections (a registry behind a link of
+//! that speed; 125 for 1 Gbit/s), so the pull's bound is the link, as on
+//! a host whose registry is across a network and not on its own cores.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -18,7 +22,7 @@ use std::time::{Duration, Instant};
 use vsnap_artifact::encryption::EncryptionKey;
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
-use vsnap_e2e::registry::Registry;
+use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{setup, Env};
 use vsnap_registry::crypt::Sealer;
 
@@ -115,12 +119,23 @@ fn main() {
     let a = setup("bench-crypt-a");
     let b = setup("bench-crypt-b");
     let registry = Registry::start(&a.c.dir);
+    // Pulls go through a link of BENCH_LINK_MBPS when it is set (4
+    // connections share it: the pull's --jobs).
+    let link = std::env::var("BENCH_LINK_MBPS").ok().map(|_| {
+        SlowProxy::start(
+            registry.port,
+            env_num("BENCH_LINK_MBPS", 125) * 1_000_000 / 4,
+        )
+    });
+    let pull_host = link.as_ref().map_or(registry.host(), SlowProxy::host);
     for e in [&a, &b] {
         let mut config = std::fs::read_to_string(&e.config).unwrap();
-        config.push_str(&format!(
-            "[registries.\"{}\"]\nplain_http = true\n",
-            registry.host()
-        ));
+        for host in [registry.host(), pull_host.clone()] {
+            if config.contains(&format!("[registries.\"{host}\"]")) {
+                continue;
+            }
+            config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
+        }
         std::fs::write(&e.config, config).unwrap();
     }
     let (private, public) = (a.c.dir.join("k"), a.c.dir.join("k.pub"));
@@ -166,6 +181,7 @@ fn main() {
             bytes = pushed["bytes"].as_u64().unwrap();
             chunks = pushed["unique_chunks"].as_u64().unwrap();
             let name = format!("p{mode}-{i}");
+            let r = r.replace(&registry.host(), &pull_host);
             let t = Instant::now();
             let pulled = vsnap(cb, &["pull", &r, &name]);
             times[mode].1.push(t.elapsed().as_secs_f64());
