@@ -14,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::*;
+use vsnap_e2e::bench::env_num;
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::cri::{container_config, envs, CriEnv, ENGINE_IMAGE, NAMESPACE, VSNAP};
 use vsnap_e2e::engine::free_port;
@@ -21,13 +22,6 @@ use vsnap_e2e::engine::free_port;
 /// Artifacts are owned by a namespace: one per path.
 const CRI_ARTIFACT: &str = "big-cri";
 const CTR_ARTIFACT: &str = "big-ctr";
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The shim's restore phases of the task in `namespace`.
 fn phases(e: &CriEnv, namespace: &str, id: &str) -> String {

@@ -15,32 +15,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::bench::{env_num, median, vsnap_json};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::registry::Registry;
 use vsnap_e2e::snapshot_env::{setup, Env};
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn vsnap(env: &Env, args: &[&str]) -> serde_json::Value {
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config")
-        .arg(&env.config)
-        .args(args)
-        .arg("--json");
-    let out = run(cmd, None, Duration::from_secs(600));
-    assert!(out.ok(), "vsnap {args:?}: {out:?}");
-    serde_json::from_str(&out.stdout).unwrap()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
+    vsnap_json(Path::new(&env.config), args)
 }
 
 fn main() {

@@ -16,34 +16,20 @@
 //! that speed; 125 for 1 Gbit/s), so the pull's bound is the link, as on
 //! a host whose registry is across a network and not on its own cores.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vsnap_artifact::encryption::EncryptionKey;
+use vsnap_e2e::bench::{env_num, median, vsnap_json};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{setup, Env};
 use vsnap_registry::crypt::Sealer;
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn vsnap(config: &str, args: &[&str]) -> serde_json::Value {
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config").arg(config).args(args).arg("--json");
-    let out = run(cmd, None, Duration::from_secs(600));
-    assert!(out.ok(), "vsnap {args:?}: {out:?}");
-    serde_json::from_str(&out.stdout).unwrap()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
+    vsnap_json(Path::new(config), args)
 }
 
 /// `lines` first in `env`'s runtime config.

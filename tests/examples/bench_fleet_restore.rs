@@ -14,18 +14,12 @@
 
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::bench::env_num;
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::registry::Registry;
 use vsnap_e2e::snapshot_env::{answers, setup, Env, RT};
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn vsnap(env: &Env, args: &[&str]) {
     let mut cmd = std::process::Command::new(shim_binary().with_file_name("vsnap"));

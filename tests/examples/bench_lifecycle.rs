@@ -13,17 +13,11 @@
 
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::bench::env_num;
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::is_mounted;
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{poll_every, setup, Env};
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

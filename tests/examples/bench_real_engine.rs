@@ -18,23 +18,12 @@
 
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::bench::{env_num, median};
 use vsnap_e2e::cmd::{run, CmdOutput};
 use vsnap_e2e::engine::{engine_rootfs, free_port, wait_listening};
 use vsnap_e2e::image::import_image;
 use vsnap_e2e::snapshot_env::{setup, Env, RT};
 use vsnap_e2e::vllm::{self, BARRIER_FLAGS};
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
-}
 
 fn ctr_run(e: &Env, args: &[String]) -> (CmdOutput, f64) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -13,16 +13,10 @@
 
 use std::time::{Duration, Instant};
 
+use vsnap_e2e::bench::{env_num, median};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{setup, Env};
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn drop_caches() {
     let ok = std::process::Command::new("sh")
@@ -51,11 +45,6 @@ fn restore(e: &Env, base: &str, id: &str, resident: &str, verify: bool) -> [f64;
         timings["preflight_ms"].as_f64().unwrap(),
         timings["criu_restore_ms"].as_f64().unwrap(),
     ]
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
 }
 
 fn main() {

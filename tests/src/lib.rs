@@ -6,6 +6,7 @@
 //! Nothing here mocks containerd, runc or CRIU: `scripts/setup.sh` installs
 //! them and the tests drive them for real.
 
+pub mod bench;
 pub mod cmd;
 pub mod containerd;
 pub mod cri;
