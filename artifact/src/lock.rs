@@ -11,6 +11,19 @@ use nix::fcntl::{Flock, FlockArg};
 
 use crate::error::{ArtifactError, Result};
 
+/// A lock file opened (created 0600 when missing, never through a
+/// symlink, never truncated) for `flock`.
+pub(crate) fn open_lock_file(path: &Path) -> Result<File> {
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| ArtifactError::io(path, "open", e))
+}
+
 pub struct ArtifactLock {
     _lock: Flock<File>,
 }
@@ -58,14 +71,7 @@ impl ArtifactLock {
             .create(&dir)
             .map_err(|e| ArtifactError::io(&dir, "create", e))?;
         let path = dir.join(format!("{name}.lock"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| ArtifactError::io(&path, "open", e))?;
+        let file = open_lock_file(&path)?;
         match Flock::lock(file, how) {
             Ok(lock) => Ok(Self { _lock: lock }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {

@@ -238,14 +238,7 @@ impl Journal {
 
     fn lock(&self, how: FlockArg) -> Result<Flock<File>> {
         let path = self.dir.join("lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| ArtifactError::io(&path, "open", e))?;
+        let file = crate::lock::open_lock_file(&path)?;
         Flock::lock(file, how).map_err(|(_, e)| ArtifactError::io(&path, "lock", e.into()))
     }
 }
