@@ -96,22 +96,19 @@ impl Creator<'_> {
         // Read once: the plan's edits are made to this copy, written once.
         let spec = spec::read(&req.bundle)?;
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
-        // A container without a plan runs plain: its tenant is never read.
-        if crate::snapshot::plan::from_annotations(&settings)?.is_none() {
+        // A container without a plan runs plain: its tenant is never read,
+        // nothing is prepared, and no blocking thread lingers in its idle
+        // shim.
+        let Some(plan) = crate::snapshot::plan::from_annotations(&settings)? else {
             return Ok(None);
-        }
+        };
         // The tenant's right to the reference is checked before any
         // connection.
         let tenant = crate::snapshot::tenant::resolve(self.namespace, &spec)?;
-        crate::snapshot::tenant::check_reference(config, &tenant, &settings)?;
+        crate::snapshot::tenant::check_reference(config, &tenant, &plan)?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
-        fetch::ensure_local(&req.id, config, self.exits, &settings).await?;
-        // No plan: nothing to prepare, and no blocking thread that would
-        // linger in a plain container's idle shim.
-        if crate::snapshot::plan::from_annotations(&settings)?.is_none() {
-            return Ok(None);
-        }
+        fetch::ensure_local(&req.id, config, self.exits, &plan).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
         // the runtime thread. The version probes and nvidia-smi spawned there

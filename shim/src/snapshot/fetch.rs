@@ -10,7 +10,6 @@
 //! Credentials come from the runtime config's `[registries."host:port"]`,
 //! never from the annotation; nothing of them is logged.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
@@ -35,11 +34,8 @@ pub async fn ensure_local(
     id: &str,
     config: &RuntimeConfig,
     exits: &Exits,
-    settings: &HashMap<String, String>,
+    plan: &plan::Plan,
 ) -> Result<()> {
-    let Some(plan) = plan::from_annotations(settings)? else {
-        return Ok(());
-    };
     let (Some(reference), Some(name)) = (plan.artifact_ref.clone(), plan.artifact.clone()) else {
         return Ok(());
     };

@@ -26,15 +26,8 @@ pub fn resolve(namespace: &str, spec: &Value) -> Result<Tenant> {
 /// (`vsnap.io/artifact-ref`) must be one `tenants.artifact_refs` allows
 /// `tenant`. A Kubernetes tenant without an entry may name none; a plain
 /// containerd namespace without one may name any, as before tenants.
-pub fn check_reference(
-    config: &RuntimeConfig,
-    tenant: &Tenant,
-    settings: &std::collections::HashMap<String, String>,
-) -> Result<()> {
-    let Some(plan) = plan::from_annotations(settings)? else {
-        return Ok(());
-    };
-    let Some(reference) = plan.artifact_ref else {
+pub fn check_reference(config: &RuntimeConfig, tenant: &Tenant, plan: &plan::Plan) -> Result<()> {
+    let Some(reference) = &plan.artifact_ref else {
         return Ok(());
     };
     let allowed = match config.tenants.artifact_refs_for(&tenant.to_string()) {
@@ -42,7 +35,7 @@ pub fn check_reference(
         None => Vec::new(),
         Some(list) => list,
     };
-    let parsed = vsnap_config::reference::parse(&reference)
+    let parsed = vsnap_config::reference::parse(reference)
         .map_err(|e| Error::InvalidArgument(format!("create: {}: {e}", plan::ARTIFACT_REF)))?;
     let (registry, repository) = (parsed.registry.as_str(), parsed.repository.as_str());
     if allowed.iter().any(|e| ref_allowed(e, registry, repository)) {
@@ -150,8 +143,8 @@ mod tests {
         RuntimeConfig::parse(toml, "inline").unwrap()
     }
 
-    fn settings(reference: &str) -> HashMap<String, String> {
-        [
+    fn settings(reference: &str) -> plan::Plan {
+        let settings: HashMap<String, String> = [
             ("vsnap.io/plan", "restore"),
             ("vsnap.io/artifact", "a"),
             ("vsnap.io/listen", "127.0.0.1:8000"),
@@ -159,7 +152,8 @@ mod tests {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        .collect();
+        plan::from_annotations(&settings).unwrap().unwrap()
     }
 
     #[test]
