@@ -23,12 +23,13 @@
 #   fleet-restore  BENCH_RUNS=3, BENCH_RESIDENT_MB=512, BENCH_INIT_MS=5000
 #   lifecycle      BENCH_RESTORES=5, BENCH_RESIDENT_MB=1024
 #   real-engine    BENCH_RUNS=5 (restores per case), BENCH_LAYER_MB=0,100,1024
+#   restore-limits BENCH_RUNS=5 (warm restores), BENCH_COLD_RUNS=3, BENCH_RESIDENT_MB=2048
 #   verify         BENCH_RUNS=4 (pairs per cache state), BENCH_RESIDENT_MB=1024
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-NAMES=(shim snapshot cri fleet fleet-crypt fleet-restore lifecycle real-engine verify)
+NAMES=(shim snapshot cri fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify)
 declare -A WHAT=(
     [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
     [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
@@ -38,6 +39,7 @@ declare -A WHAT=(
     [fleet-restore]="a restore from a registry reference on a host without the artifact vs cold start and local restore"
     [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
     [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"
+    [restore-limits]="warm and cold restores against the machine's fill limit and the disk's cold read; phases"
     [verify]="restores with verify_contents on vs off, warm page cache and after dropping it"
 )
 

@@ -13,19 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use vsnap_e2e::bench::{env_num, median};
+use vsnap_e2e::bench::{drop_caches, env_num, median};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{setup, Env};
-
-fn drop_caches() {
-    let ok = std::process::Command::new("sh")
-        .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "drop_caches");
-}
 
 /// One restore with `verify` set in the runtime config; its wall time and
 /// the shim's preflight (which holds the verification) and CRIU phases.

@@ -32,3 +32,88 @@ pub fn vsnap_json(config: &Path, args: &[&str]) -> serde_json::Value {
     assert!(out.ok(), "vsnap {args:?}: {out:?}");
     serde_json::from_str(&out.stdout).unwrap()
 }
+
+/// Drops the page cache, machine-wide (`sync; echo 3 > drop_caches`), so
+/// that the next read of a file comes from the disk.
+pub fn drop_caches() {
+    let ok = Command::new("sh")
+        .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "drop the page cache (as root)");
+}
+
+/// The machine's fresh-memory fill rate: `threads` threads `pread` the
+/// bytes of `paths`, in 8 MiB pieces handed out round-robin, into one
+/// freshly mapped private anonymous region (each page faulted, zeroed and
+/// filled, as a restore must place it); with `huge` the region is first
+/// `madvise(MADV_HUGEPAGE)`d. Returns the bytes and the seconds the fill
+/// took (the mapping's set-up and tear-down not counted).
+pub fn fill(paths: &[std::path::PathBuf], threads: usize, huge: bool) -> (u64, f64) {
+    use std::os::unix::fs::FileExt;
+    let files: Vec<std::fs::File> = paths
+        .iter()
+        .map(|p| std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect();
+    let sizes: Vec<usize> = files
+        .iter()
+        .map(|f| f.metadata().unwrap().len() as usize)
+        .collect();
+    let total: usize = sizes.iter().sum();
+    assert!(total > 0 && threads > 0, "no bytes to place, or no threads");
+    // 2 MiB aligned, so huge pages can back it.
+    let align = 2 << 20;
+    let len = total.div_ceil(align) * align + align;
+    // SAFETY: a fresh private anonymous mapping, unmapped at the end.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED, "mmap of {len} bytes");
+    let start = (base as usize).div_ceil(align) * align;
+    let advice = if huge {
+        libc::MADV_HUGEPAGE
+    } else {
+        libc::MADV_NOHUGEPAGE
+    };
+    // SAFETY: inside the mapping made above.
+    let r = unsafe { libc::madvise(start as *mut libc::c_void, len - align, advice) };
+    assert_eq!(r, 0, "madvise({advice})");
+    // Work items: (file, offset in file, destination offset, length).
+    let piece = 8 << 20;
+    let mut items = Vec::new();
+    let mut dest = 0;
+    for (i, size) in sizes.iter().enumerate() {
+        let mut off = 0;
+        while off < *size {
+            let n = piece.min(size - off);
+            items.push((i, off, dest, n));
+            off += n;
+            dest += n;
+        }
+    }
+    let t = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            let (files, items) = (&files, &items);
+            s.spawn(move || {
+                for (i, off, dest, n) in items.iter().skip(k).step_by(threads) {
+                    // SAFETY: each item writes its own range of the mapping.
+                    let buf =
+                        unsafe { std::slice::from_raw_parts_mut((start + dest) as *mut u8, *n) };
+                    files[*i].read_exact_at(buf, *off as u64).expect("pread");
+                }
+            });
+        }
+    });
+    let secs = t.elapsed().as_secs_f64();
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { libc::munmap(base, len) };
+    (total as u64, secs)
+}

@@ -1,0 +1,379 @@
+//! Benchmark: restores against the machine's limits, warm and cold, in one
+//! run on one private containerd and one artifact of the reference engine
+//! (`BENCH_RESIDENT_MB` of memory it never releases, 2048 by default, which
+//! lands in the CRIU image).
+//!
+//! - **fill limit**: `pread` of the artifact's largest image file into
+//!   freshly mapped anonymous memory, one thread per core, 4 KiB pages,
+//!   from the page cache (`vsnap_e2e::bench::fill`; median of 3);
+//! - **disk**: the cold read of all the image files (after dropping the
+//!   page cache), by `cat images/*` and by `dd bs=16M` of each file (the
+//!   latter right before each round of cold restores); the faster of the
+//!   two medians (`BENCH_COLD_RUNS` each);
+//! - **restores**: `ctr run -d` of the restore (it returns once the copy
+//!   validated its canary and listens), `BENCH_RUNS` with a warm page cache
+//!   and `BENCH_COLD_RUNS` right after dropping it, interleaved. Throughput
+//!   = image bytes / (wall time - the engine's activation), so that the
+//!   engine's own recovery does not count; the shim's phases come from
+//!   `vsnap-restore.json`;
+//! - the two ratios the restore is held to: warm / fill limit, cold / disk.
+//!
+//! With `BENCH_COMPARE` (a line of runtime config, e.g.
+//! `page_placement = "criu"`) every restore is also run under the config
+//! with that line, in ABBA order, and reported beside.
+//!
+//! Run by `scripts/bench.sh restore-limits` (release builds). Environment:
+//! BENCH_RUNS (warm restores per configuration, 5), BENCH_COLD_RUNS (cold
+//! restores per configuration and disk reads, 3), BENCH_RESIDENT_MB
+//! (2048), BENCH_COMPARE.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use vsnap_e2e::bench::{drop_caches, env_num, fill, median};
+use vsnap_e2e::cmd::run;
+use vsnap_e2e::engine::free_port;
+use vsnap_e2e::snapshot_env::{setup, Env};
+
+/// One restore's wall time and the shim's phases, in ms.
+#[derive(Clone, Copy)]
+struct Restore {
+    wall: f64,
+    preflight: f64,
+    verify: f64,
+    criu: f64,
+    fill: f64,
+    activation: f64,
+    listener: f64,
+    /// From `ctr run -d`'s start to the shim's Create (ctr, containerd,
+    /// the shim's start), and from the shim's record of the timings (just
+    /// before Start answers) to ctr's exit; NaN where the shim does not
+    /// record the two moments.
+    before_shim: f64,
+    after_shim: f64,
+}
+
+impl Restore {
+    /// Everything but CRIU's work and the engine's activation: preflight,
+    /// spec, the shim's and ctr's round trips, the listener probe.
+    fn own(&self) -> f64 {
+        self.wall - self.criu - self.activation
+    }
+}
+
+fn restore(e: &Env, id: &str, resident: &str) -> Restore {
+    let cmd = e.run_command(id, "restore", "big", free_port(), &["--env", resident], &[]);
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let (t, began) = (Instant::now(), unix());
+    let out = run(cmd, None, Duration::from_secs(600));
+    let wall = t.elapsed().as_secs_f64() * 1000.0;
+    let ended = unix();
+    eprintln!("bench: {id}: `ctr run -d` {wall:.1} ms");
+    assert!(out.ok(), "{id}: {out:?}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(e.bundle(id).join("vsnap-restore.json")).unwrap())
+            .unwrap();
+    if let Ok(keep) = std::env::var("BENCH_KEEP_LOGS") {
+        // CRIU's own log of the restore (timestamped), for a closer look.
+        let log = e.bundle(id).join("criu-work/restore.log");
+        let _ = std::fs::create_dir_all(&keep);
+        let _ = std::fs::copy(log, Path::new(&keep).join(format!("{id}-restore.log")));
+        let _ = std::fs::write(
+            Path::new(&keep).join(format!("{id}.json")),
+            json.to_string(),
+        );
+    }
+    e.remove(id);
+    let ms = |k: &str| json[k].as_f64().unwrap_or(0.0);
+    let at = |k: &str| json[k].as_f64().unwrap_or(f64::NAN);
+    Restore {
+        wall,
+        preflight: ms("preflight_ms"),
+        verify: ms("verify_ms"),
+        criu: ms("criu_restore_ms"),
+        fill: ms("page_fill_ms"),
+        activation: ms("activation_ms"),
+        listener: ms("listener_ms"),
+        before_shim: (at("create_began_unix_s") - began) * 1000.0,
+        after_shim: (ended - at("recorded_unix_s")) * 1000.0,
+    }
+}
+
+/// Seconds `sh -c script` took (it must succeed).
+fn timed_sh(script: &str) -> f64 {
+    let t = Instant::now();
+    let ok = Command::new("sh")
+        .args(["-c", script])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "{script}");
+    t.elapsed().as_secs_f64()
+}
+
+fn image_files(images: &Path) -> Vec<(PathBuf, u64)> {
+    let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(images)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| (e.path(), e.metadata().unwrap().len()))
+        .collect();
+    files.sort();
+    files
+}
+
+fn gbs(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+/// A runtime configuration the restores run under: the bench's own, or
+/// that with `BENCH_COMPARE`'s line appended.
+struct Case {
+    name: String,
+    config: String,
+    warm: Vec<Restore>,
+    cold: Vec<Restore>,
+}
+
+fn main() {
+    let warm_runs = env_num("BENCH_RUNS", 5).max(1) as usize;
+    let cold_runs = env_num("BENCH_COLD_RUNS", 3).max(1) as usize;
+    let resident = format!(
+        "VSNAP_ENGINE_RESIDENT_MB={}",
+        env_num("BENCH_RESIDENT_MB", 2048)
+    );
+    let compare = std::env::var("BENCH_COMPARE").unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let e = setup("bench-limits");
+    let base = std::fs::read_to_string(&e.config).unwrap();
+    let mut cases = vec![Case {
+        name: "defaults".into(),
+        config: base.clone(),
+        warm: Vec::new(),
+        cold: Vec::new(),
+    }];
+    if !compare.trim().is_empty() {
+        cases.push(Case {
+            name: format!("`{}`", compare.trim()),
+            config: format!("{base}{}\n", compare.trim()),
+            warm: Vec::new(),
+            cold: Vec::new(),
+        });
+    }
+    eprintln!("bench: creating the artifact ({resident})");
+    e.create_good("donor", "big", &[&resident]);
+    let images = e.artifact("big").join("images");
+    let files = image_files(&images);
+    let bytes: u64 = files.iter().map(|f| f.1).sum();
+    let largest = files.iter().max_by_key(|f| f.1).unwrap().clone();
+    let dir = images.display().to_string();
+
+    eprintln!("bench: the machine's limits");
+    timed_sh(&format!("cat '{}' > /dev/null", largest.0.display()));
+    let fills: Vec<f64> = (0..3)
+        .map(|_| {
+            let (b, s) = fill(std::slice::from_ref(&largest.0), cores, false);
+            gbs(b, s)
+        })
+        .collect();
+    let dd_all = format!(
+        "for f in '{dir}'/*; do dd if=\"$f\" of=/dev/null bs=16M status=none || exit 1; done"
+    );
+    let (mut cat, mut dd) = (Vec::new(), Vec::new());
+    for _ in 0..cold_runs {
+        drop_caches();
+        cat.push(gbs(bytes, timed_sh(&format!("cat '{dir}'/* > /dev/null"))));
+    }
+
+    // Per round: each case warm (ABBA across rounds), then, while cold
+    // runs are due, each case right after a drop of the page cache.
+    timed_sh(&format!("cat '{dir}'/* > /dev/null"));
+    let mut n = 0;
+    for round in 0..warm_runs.max(cold_runs) {
+        let mut order: Vec<usize> = (0..cases.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for cold in [false, true] {
+            if (cold && round >= cold_runs) || (!cold && round >= warm_runs) {
+                continue;
+            }
+            if cold {
+                // The disk's rate right before this round's cold restores:
+                // a shared virtual disk's rate drifts by the minute.
+                drop_caches();
+                dd.push(gbs(bytes, timed_sh(&dd_all)));
+            }
+            for &k in &order {
+                n += 1;
+                let id = format!("r{n}");
+                std::fs::write(&e.config, &cases[k].config).unwrap();
+                if cold {
+                    drop_caches();
+                }
+                let state = if cold { "cold" } else { "warm" };
+                eprintln!("bench: restore {id}, {state} page cache, {}", cases[k].name);
+                let r = restore(&e, &id, &resident);
+                match cold {
+                    true => cases[k].cold.push(r),
+                    false => cases[k].warm.push(r),
+                }
+            }
+        }
+        timed_sh(&format!("cat '{dir}'/* > /dev/null"));
+    }
+    std::fs::write(&e.config, base).unwrap();
+    if let Ok(keep) = std::env::var("BENCH_KEEP_LOGS") {
+        let _ = std::fs::copy(
+            e.c.dir.join("containerd.log"),
+            Path::new(&keep).join("containerd.log"),
+        );
+    }
+    report(&Report {
+        cores,
+        bytes,
+        files: files.len(),
+        largest: largest.1,
+        fill_limit: median(fills.clone()),
+        fills,
+        disk: median(cat.clone()).max(median(dd.clone())),
+        cat,
+        dd,
+        cases,
+    });
+}
+
+struct Report {
+    cores: usize,
+    bytes: u64,
+    files: usize,
+    largest: u64,
+    fills: Vec<f64>,
+    fill_limit: f64,
+    cat: Vec<f64>,
+    dd: Vec<f64>,
+    disk: f64,
+    cases: Vec<Case>,
+}
+
+fn list(xs: &[f64]) -> String {
+    xs.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The median restore throughput (image bytes / (wall - activation)).
+fn throughput(bytes: u64, rs: &[Restore]) -> f64 {
+    median(
+        rs.iter()
+            .map(|r| gbs(bytes, (r.wall - r.activation) / 1000.0))
+            .collect(),
+    )
+}
+
+fn report(r: &Report) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "machine: {} cores, load average {}",
+        r.cores,
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "artifact: {} image files, {:.3} GB (largest {:.3} GB); GB = 10^9 bytes",
+        r.files,
+        r.bytes as f64 / 1e9,
+        r.largest as f64 / 1e9
+    );
+    println!();
+    println!("| limit | runs (GB/s) | median GB/s |");
+    println!("|---|---|---:|");
+    println!(
+        "| fill: `pread` of the largest image into fresh memory, {} threads, 4 KiB pages | {} | {:.2} |",
+        r.cores,
+        list(&r.fills),
+        r.fill_limit
+    );
+    println!(
+        "| disk, cold: `cat images/*` | {} | {:.2} |",
+        list(&r.cat),
+        median(r.cat.clone())
+    );
+    println!(
+        "| disk, cold: `dd bs=16M` of each image | {} | {:.2} |",
+        list(&r.dd),
+        median(r.dd.clone())
+    );
+    println!();
+    println!("| configuration | page cache | n | image bytes / (wall - activation), GB/s | against | ratio |");
+    println!("|---|---|---:|---:|---|---:|");
+    for c in &r.cases {
+        let (warm, cold) = (throughput(r.bytes, &c.warm), throughput(r.bytes, &c.cold));
+        println!(
+            "| {} | warm | {} | {warm:.2} | fill limit {:.2} | **{:.2}** |",
+            c.name,
+            c.warm.len(),
+            r.fill_limit,
+            warm / r.fill_limit
+        );
+        println!(
+            "| {} | cold | {} | {cold:.2} | disk {:.2} | **{:.2}** |",
+            c.name,
+            c.cold.len(),
+            r.disk,
+            cold / r.disk
+        );
+    }
+    for c in &r.cases {
+        println!();
+        println!("{}, phases (median ms):", c.name);
+        println!();
+        phases(c);
+    }
+}
+
+fn phases(c: &Case) {
+    println!("| phase | warm | cold |");
+    println!("|---|---:|---:|");
+    let row = |name: &str, f: &dyn Fn(&Restore) -> f64| {
+        let m = |rs: &[Restore]| median(rs.iter().map(f).collect());
+        println!("| {name} | {:.1} | {:.1} |", m(&c.warm), m(&c.cold));
+    };
+    row("`ctr run -d` wall", &|x| x.wall);
+    row("preflight (in Create)", &|x| x.preflight);
+    row(
+        "CRIU restore (`runc restore`, placement, verification)",
+        &|x| x.criu,
+    );
+    row("  of it: page placement after CRIU's own restore", &|x| {
+        x.fill
+    });
+    row("  verification of the other files (beside CRIU)", &|x| {
+        x.verify
+    });
+    row("activation + canary (the engine)", &|x| x.activation);
+    row("listener probe", &|x| x.listener);
+    row(
+        "restore's own time: wall - CRIU restore - activation",
+        &|x| x.own(),
+    );
+    row(
+        "  of it: ctr and containerd until the shim's Create",
+        &|x| x.before_shim,
+    );
+    row(
+        "  of it: the shim (Create, Start outside CRIU and activation)",
+        &|x| x.own() - x.before_shim - x.after_shim,
+    );
+    row("  of it: containerd and ctr after the shim's Start", &|x| {
+        x.after_shim
+    });
+}
