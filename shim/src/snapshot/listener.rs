@@ -3,7 +3,8 @@
 //! host (with host networking) or of a pod sibling may hold the port while
 //! the copy failed to bind. The listening socket must belong to a process
 //! of the engine's own container: its inode, from the network namespace's
-//! `/proc/<pid>/net/tcp{,6}`, among the descriptors of a process in the
+//! listening sockets (sock_diag.rs; `/proc/<pid>/net/tcp{,6}` where
+//! netlink cannot answer), among the descriptors of a process in the
 //! engine's cgroup.
 
 use std::collections::HashSet;
@@ -17,10 +18,14 @@ use super::tcp_table::{self, TcpEntry, TcpState};
 /// already (an engine that failed to bind this very port), the thread's
 /// own reading of the namespace still names who holds it.
 pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
-    let mut entries = tcp_table::read(pid);
-    if entries.is_empty() {
-        entries = tcp_table::read_own_thread();
-    }
+    let entries = super::sock_diag::listening().unwrap_or_else(|e| {
+        log::debug!("{e}: reading /proc's TCP tables instead");
+        let entries = tcp_table::read(pid);
+        match entries.is_empty() {
+            true => tcp_table::read_own_thread(),
+            false => entries,
+        }
+    });
     let inodes: HashSet<u64> = listening_inodes(&entries, addr).into_iter().collect();
     if inodes.is_empty() {
         return Err(format!(

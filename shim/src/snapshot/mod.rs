@@ -20,6 +20,7 @@ pub mod profile;
 pub mod restore;
 pub mod rootfs;
 pub mod shm;
+pub mod sock_diag;
 pub mod spec;
 pub mod tcp_table;
 pub mod tenant;

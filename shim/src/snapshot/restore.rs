@@ -118,9 +118,9 @@ pub fn probe_listener(
                 return Err(format!("nothing listens on {host}:{port} by the deadline"));
             }
             // A refused connect to a local port costs microseconds; the
-            // engine listens within milliseconds of its activation, so a
-            // short interval keeps the restore from waiting on the probe.
-            std::thread::sleep(Duration::from_millis(5));
+            // engine listens within a millisecond or two of validating, so
+            // a short interval keeps the restore from waiting on the probe.
+            std::thread::sleep(Duration::from_millis(1));
         }
     })
 }
