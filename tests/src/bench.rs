@@ -17,10 +17,12 @@ pub fn env_num(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The middle value (the upper one of an even count).
+/// The middle value (the upper one of an even count) of the values that
+/// are numbers; NaN when none is.
 pub fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
+    xs.retain(|x| !x.is_nan());
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// `vsnap --config CONFIG ARGS... --json` (the CLI beside the shim), its

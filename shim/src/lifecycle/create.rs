@@ -44,6 +44,7 @@ pub struct Creator<'a> {
 impl Creator<'_> {
     /// Creates the container of `req`; on failure nothing is left behind.
     pub async fn create(&self, req: CreateRequest) -> Result<Container> {
+        let began = std::time::SystemTime::now();
         let config = &req.config;
         // The config can raise the shim's log level (containerd's -debug too).
         if log::max_level() < config.log_level.filter() {
@@ -57,7 +58,7 @@ impl Creator<'_> {
             exits: self.exits.clone(),
             criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
         };
-        let snapshot = self.snapshot_plan(&req).await?;
+        let snapshot = self.snapshot_plan(&req, began).await?;
         // What a delete after this shim's death needs (cleanup.rs).
         let record = cleanup::Record {
             runc_binary: runc.binary.clone(),
@@ -91,7 +92,11 @@ impl Creator<'_> {
     }
 
     /// The snapshot plan of `req`, prepared (None: the container runs plain).
-    async fn snapshot_plan(&self, req: &CreateRequest) -> Result<Option<Snapshot>> {
+    async fn snapshot_plan(
+        &self,
+        req: &CreateRequest,
+        began: std::time::SystemTime,
+    ) -> Result<Option<Snapshot>> {
         let config = &req.config;
         // Read once: the plan's edits are made to this copy, written once.
         let spec = spec::read(&req.bundle)?;
@@ -131,6 +136,7 @@ impl Creator<'_> {
                 image_digest: image_digest.as_deref(),
                 layer,
                 spec,
+                create_began: began,
             })
         })
         .await

@@ -85,6 +85,8 @@ pub struct Snapshot {
     pub api_key: Option<canary::ApiKey>,
     /// Time spent validating the artifact at create (a restore's preflight).
     pub preflight: Duration,
+    /// When the shim's Create of the container began.
+    pub create_began: std::time::SystemTime,
     /// The container's GPUs, when it has NVIDIA devices.
     pub gpus: Vec<cuda::Gpu>,
     /// The host folder mounted at /dev/shm, when it is one.
@@ -119,6 +121,10 @@ pub struct Snapshot {
 /// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.
 #[derive(Debug)]
 pub struct RestoreTimings {
+    /// When the shim's Create began; the timings are recorded (now) just
+    /// before Start answers. A benchmark places them against `ctr`'s own
+    /// clock: what came before and after is ctr's and containerd's time.
+    pub create_began: std::time::SystemTime,
     pub preflight: Duration,
     /// Hashing every file, alongside CRIU's restore.
     pub verify: Duration,
@@ -134,7 +140,13 @@ pub struct RestoreTimings {
 impl RestoreTimings {
     pub fn record(&self, bundle: &Path) {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let unix = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        };
         let record = serde_json::json!({
+            "create_began_unix_s": unix(self.create_began),
+            "recorded_unix_s": unix(std::time::SystemTime::now()),
             "preflight_ms": ms(self.preflight),
             "verify_ms": ms(self.verify),
             "criu_restore_ms": ms(self.criu_restore),

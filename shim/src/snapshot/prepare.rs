@@ -41,6 +41,8 @@ pub struct Inputs<'a> {
     pub layer: rootfs::WritableLayer,
     /// The bundle's spec as read at create: edited here, written once.
     pub spec: Value,
+    /// When the shim's Create began (reported with a restore's timings).
+    pub create_began: std::time::SystemTime,
 }
 
 /// What the restore preflight found in the artifact.
@@ -125,6 +127,7 @@ impl Snapshot {
             fingerprint_key: config.fleet_fingerprint_key.clone(),
             profile: engine.profile,
             preflight: started.elapsed(),
+            create_began: inputs.create_began,
             gpus: engine.gpus,
             host_shm: spec::host_dev_shm(&inputs.spec),
             oracle: preflight.oracle,

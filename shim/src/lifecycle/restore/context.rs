@@ -133,6 +133,7 @@ impl RestoreRun {
     pub(super) fn record_timings(&self, phases: &Timings) {
         let Some(s) = &self.snapshot else { return };
         let timings = RestoreTimings {
+            create_began: s.create_began,
             preflight: s.preflight,
             verify: self.times.verify,
             criu_restore: self.times.criu_restore,
