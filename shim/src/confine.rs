@@ -110,6 +110,42 @@ mod tests {
     }
 
     #[test]
+    fn a_real_process_lands_in_a_real_cgroup() {
+        let root = Path::new(CGROUP_ROOT);
+        let name = format!("vsnap-confine-test-{}", std::process::id());
+        let dirs: Vec<PathBuf> = if root.join("cgroup.controllers").exists() {
+            vec![root.join(&name)]
+        } else {
+            ["pids", "memory"]
+                .iter()
+                .map(|h| root.join(h))
+                .filter(|h| h.join("cgroup.procs").exists())
+                .map(|h| h.join(&name))
+                .collect()
+        };
+        assert!(!dirs.is_empty(), "no cgroup hierarchy under {CGROUP_ROOT}");
+        for d in &dirs {
+            std::fs::create_dir(d).unwrap();
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let result = join_cgroup(root, &format!("/{name}"), child.id());
+        let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for d in &dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+        result.unwrap();
+        let joined = cgroups
+            .lines()
+            .filter(|l| l.ends_with(&format!(":/{name}")));
+        assert_eq!(joined.count(), dirs.len(), "{cgroups}");
+    }
+
+    #[test]
     fn oom_score_is_one_above_the_parent() {
         let me = std::process::id();
         let mut child = std::process::Command::new("sleep")
