@@ -8,7 +8,6 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
 use containerd_shim::asynchronous::monitor::monitor_notify_by_pid;
-use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::Flags;
 use containerd_shim_protos::shim_async::create_task;
@@ -104,10 +103,9 @@ pub async fn serve(flags: Flags, listener: Option<UnixListener>) -> Result<()> {
     containerd_shim::logger::init(flags.debug, "info", &flags.namespace, &flags.id)?;
     let ttrpc_address = std::env::var(TTRPC_ADDRESS)
         .map_err(|_| Error::InvalidArgument(format!("shim: {TTRPC_ADDRESS} is not set")))?;
-    let publisher = RemotePublisher::new(&ttrpc_address).await?;
     let exit = Arc::new(ExitSignal::default());
     let task = TaskService::new(
-        Events::new(publisher, &flags.namespace),
+        Events::new(ttrpc_address, &flags.namespace),
         Exits::start().await,
         exit.clone(),
         &flags.namespace,
