@@ -24,6 +24,9 @@
 #   BENCH_OUT=FILE          also write the report to FILE
 #   BENCH_SHIM=PATH         the vsnap shim binary (default release/containerd-shim-vsnap-v1
 #                           of CARGO_TARGET_DIR, else of ./target)
+#   BENCH_AGAINST=PATH      time this other vsnap shim binary (the build before a change, say)
+#                           in place of the Go shim, as runtime io.vsnapb.v1 in the same
+#                           containerd: the ratio is then BENCH_SHIM / BENCH_AGAINST
 #   BENCH_LOG_LEVEL=info    containerd's log level (debug: timestamps of every shim call)
 #   BENCH_CONTAINERD_LOG=F  keep a copy of containerd's log in F
 set -euo pipefail
@@ -64,6 +67,12 @@ else
         cargo build --release -p vsnap-shim >&2
     fi
     [ -x "$SHIM" ] || { echo "bench: $SHIM was not built" >&2; exit 1; }
+fi
+
+AGAINST=
+if [ -n "${BENCH_AGAINST:-}" ]; then
+    AGAINST=$(readlink -f "$BENCH_AGAINST")
+    [ -x "$AGAINST" ] || { echo "bench: BENCH_AGAINST=$BENCH_AGAINST is not an executable" >&2; exit 1; }
 fi
 
 # --- a private containerd ---------------------------------------------------------------
@@ -124,6 +133,7 @@ procs_with() {
 
 mkdir -p "$D/bin"
 ln -s "$SHIM" "$D/bin/$SHIM_NAME"
+[ -z "$AGAINST" ] || ln -s "$AGAINST" "$D/bin/containerd-shim-vsnapb-v1"
 vsnap_busybox_rootfs "$D/rootfs"
 vsnap_containerd_config "$D" "$LOG_LEVEL" >"$D/config.toml"
 # Both shims are told to use $RUNC explicitly; their PATH resolves runc to it as well.
@@ -142,6 +152,13 @@ for _ in $(seq 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1;
 
 VSNAP_ARGS=(--runtime io.vsnap.v1 --runtime-config-path "$D/vsnap.toml")
 RUNCV2_ARGS=(--runtime io.containerd.runc.v2 --runc-binary "$RUNC")
+B_LABEL="io.containerd.runc.v2 (containerd's Go shim)"
+B_NAME=runc-v2
+if [ -n "$AGAINST" ]; then # the second runtime is the other vsnap binary
+    RUNCV2_ARGS=(--runtime io.vsnapb.v1 --runtime-config-path "$D/vsnap.toml")
+    B_LABEL="io.vsnapb.v1 (BENCH_AGAINST: $AGAINST)"
+    B_NAME=BENCH_AGAINST
+fi
 rt_args() { # vsnap|runcv2 -> the name of its ctr flag array
     case "$1" in vsnap) echo VSNAP_ARGS ;; runcv2) echo RUNCV2_ARGS ;; esac
 }
@@ -246,7 +263,11 @@ measure_mem() { # vsnap|runcv2 binary-name [other-name] -> sets MEM_<which>_* va
 }
 say "measuring idle shim memory (a container running sleep 1000 under each)"
 measure_mem vsnap "$SHIM_NAME" "$(basename "$SHIM")"
-measure_mem runcv2 "$GO_SHIM_NAME"
+if [ -n "$AGAINST" ]; then
+    measure_mem runcv2 containerd-shim-vsnapb-v1 "$(basename "$AGAINST")"
+else
+    measure_mem runcv2 "$GO_SHIM_NAME"
+fi
 
 # --- report -----------------------------------------------------------------------------
 git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -264,16 +285,16 @@ git diff --quiet HEAD -- shim config 2>/dev/null || git_rev="$git_rev (shim/ or 
     echo "| runtime | median (s) | p10 (s) | p90 (s) |"
     echo "|---|---:|---:|---:|"
     echo "| io.vsnap.v1 (vsnap, Rust) | $VS_MED | $VS_P10 | $VS_P90 |"
-    echo "| io.containerd.runc.v2 (containerd's Go shim) | $RC_MED | $RC_P10 | $RC_P90 |"
+    echo "| $B_LABEL | $RC_MED | $RC_P10 | $RC_P90 |"
     echo
-    echo "Ratio of medians vsnap / runc-v2: **$RATIO** (median of the $RUNS per-pair ratios: $PAIR_RATIO)."
+    echo "Ratio of medians vsnap / $B_NAME: **$RATIO** (median of the $RUNS per-pair ratios: $PAIR_RATIO)."
     echo
     echo "### Idle shim memory (one shim serving a container that runs \`sleep 1000\`)"
     echo
     echo "| runtime | VmRSS (MiB) | RssAnon (MiB) | RssFile (MiB) | Pss (MiB) | USS (MiB) | threads |"
     echo "|---|---:|---:|---:|---:|---:|---:|"
     echo "| io.vsnap.v1 (vsnap, Rust) | $MEM_vsnap_RSS | $MEM_vsnap_ANON | $MEM_vsnap_FILE | $MEM_vsnap_PSS | $MEM_vsnap_USS | $MEM_vsnap_THREADS |"
-    echo "| io.containerd.runc.v2 (containerd's Go shim) | $MEM_runcv2_RSS | $MEM_runcv2_ANON | $MEM_runcv2_FILE | $MEM_runcv2_PSS | $MEM_runcv2_USS | $MEM_runcv2_THREADS |"
+    echo "| $B_LABEL | $MEM_runcv2_RSS | $MEM_runcv2_ANON | $MEM_runcv2_FILE | $MEM_runcv2_PSS | $MEM_runcv2_USS | $MEM_runcv2_THREADS |"
     echo
     echo "VmRSS, RssAnon, RssFile, threads: /proc/PID/status; Pss and USS (Private_Clean + Private_Dirty):"
     echo "/proc/PID/smaps_rollup. MiB = 1024 KiB."

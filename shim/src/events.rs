@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pack::{pack, Named};
-use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::event::Event;
 use containerd_shim::util::timestamp;
 use containerd_shim_protos::shim::event::Envelope;
@@ -53,11 +52,9 @@ pub struct Events {
 }
 
 impl Events {
-    /// Publishes to the ttrpc address containerd gave `publisher` (its
-    /// `TTRPC_ADDRESS`); the publisher itself is not used.
-    pub fn new(publisher: RemotePublisher, namespace: &str) -> Self {
-        let address = publisher.address.clone();
-        drop(publisher);
+    /// Publishes to containerd's ttrpc `address` (its `TTRPC_ADDRESS`),
+    /// connecting when the first event is sent: the server serves before it.
+    pub fn new(address: String, namespace: &str) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_CAPACITY);
         tokio::spawn(deliver_in_order(
             pending,

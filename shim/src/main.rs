@@ -5,6 +5,7 @@
 //! owns, so a container can later be checkpointed and restored by runc + CRIU.
 
 mod cleanup;
+mod confine;
 mod console;
 mod container;
 mod deadline;
@@ -25,12 +26,16 @@ mod pack;
 mod prepared;
 mod process;
 mod runc;
+mod server;
 mod service;
 mod shared;
 mod snapshot;
+mod start;
 mod stdio;
 mod task;
 mod vsnap_cli;
+
+use std::os::unix::net::UnixListener;
 
 /// The runtime name containerd resolves to this binary.
 pub const RUNTIME_ID: &str = "io.vsnap.v1";
@@ -40,20 +45,12 @@ pub const RUNTIME_ID: &str = "io.vsnap.v1";
 const BLOCKING_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
-        .build()
-        .expect("the shim's runtime starts");
-    runtime.block_on(shim_main());
-}
-
-async fn shim_main() {
+    // Taken first: nothing else may see or inherit it.
+    let listener = server::inherited_listener();
+    let args: Vec<_> = std::env::args_os().collect();
+    let arg = |names: &[&str]| args.iter().skip(1).any(|a| names.iter().any(|n| a == n));
     // `-v` / `-version`, as containerd's shims answer it.
-    if std::env::args()
-        .skip(1)
-        .any(|a| matches!(a.as_str(), "-v" | "-version" | "--version"))
-    {
+    if arg(&["-v", "-version", "--version"]) {
         println!(
             "{}:\n  Runtime: {RUNTIME_ID}\n  Version: {}",
             env!("CARGO_BIN_NAME"),
@@ -61,14 +58,44 @@ async fn shim_main() {
         );
         return;
     }
-    if std::env::args()
-        .skip(1)
-        .any(|a| matches!(a.as_str(), "-h" | "-help" | "--help"))
-    {
+    if arg(&["-h", "-help", "--help"]) {
         print!("{}", usage());
         return;
     }
-    containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, None).await;
+    let done = containerd_shim::parse(&args[1..])
+        .map_err(|e| error::Error::InvalidArgument(e.to_string()))
+        .and_then(|flags| run(flags, listener));
+    if let Err(e) = done {
+        eprintln!("{RUNTIME_ID}: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// One shim command. `start` and `-info` run without an async runtime; a
+/// runtime (one thread) is built only for `delete` and the server.
+fn run(flags: containerd_shim::Flags, listener: Option<UnixListener>) -> error::Result<()> {
+    if flags.info {
+        return service::info(RUNTIME_ID);
+    }
+    match flags.action.as_str() {
+        "start" => start::run(&flags),
+        "delete" => {
+            server::set_subreaper()?;
+            runtime().block_on(service::delete(&flags))
+        }
+        _ => {
+            server::set_subreaper()?;
+            runtime().block_on(server::serve(flags, listener))
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
+        .expect("the shim's runtime starts")
 }
 
 /// `-h` / `--help`: the flags containerd passes, as its shims print them.

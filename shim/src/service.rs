@@ -1,101 +1,73 @@
-//! The shim process's lifecycle: the `start` and `delete` shim commands,
-//! `-info`, and the long-running server that hosts the task service.
+//! The short shim commands besides `start` (start.rs): `delete`, which
+//! containerd runs in the bundle after a shim died, and `-info`.
 
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crate::cleanup;
-use crate::events::Events;
-use crate::exits::Exits;
+use crate::error::{Error, Result};
 use crate::lifecycle::create::runc_root;
-use crate::task::TaskService;
-use async_trait::async_trait;
-use containerd_shim::asynchronous::publisher::RemotePublisher;
-use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
-use containerd_shim::util::{convert_to_timestamp, write_str_to_file};
-use containerd_shim::{api, Config, Flags, StartOpts};
+use containerd_shim::util::convert_to_timestamp;
+use containerd_shim::{api, Flags};
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
-use containerd_shim_protos::protobuf::MessageField;
-use containerd_shim_protos::types::introspection::RuntimeInfo;
+use containerd_shim_protos::protobuf::{Message, MessageField};
 
-/// The annotation CRI puts on every container of a pod: one shim per pod.
-const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
-
-pub struct Service {
-    id: String,
-    namespace: String,
-    /// containerd's own socket (`-address`).
-    address: String,
-    exit: Arc<ExitSignal>,
+/// Cleans up after a shim that died: containerd runs `delete` in the
+/// bundle. What the shim recorded there (cleanup.rs) says which runc to
+/// ask and what was in flight; runc and CRIU are stopped and their mounts
+/// undone before runc's state goes. The answer goes to stdout.
+pub async fn delete(flags: &Flags) -> Result<()> {
+    crate::server::start_reaper()?;
+    let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let config = crate::options::from_any(None).unwrap_or_default();
+    let fallback = cleanup::default_runc(
+        config.runc_binary,
+        runc_root(config.runc_root.as_deref(), &bundle, &flags.namespace),
+        config.systemd_cgroup,
+    )
+    .await;
+    cleanup::dead_shim_delete(&bundle, &flags.id, fallback).await;
+    let response = api::DeleteResponse {
+        exited_at: MessageField::some(convert_to_timestamp(Some(time::OffsetDateTime::now_utc()))),
+        // As containerd's runc shim: the task was killed.
+        exit_status: 128 + libc::SIGKILL as u32,
+        ..Default::default()
+    };
+    write_stdout("delete", &response)
 }
 
-#[async_trait]
-impl Shim for Service {
-    type T = TaskService;
-
-    async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
-        Service {
-            id: args.id.clone(),
-            namespace: args.namespace.clone(),
-            address: args.address.clone(),
-            exit: Arc::default(),
-        }
+/// `-info`: the runtime options on stdin, a `RuntimeInfo` on stdout.
+pub fn info(runtime_id: &str) -> Result<()> {
+    let mut input = Vec::new();
+    let stdin = std::io::stdin();
+    // Nothing is piped in when it is run by hand from a console.
+    if !stdin.is_terminal() {
+        stdin
+            .lock()
+            .read_to_end(&mut input)
+            .map_err(|e| Error::io("info: read the runtime options from stdin", e))?;
     }
+    let options =
+        if input.is_empty() {
+            None
+        } else {
+            Some(Any::parse_from_bytes(&input).map_err(|e| {
+                Error::InvalidArgument(format!("info: runtime options on stdin: {e}"))
+            })?)
+        };
+    write_stdout(
+        "info",
+        &crate::info::runtime_info(runtime_id, options.as_ref()),
+    )
+}
 
-    async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
-        // containerd starts us in the bundle: group a pod's containers in one shim.
-        let grouping = cleanup::read_spec(std::path::Path::new("."))
-            .ok()
-            .and_then(|spec| spec["annotations"][SANDBOX_ID].as_str().map(String::from))
-            .unwrap_or_else(|| opts.id.clone());
-        let address = spawn(opts, &grouping, Vec::new()).await?;
-        write_str_to_file("address", &address).await?;
-        Ok(address)
-    }
-
-    /// Cleans up after a shim that died: containerd runs `delete` in the
-    /// bundle. What the shim recorded there (cleanup.rs) says which runc to
-    /// ask and what was in flight; runc and CRIU are stopped and their mounts
-    /// undone before runc's state goes.
-    async fn delete_shim(&mut self) -> containerd_shim::Result<api::DeleteResponse> {
-        let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-        let config = crate::options::from_any(None).unwrap_or_default();
-        let fallback = cleanup::default_runc(
-            config.runc_binary,
-            runc_root(config.runc_root.as_deref(), &bundle, &self.namespace),
-            config.systemd_cgroup,
-        )
-        .await;
-        cleanup::dead_shim_delete(&bundle, &self.id, fallback).await;
-        Ok(api::DeleteResponse {
-            exited_at: MessageField::some(convert_to_timestamp(Some(
-                time::OffsetDateTime::now_utc(),
-            ))),
-            // As containerd's runc shim: the task was killed.
-            exit_status: 128 + libc::SIGKILL as u32,
-            ..Default::default()
-        })
-    }
-
-    async fn wait(&mut self) {
-        self.exit.wait().await;
-    }
-
-    async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
-        let exits = Exits::start().await;
-        TaskService::new(
-            Events::new(publisher, &self.namespace),
-            exits,
-            self.exit.clone(),
-            &self.namespace,
-            &self.address,
-        )
-    }
-
-    fn runtime_info(
-        runtime_id: &str,
-        options: Option<&Any>,
-    ) -> containerd_shim::Result<RuntimeInfo> {
-        Ok(crate::info::runtime_info(runtime_id, options))
-    }
+fn write_stdout<M: Message>(phase: &str, message: &M) -> Result<()> {
+    let bytes = message
+        .write_to_bytes()
+        .map_err(|e| Error::Other(format!("{phase}: encode the answer: {e}")))?;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Error::io(format!("{phase}: write the answer"), e))
 }
