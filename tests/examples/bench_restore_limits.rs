@@ -25,7 +25,8 @@
 //! Run by `scripts/bench.sh restore-limits` (release builds). Environment:
 //! BENCH_RUNS (warm restores per configuration, 5), BENCH_COLD_RUNS (cold
 //! restores per configuration and disk reads, 3), BENCH_RESIDENT_MB
-//! (2048), BENCH_COMPARE.
+//! (2048), BENCH_COMPARE, BENCH_KEEP_LOGS (a folder: each restore's CRIU
+//! log and `vsnap-restore.json`, and containerd's log, copied there).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

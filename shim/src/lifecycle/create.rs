@@ -133,6 +133,7 @@ impl Creator<'_> {
                 tenant: &tenant,
                 config: &config,
                 settings: &settings,
+                plan,
                 image_digest: image_digest.as_deref(),
                 layer,
                 spec,

@@ -1,9 +1,9 @@
-//! A snapshot plan prepared at create: the plan read from the settings, the
-//! workload's identity, the engine profile and GPUs, the artifact's name
-//! and mode, then for a restore the preflight (MAC, host compatibility,
-//! workload identity, clocks, sizes, volume files) or for a capture the
-//! exclusive lock; the control dir, and the bundle's spec edited in memory
-//! and written once.
+//! A snapshot plan prepared at create: the plan (read from the settings by
+//! the caller, once), the workload's identity, the engine profile and
+//! GPUs, the artifact's name and mode, then for a restore the preflight
+//! (MAC, host compatibility, workload identity, clocks, sizes, volume
+//! files) or for a capture the exclusive lock; the control dir, and the
+//! bundle's spec edited in memory and written once.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -37,6 +37,8 @@ pub struct Inputs<'a> {
     pub config: &'a RuntimeConfig,
     /// The `vsnap.io/` annotations merged with the labels.
     pub settings: &'a HashMap<String, String>,
+    /// The plan read from them (once, by the caller).
+    pub plan: Plan,
     pub image_digest: Option<&'a str>,
     pub layer: rootfs::WritableLayer,
     /// The bundle's spec as read at create: edited here, written once.
@@ -67,14 +69,12 @@ struct Engine {
 }
 
 impl Snapshot {
-    /// Reads the plan from the settings and prepares the container for it:
-    /// the control dir, the spec edits and, for a restore, the validated
-    /// artifact. `None`: the container runs plain.
+    /// Prepares the container for its plan: the control dir, the spec
+    /// edits and, for a restore, the validated artifact. `None`: the
+    /// container starts cold without a capture (see `lock_and_check`).
     pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Self>> {
         let started = Instant::now();
-        let Some(mut plan) = plan::from_annotations(inputs.settings)? else {
-            return Ok(None);
-        };
+        let mut plan = inputs.plan.clone();
         let config = inputs.config;
         let root = config.artifact_root.clone();
         artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
