@@ -87,7 +87,9 @@ vsnap_bench_example() {
     [ "$(id -u)" -eq 0 ] || { echo "bench: must run as root" >&2; exit 1; }
     ./scripts/setup.sh >&2
     vsnap_path
-    cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-cli >&2
+    # vsnap-hook beside the shim, as installed: without it a restore runs no
+    # preflight hooks and would be measured faster than on a real node.
+    cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-cli -p vsnap-oci-hooks >&2
     VSNAP_SHIM_BIN="$(vsnap_target_dir)/release/containerd-shim-vsnap-v1"
     export VSNAP_SHIM_BIN
     cargo run --release -q -p vsnap-e2e --example "$name"
