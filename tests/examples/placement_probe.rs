@@ -3,7 +3,11 @@
 //! into their own buffer, BLAKE3 it and copy it into fresh anonymous
 //! memory (as `UFFDIO_COPY` places it); with LEAD > 0 one more thread reads
 //! the file ahead of them (16 MiB reads, at most LEAD chunks ahead). Drops
-//! the page cache first unless WARM is given. Prints `lead ms GB/s`.
+//! the page cache first unless WARM is given. LEAD is a number of chunks,
+//! prefixed with `w` to read ahead with `POSIX_FADV_WILLNEED` instead of
+//! reads, `o` to give each filler its own open file (its own kernel
+//! read-ahead state), or `m` (with 0) to hash and copy from a mapping of
+//! the file instead of reading it into a buffer. Prints `LEAD ms GB/s`.
 //!
 //! cargo run --release -p vsnap-e2e --example placement_probe -- THREADS LEAD FILE [warm]
 
@@ -20,7 +24,8 @@ fn main() {
     let threads: usize = args[0].parse().unwrap();
     let willneed = args[1].starts_with('w');
     let own = args[1].starts_with('o');
-    let lead: usize = args[1].trim_start_matches(['w', 'o']).parse().unwrap();
+    let mapped = args[1].starts_with('m');
+    let lead: usize = args[1].trim_start_matches(['w', 'o', 'm']).parse().unwrap();
     let path = &args[2];
     if args.get(3).map(String::as_str) != Some("warm") {
         vsnap_e2e::bench::drop_caches();
@@ -101,6 +106,47 @@ fn main() {
                     }
                     let (start, end) = (c as u64 * CHUNK, ((c as u64 + 1) * CHUNK).min(size));
                     let mut h = blake3::Hasher::new();
+                    if mapped {
+                        use std::os::fd::AsRawFd;
+                        let len = (end - start) as usize;
+                        // SAFETY: a read-only shared mapping of the file's chunk,
+                        // unmapped below; the file is not truncated meanwhile.
+                        let m = unsafe {
+                            libc::mmap(
+                                std::ptr::null_mut(),
+                                len,
+                                libc::PROT_READ,
+                                libc::MAP_SHARED,
+                                file.as_raw_fd(),
+                                start as i64,
+                            )
+                        };
+                        assert_ne!(m, libc::MAP_FAILED);
+                        let mut at = 0usize;
+                        while at < len {
+                            let k = (PIECE as usize).min(len - at);
+                            // SAFETY: inside the mapping.
+                            let p = unsafe { (m as *mut u8).add(at) };
+                            // MADV_POPULATE_READ (22): the piece's pages mapped at once.
+                            unsafe { libc::madvise(p.cast(), k, 22) };
+                            // SAFETY: the piece is mapped and readable.
+                            let src = unsafe { std::slice::from_raw_parts(p, k) };
+                            h.update(src);
+                            // SAFETY: this chunk's own range of the mapping.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    src.as_ptr(),
+                                    (base + start as usize + at) as *mut u8,
+                                    k,
+                                )
+                            };
+                            at += k;
+                        }
+                        // SAFETY: the mapping made above.
+                        unsafe { libc::munmap(m, len) };
+                        std::hint::black_box(h.finalize());
+                        continue;
+                    }
                     let mut at = start;
                     while at < end {
                         let k = PIECE.min(end - at) as usize;
