@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cmd::{run, wait_deadline, CmdOutput};
@@ -14,6 +15,68 @@ pub const NAMESPACE: &str = "default";
 pub const SHIM_NAME: &str = "containerd-shim-vsnap-v1";
 
 static INSTANCES: AtomicU32 = AtomicU32::new(0);
+
+/// The instances this process runs: folder and containerd's pid. A build
+/// that aborts on panic (the release benchmarks: the workspace's release
+/// profile has `panic = "abort"`) runs no `Drop`, so its panic hook tears
+/// these down instead (`tear_down_on_abort`).
+static RUNNING: Mutex<Vec<(PathBuf, u32)>> = Mutex::new(Vec::new());
+
+fn running() -> std::sync::MutexGuard<'static, Vec<(PathBuf, u32)>> {
+    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a panic aborts the process, a hook (installed once) that stops
+/// every instance still running, as their `Drop` would: containerd by its
+/// pid (when it is still the containerd of that folder), then the
+/// containers through runc, the shims, the mounts and the folder.
+fn tear_down_on_abort() {
+    if !cfg!(panic = "abort") {
+        return;
+    }
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            let instances = std::mem::take(&mut *running());
+            for (dir, pid) in instances {
+                stop_containerd(&dir, pid);
+                drop(Containerd {
+                    dir,
+                    child: None,
+                    clock_offset: None,
+                });
+            }
+        }));
+    });
+}
+
+/// SIGTERM to `pid` if it is the containerd of `dir` (its command line
+/// names `dir`'s config), SIGKILL after 10 s; then reaped.
+fn stop_containerd(dir: &Path, pid: u32) {
+    let config = dir.join("config.toml").display().to_string();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !String::from_utf8_lossy(&cmdline).contains(&config) {
+        return;
+    }
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(pid, None);
+                return;
+            }
+            _ => return,
+        }
+    }
+}
 
 pub struct Containerd {
     pub dir: PathBuf,
@@ -134,6 +197,12 @@ impl Containerd {
             .stderr(log)
             .spawn()
             .expect("start containerd (run scripts/setup.sh)");
+        tear_down_on_abort();
+        {
+            let mut running = running();
+            running.retain(|(dir, _)| dir != &self.dir);
+            running.push((self.dir.clone(), child.id()));
+        }
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.ctr(&["version"]).ok() {
@@ -156,6 +225,7 @@ impl Containerd {
 
     /// Stops containerd abruptly (SIGKILL), leaving its shims running.
     pub fn crash(&mut self) {
+        running().retain(|(dir, _)| dir != &self.dir);
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -413,6 +483,7 @@ pub fn list(dir: &Path) -> Vec<String> {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        running().retain(|(dir, _)| dir != &self.dir);
         self.clean_up();
         if let Some(mut child) = self.child.take() {
             let _ = nix::sys::signal::kill(
