@@ -300,6 +300,20 @@ impl Containerd {
         self.dir.join("state/vsnap-runc").join(NAMESPACE)
     }
 
+    /// The cgroups (cgroupfs, v1 or v2) of container `id` that exist.
+    pub fn cgroups(&self, id: &str) -> Vec<String> {
+        let relative = format!("{NAMESPACE}/{id}");
+        let base = Path::new("/sys/fs/cgroup");
+        let mut dirs = vec![base.join(&relative)];
+        for h in list(base) {
+            dirs.push(base.join(h).join(&relative));
+        }
+        dirs.into_iter()
+            .filter(|d| d.is_dir())
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
     /// Pids of vsnap shims serving this containerd.
     pub fn shim_pids(&self) -> Vec<i32> {
         let socket = self.socket().display().to_string();

@@ -309,16 +309,7 @@ impl Env {
 
     /// The cgroups (cgroupfs, v1 or v2) of container `id` that exist.
     pub fn cgroups(&self, id: &str) -> Vec<String> {
-        let relative = format!("{NAMESPACE}/{id}");
-        let base = Path::new("/sys/fs/cgroup");
-        let mut dirs = vec![base.join(&relative)];
-        for h in list(base) {
-            dirs.push(base.join(h).join(&relative));
-        }
-        dirs.into_iter()
-            .filter(|d| d.is_dir())
-            .map(|d| d.display().to_string())
-            .collect()
+        self.c.cgroups(id)
     }
 
     /// After every container was removed: no shim, no runc container or

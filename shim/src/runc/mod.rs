@@ -15,6 +15,7 @@
 mod failure;
 mod invocation;
 mod kill_tree;
+mod native;
 mod run;
 mod tools;
 mod verbs;

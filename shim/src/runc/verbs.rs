@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::mounts;
 
 use super::invocation::{CheckpointFlags, ChildStdio, Invocation};
+use super::native;
 use super::run::Runc;
 
 impl Runc {
@@ -32,7 +33,19 @@ impl Runc {
         self.run(inv).await.map(drop)
     }
 
+    /// Starts the created container: the shim lets its init exec itself
+    /// where it can (native.rs), else `runc start`.
     pub async fn start(&self, id: &str) -> Result<()> {
+        let dir = self.root.join(id);
+        let native = tokio::task::spawn_blocking(move || {
+            native::start(&dir, std::time::Duration::from_secs(10))
+        })
+        .await;
+        match native {
+            Ok(Ok(native::Outcome::Done)) => return Ok(()),
+            Ok(Err(e)) => log::debug!("start {id}: {e}: runc start instead"),
+            _ => {}
+        }
         self.run(Invocation::new("start", "start").arg(id))
             .await
             .map(drop)
@@ -78,6 +91,15 @@ impl Runc {
                 "delete: mounts remain under {}: runc's state is kept so nothing under them is removed",
                 state.display()
             )));
+        }
+        // A container whose init exited: its cgroups and state folder
+        // removed by the shim where it can (native.rs), else by runc.
+        if force {
+            let dir = state.clone();
+            let native = tokio::task::spawn_blocking(move || native::delete(&dir)).await;
+            if matches!(native, Ok(native::Outcome::Done)) {
+                return Ok(());
+            }
         }
         let inv = Invocation::new("delete", "delete")
             .arg_if(force, "--force")

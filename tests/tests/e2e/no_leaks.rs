@@ -1,5 +1,6 @@
 //! Fifty sequential create/start/wait/delete cycles leave nothing behind: no
-//! shim process, no shim socket, no mount, no FIFO, no runc state, and
+//! shim process, no shim socket, no mount, no FIFO, no runc state, no
+//! cgroup (the shim removes a stopped container's cgroups itself), and
 //! containerd's open descriptors are back where they started. Every check is
 //! scoped to this test's own containerd instance and ids, so other
 //! containerds and shims on the host do not matter.
@@ -87,6 +88,13 @@ fn fifty_cycles_leave_nothing_behind() {
         Vec::<String>::new(),
         "no runc state left"
     );
+    assert_eq!(
+        list(&c.runc_root()),
+        Vec::<String>::new(),
+        "no runc state folder left"
+    );
+    let cgroups: Vec<String> = ids.iter().flat_map(|id| c.cgroups(id)).collect();
+    assert_eq!(cgroups, Vec::<String>::new(), "no cgroup left");
     assert_eq!(c.bundles(), Vec::<String>::new(), "no bundle left");
     assert_eq!(c.mounts(), Vec::<String>::new(), "no mount left");
     let sockets: Vec<String> = ids
