@@ -40,19 +40,10 @@ fn state(dir: &Path) -> Option<Value> {
 }
 
 /// Whether `pid` still runs the process that started at `start` (clock
-/// ticks since boot, field 22 of `/proc/<pid>/stat`), a zombie not counted.
+/// ticks since boot), a zombie not counted.
 fn runs(pid: i64, start: u64) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return false;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let zombie = fields.first().is_some_and(|s| *s == "Z" || *s == "X");
-    // `rest` starts at field 3 (state): field 22 is index 19.
-    let started = fields.get(19).and_then(|s| s.parse::<u64>().ok());
-    !zombie && started == Some(start)
+    let pid = pid as i32;
+    !crate::inflight::is_dead(pid) && crate::inflight::start_time(pid) == Some(start)
 }
 
 fn init_of(state: &Value) -> Option<(i64, u64)> {
@@ -243,16 +234,7 @@ mod tests {
         let dir = tmp.path().join("c2");
         std::fs::create_dir(&dir).unwrap();
         let me = std::process::id() as i64;
-        let my_start: u64 = std::fs::read_to_string("/proc/self/stat")
-            .unwrap()
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let my_start = crate::inflight::start_time(me as i32).unwrap();
         type Edit = Box<dyn Fn(&mut Value)>;
         let cases: Vec<Edit> = vec![
             // Its init still runs (this test's own process).
@@ -371,16 +353,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = init.id() as i64;
-        let start: u64 = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap()
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let start = crate::inflight::start_time(pid as i32).unwrap();
         write_state(
             dir,
             &serde_json::json!({"init_process_pid": pid, "init_process_start": start}),
