@@ -10,7 +10,8 @@ exec </dev/null
 . scripts/lib.sh
 vsnap_path
 
-cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks
+cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks -p vsnap-cli
+vsnap_criu_cache release
 TARGET=$(vsnap_target_dir)
 D=$(mktemp -d /tmp/vsnap-demo.XXXXXX)
 CTR=(/opt/vsnap/containerd/bin/ctr --address "$D/state/containerd.sock")

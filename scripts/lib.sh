@@ -80,6 +80,13 @@ vsnap_engine_rootfs() {
     done
 }
 
+# CRIU's kernel-probe cache kept on a tmpfs where /run is none (`vsnap host
+# criu-cache`, docs/operations.md): without it every CRIU run probes the kernel
+# again (30-60 ms), as it does on no systemd host. PROFILE: debug or release.
+vsnap_criu_cache() {
+    "$(vsnap_target_dir)/$1/vsnap" host criu-cache >&2
+}
+
 # Runs a benchmark written as an example of the e2e crate (tests/examples/NAME.rs)
 # against release builds of the shim, the reference engine and the CLI. Run as root.
 vsnap_bench_example() {
@@ -90,6 +97,7 @@ vsnap_bench_example() {
     # vsnap-hook beside the shim, as installed: without it a restore runs no
     # preflight hooks and would be measured faster than on a real node.
     cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-cli -p vsnap-oci-hooks >&2
+    vsnap_criu_cache release
     VSNAP_SHIM_BIN="$(vsnap_target_dir)/release/containerd-shim-vsnap-v1"
     export VSNAP_SHIM_BIN
     cargo run --release -q -p vsnap-e2e --example "$name"

@@ -22,6 +22,7 @@ long_files=$(find shim/src -name '*.rs' -exec wc -l {} + | awk '$2 != "total" &&
 
 echo "test: build"
 cargo build --workspace --all-targets
+vsnap_criu_cache debug
 
 echo "test: unit, protocol and end-to-end tests"
 # Each end-to-end test runs its own private containerd; two at a time fit 2 cores.

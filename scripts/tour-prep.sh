@@ -80,6 +80,7 @@ clean
 
 ./scripts/setup.sh
 cargo build --release -p vsnap-shim -p vsnap-oci-hooks -p vsnap-cli -p vsnap-ref-engine
+vsnap_criu_cache release
 mkdir -p "$T"
 vsnap_engine_rootfs "$T/rootfs" target/release/vsnap-ref-engine
 vsnap_containerd_config "$T" >"$T/containerd.toml"

@@ -9,6 +9,7 @@
 
 mod fleet;
 mod gc;
+mod host;
 mod inspect;
 mod key;
 mod ls;
@@ -144,6 +145,21 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Prepare this host for CRIU (docs/operations.md)
+    Host {
+        #[command(subcommand)]
+        command: HostCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum HostCommand {
+    /// Keep CRIU's kernel-probe cache (criu.kdat) on a tmpfs where the run folder is none (once per boot; again after a CRIU upgrade)
+    CriuCache {
+        /// JSON for tools
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -247,6 +263,9 @@ fn run(cli: Cli) -> Outcome {
             json,
         } => fleet::pull(&ctx()?, reference, name.as_deref(), jobs.into(), json),
         Command::Metrics { listen } => metrics::run(&ctx()?, listen),
+        Command::Host {
+            command: HostCommand::CriuCache { json },
+        } => host::criu_cache(&load_config(cli.config.as_deref())?.criu_binary, json),
         Command::Key {
             command:
                 KeyCommand::Generate {

@@ -78,6 +78,8 @@ if [ ! -x "$SHIM" ] || [ ! -x "$ENGINE" ]; then
     say "building the release binaries into $TARGET"
     CARGO_TARGET_DIR="$TARGET" cargo build --release -p vsnap-shim -p vsnap-ref-engine -p vsnap-oci-hooks >&2
 fi
+[ -x "$TARGET/release/vsnap" ] || CARGO_TARGET_DIR="$TARGET" cargo build --release -p vsnap-cli >&2
+CARGO_TARGET_DIR="$TARGET" vsnap_criu_cache release
 for b in "$SHIM" "$ENGINE" /bin/busybox "$CBIN/containerd" "$CBIN/ctr"; do
     [ -x "$b" ] || { echo "bench-snapshot: $b missing" >&2; exit 1; }
 done

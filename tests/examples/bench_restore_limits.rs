@@ -20,7 +20,10 @@
 //!
 //! With `BENCH_COMPARE` (a line of runtime config, e.g.
 //! `page_placement = "criu"`) every restore is also run under the config
-//! with that line, in ABBA order, and reported beside.
+//! with that line, in ABBA order, and reported beside. `BENCH_COMPARE=
+//! no-criu-cache` instead runs the second case's restores with CRIU's
+//! kernel-probe cache taken away (on a host whose `/run` is no tmpfs,
+//! where `vsnap host criu-cache` put it: CRIU then probes in every run).
 //!
 //! Run by `scripts/bench.sh restore-limits` (release builds). Environment:
 //! BENCH_RUNS (warm restores per configuration, 5), BENCH_COLD_RUNS (cold
@@ -32,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vsnap_e2e::bench::{drop_caches, env_num, fill, median};
+use vsnap_e2e::bench::{criu_cache, criu_cache_off, drop_caches, env_num, fill, median};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{setup, Env};
@@ -137,6 +140,8 @@ fn gbs(bytes: u64, secs: f64) -> f64 {
 struct Case {
     name: String,
     config: String,
+    /// Whether CRIU finds its kernel-probe cache in this case's restores.
+    criu_cache: bool,
     warm: Vec<Restore>,
     cold: Vec<Restore>,
 }
@@ -152,16 +157,32 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let e = setup("bench-limits");
     let base = std::fs::read_to_string(&e.config).unwrap();
+    let (kdat, removable) = criu_cache(Path::new(&e.config));
     let mut cases = vec![Case {
         name: "defaults".into(),
         config: base.clone(),
+        criu_cache: true,
         warm: Vec::new(),
         cold: Vec::new(),
     }];
-    if !compare.trim().is_empty() {
+    if compare.trim() == NO_CRIU_CACHE {
+        assert!(
+            removable,
+            "{NO_CRIU_CACHE}: CRIU keeps {} on a tmpfs run folder itself here",
+            kdat.display()
+        );
+        cases.push(Case {
+            name: "without CRIU's kernel-probe cache".into(),
+            config: base.clone(),
+            criu_cache: false,
+            warm: Vec::new(),
+            cold: Vec::new(),
+        });
+    } else if !compare.trim().is_empty() {
         cases.push(Case {
             name: format!("`{}`", compare.trim()),
             config: format!("{base}{}\n", compare.trim()),
+            criu_cache: true,
             warm: Vec::new(),
             cold: Vec::new(),
         });
@@ -214,6 +235,10 @@ fn main() {
                 n += 1;
                 let id = format!("r{n}");
                 std::fs::write(&e.config, &cases[k].config).unwrap();
+                match cases[k].criu_cache {
+                    true => drop(criu_cache(Path::new(&e.config))),
+                    false => criu_cache_off(&kdat),
+                }
                 if cold {
                     drop_caches();
                 }
@@ -229,6 +254,7 @@ fn main() {
         timed_sh(&format!("cat '{dir}'/* > /dev/null"));
     }
     std::fs::write(&e.config, base).unwrap();
+    criu_cache(Path::new(&e.config));
     if let Ok(keep) = std::env::var("BENCH_KEEP_LOGS") {
         let _ = std::fs::copy(
             e.c.dir.join("containerd.log"),
@@ -237,6 +263,14 @@ fn main() {
     }
     report(&Report {
         cores,
+        kdat: format!(
+            "{} ({})",
+            kdat.display(),
+            match removable {
+                true => "bind-mounted from a tmpfs by `vsnap host criu-cache`",
+                false => "on a tmpfs run folder, CRIU's own",
+            }
+        ),
         bytes,
         files: files.len(),
         largest: largest.1,
@@ -249,8 +283,12 @@ fn main() {
     });
 }
 
+/// `BENCH_COMPARE`'s value that compares restores without CRIU's cache.
+const NO_CRIU_CACHE: &str = "no-criu-cache";
+
 struct Report {
     cores: usize,
+    kdat: String,
     bytes: u64,
     files: usize,
     largest: u64,
@@ -288,6 +326,7 @@ fn report(r: &Report) {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    println!("CRIU's kernel-probe cache: {}", r.kdat);
     println!(
         "artifact: {} image files, {:.3} GB (largest {:.3} GB); GB = 10^9 bytes",
         r.files,

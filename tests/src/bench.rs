@@ -35,6 +35,32 @@ pub fn vsnap_json(config: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap()
 }
 
+/// CRIU's kernel-probe cache on this host (`vsnap host criu-cache`, run
+/// with `config`): its path, and whether the bench may take it away
+/// (`state` "mounted": vsnap put it there; "own": CRIU keeps it on a tmpfs
+/// run folder itself).
+pub fn criu_cache(config: &Path) -> (std::path::PathBuf, bool) {
+    let v = vsnap_json(config, &["host", "criu-cache"]);
+    let path = std::path::PathBuf::from(v["cache"].as_str().unwrap());
+    (path, v["state"] == "mounted")
+}
+
+/// Takes the cache `criu_cache` mounted at `path` away (every layer), so
+/// that the next CRIU probes the kernel as on a host without it.
+pub fn criu_cache_off(path: &Path) {
+    loop {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        if !info.lines().any(|l| l.split(' ').nth(4) == path.to_str()) {
+            return;
+        }
+        let ok = Command::new("umount")
+            .arg(path)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "umount {}", path.display());
+    }
+}
+
 /// Drops the page cache, machine-wide (`sync; echo 3 > drop_caches`), so
 /// that the next read of a file comes from the disk.
 pub fn drop_caches() {
