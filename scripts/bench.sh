@@ -24,7 +24,9 @@
 #   lifecycle      BENCH_RESTORES=5, BENCH_RESIDENT_MB=1024
 #   real-engine    BENCH_RUNS=5 (restores per case), BENCH_LAYER_MB=0,100,1024
 #   restore-limits BENCH_RUNS=5 (warm restores), BENCH_COLD_RUNS=3, BENCH_RESIDENT_MB=2048,
-#                  BENCH_COMPARE (a config line: every restore also under it), BENCH_KEEP_LOGS=DIR
+#                  BENCH_COMPARE (a config line: every restore also under it; no-criu-cache: also
+#                  without CRIU's kernel-probe cache), BENCH_AGAINST=SHIM (every restore also by
+#                  that shim binary, the build before a change), BENCH_KEEP_LOGS=DIR
 #   verify         BENCH_RUNS=4 (pairs per cache state), BENCH_RESIDENT_MB=1024
 set -euo pipefail
 cd "$(dirname "$0")/.."

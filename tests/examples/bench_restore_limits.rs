@@ -24,6 +24,8 @@
 //! no-criu-cache` instead runs the second case's restores with CRIU's
 //! kernel-probe cache taken away (on a host whose `/run` is no tmpfs,
 //! where `vsnap host criu-cache` put it: CRIU then probes in every run).
+//! With `BENCH_AGAINST` (another shim binary: the build before a change)
+//! every restore is also run by that shim, in the same containerd, ABBA.
 //!
 //! Run by `scripts/bench.sh restore-limits` (release builds). Environment:
 //! BENCH_RUNS (warm restores per configuration, 5), BENCH_COLD_RUNS (cold
@@ -109,6 +111,18 @@ fn restore(e: &Env, id: &str, resident: &str) -> Restore {
     }
 }
 
+/// Points containerd's shim (a link in the instance's `bin`, which
+/// containerd runs for each new container) at `shim`, or back at the one
+/// under test.
+fn use_shim(e: &Env, shim: Option<&Path>) {
+    let link = e.c.dir.join("bin").join(vsnap_e2e::containerd::SHIM_NAME);
+    let target = shim.map_or_else(vsnap_e2e::containerd::shim_binary, Path::to_path_buf);
+    let tmp = link.with_extension("next");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    std::fs::rename(tmp, link).unwrap();
+}
+
 /// Seconds `sh -c script` took (it must succeed).
 fn timed_sh(script: &str) -> f64 {
     let t = Instant::now();
@@ -142,6 +156,9 @@ struct Case {
     config: String,
     /// Whether CRIU finds its kernel-probe cache in this case's restores.
     criu_cache: bool,
+    /// The shim binary containerd runs for them (`BENCH_AGAINST`), else the
+    /// one under test.
+    shim: Option<PathBuf>,
     warm: Vec<Restore>,
     cold: Vec<Restore>,
 }
@@ -162,6 +179,7 @@ fn main() {
         name: "defaults".into(),
         config: base.clone(),
         criu_cache: true,
+        shim: None,
         warm: Vec::new(),
         cold: Vec::new(),
     }];
@@ -175,6 +193,7 @@ fn main() {
             name: "without CRIU's kernel-probe cache".into(),
             config: base.clone(),
             criu_cache: false,
+            shim: None,
             warm: Vec::new(),
             cold: Vec::new(),
         });
@@ -183,6 +202,19 @@ fn main() {
             name: format!("`{}`", compare.trim()),
             config: format!("{base}{}\n", compare.trim()),
             criu_cache: true,
+            shim: None,
+            warm: Vec::new(),
+            cold: Vec::new(),
+        });
+    }
+    if let Ok(against) = std::env::var("BENCH_AGAINST") {
+        let against = std::fs::canonicalize(&against)
+            .unwrap_or_else(|e| panic!("BENCH_AGAINST={against}: {e}"));
+        cases.push(Case {
+            name: format!("shim {}", against.display()),
+            config: base.clone(),
+            criu_cache: true,
+            shim: Some(against),
             warm: Vec::new(),
             cold: Vec::new(),
         });
@@ -239,6 +271,7 @@ fn main() {
                     true => drop(criu_cache(Path::new(&e.config))),
                     false => criu_cache_off(&kdat),
                 }
+                use_shim(&e, cases[k].shim.as_deref());
                 if cold {
                     drop_caches();
                 }
