@@ -5,18 +5,21 @@
 //!
 //! - **fill limit**: `pread` of the artifact's largest image file into
 //!   freshly mapped anonymous memory, one thread per core, 4 KiB pages,
-//!   from the page cache (`vsnap_e2e::bench::fill`; median of 3);
+//!   from the page cache (`vsnap_e2e::bench::fill`), right before each round
+//!   of warm restores; the median;
 //! - **disk**: the cold read of all the image files (after dropping the
-//!   page cache), by `cat images/*` and by `dd bs=16M` of each file (the
-//!   latter right before each round of cold restores); the faster of the
-//!   two medians (`BENCH_COLD_RUNS` each);
+//!   page cache), by `cat images/*` and by `dd bs=16M` of each file, right
+//!   before each round of cold restores; the faster of the two medians;
 //! - **restores**: `ctr run -d` of the restore (it returns once the copy
 //!   validated its canary and listens), `BENCH_RUNS` with a warm page cache
 //!   and `BENCH_COLD_RUNS` right after dropping it, interleaved. Throughput
 //!   = image bytes / (wall time - the engine's activation), so that the
 //!   engine's own recovery does not count; the shim's phases come from
 //!   `vsnap-restore.json`;
-//! - the two ratios the restore is held to: warm / fill limit, cold / disk.
+//! - the two ratios the restore is held to: warm / fill limit, cold / disk,
+//!   as medians against medians, and as the median of each restore against
+//!   the limit measured in its own round (a shared machine's rates drift
+//!   by the minute, the disk's most).
 //!
 //! With `BENCH_COMPARE` (a line of runtime config, e.g.
 //! `page_placement = "criu"`) every restore is also run under the config
@@ -58,9 +61,17 @@ struct Restore {
     /// record the two moments.
     before_shim: f64,
     after_shim: f64,
+    /// The limit measured in this restore's round (the fill limit warm,
+    /// the faster of `cat` and `dd` cold).
+    limit: f64,
 }
 
 impl Restore {
+    /// Image bytes / (wall - activation), GB/s.
+    fn throughput(&self, bytes: u64) -> f64 {
+        gbs(bytes, (self.wall - self.activation) / 1000.0)
+    }
+
     /// Everything but CRIU's work and the engine's activation: preflight,
     /// spec, the shim's and ctr's round trips, the listener probe.
     fn own(&self) -> f64 {
@@ -108,6 +119,7 @@ fn restore(e: &Env, id: &str, resident: &str) -> Restore {
         listener: ms("listener_ms"),
         before_shim: (at("create_began_unix_s") - began) * 1000.0,
         after_shim: (ended - at("recorded_unix_s")) * 1000.0,
+        limit: f64::NAN,
     }
 }
 
@@ -227,26 +239,18 @@ fn main() {
     let largest = files.iter().max_by_key(|f| f.1).unwrap().clone();
     let dir = images.display().to_string();
 
-    eprintln!("bench: the machine's limits");
-    timed_sh(&format!("cat '{}' > /dev/null", largest.0.display()));
-    let fills: Vec<f64> = (0..3)
-        .map(|_| {
-            let (b, s) = fill(std::slice::from_ref(&largest.0), cores, false);
-            gbs(b, s)
-        })
-        .collect();
     let dd_all = format!(
         "for f in '{dir}'/*; do dd if=\"$f\" of=/dev/null bs=16M status=none || exit 1; done"
     );
-    let (mut cat, mut dd) = (Vec::new(), Vec::new());
-    for _ in 0..cold_runs {
-        drop_caches();
-        cat.push(gbs(bytes, timed_sh(&format!("cat '{dir}'/* > /dev/null"))));
-    }
+    let cat_all = format!("cat '{dir}'/* > /dev/null");
+    let (mut fills, mut cat, mut dd) = (Vec::new(), Vec::new(), Vec::new());
 
-    // Per round: each case warm (ABBA across rounds), then, while cold
-    // runs are due, each case right after a drop of the page cache.
-    timed_sh(&format!("cat '{dir}'/* > /dev/null"));
+    // Per round: the fill limit, then each case warm (ABBA across rounds);
+    // then, while cold runs are due, the disk's cold rate and each case
+    // right after a drop of the page cache. Each limit is measured right
+    // before the restores held to it: a shared machine's rates drift by the
+    // minute.
+    timed_sh(&cat_all);
     let mut n = 0;
     for round in 0..warm_runs.max(cold_runs) {
         let mut order: Vec<usize> = (0..cases.len()).collect();
@@ -257,12 +261,18 @@ fn main() {
             if (cold && round >= cold_runs) || (!cold && round >= warm_runs) {
                 continue;
             }
-            if cold {
-                // The disk's rate right before this round's cold restores:
-                // a shared virtual disk's rate drifts by the minute.
+            let limit = if cold {
                 drop_caches();
                 dd.push(gbs(bytes, timed_sh(&dd_all)));
-            }
+                drop_caches();
+                cat.push(gbs(bytes, timed_sh(&cat_all)));
+                cat[cat.len() - 1].max(dd[dd.len() - 1])
+            } else {
+                eprintln!("bench: the fill limit");
+                let (b, s) = fill(std::slice::from_ref(&largest.0), cores, false);
+                fills.push(gbs(b, s));
+                fills[fills.len() - 1]
+            };
             for &k in &order {
                 n += 1;
                 let id = format!("r{n}");
@@ -277,14 +287,17 @@ fn main() {
                 }
                 let state = if cold { "cold" } else { "warm" };
                 eprintln!("bench: restore {id}, {state} page cache, {}", cases[k].name);
-                let r = restore(&e, &id, &resident);
+                let r = Restore {
+                    limit,
+                    ..restore(&e, &id, &resident)
+                };
                 match cold {
                     true => cases[k].cold.push(r),
                     false => cases[k].warm.push(r),
                 }
             }
         }
-        timed_sh(&format!("cat '{dir}'/* > /dev/null"));
+        timed_sh(&cat_all);
     }
     std::fs::write(&e.config, base).unwrap();
     criu_cache(Path::new(&e.config));
@@ -342,11 +355,13 @@ fn list(xs: &[f64]) -> String {
 
 /// The median restore throughput (image bytes / (wall - activation)).
 fn throughput(bytes: u64, rs: &[Restore]) -> f64 {
-    median(
-        rs.iter()
-            .map(|r| gbs(bytes, (r.wall - r.activation) / 1000.0))
-            .collect(),
-    )
+    median(rs.iter().map(|r| r.throughput(bytes)).collect())
+}
+
+/// The median of each restore's throughput against the limit measured in
+/// its own round.
+fn paired(bytes: u64, rs: &[Restore]) -> f64 {
+    median(rs.iter().map(|r| r.throughput(bytes) / r.limit).collect())
 }
 
 fn report(r: &Report) {
@@ -386,23 +401,25 @@ fn report(r: &Report) {
         median(r.dd.clone())
     );
     println!();
-    println!("| configuration | page cache | n | image bytes / (wall - activation), GB/s | against | ratio |");
-    println!("|---|---|---:|---:|---|---:|");
+    println!("| configuration | page cache | n | image bytes / (wall - activation), GB/s | against | ratio | each against its round's limit, median |");
+    println!("|---|---|---:|---:|---|---:|---:|");
     for c in &r.cases {
         let (warm, cold) = (throughput(r.bytes, &c.warm), throughput(r.bytes, &c.cold));
         println!(
-            "| {} | warm | {} | {warm:.2} | fill limit {:.2} | **{:.2}** |",
+            "| {} | warm | {} | {warm:.2} | fill limit {:.2} | **{:.2}** | **{:.2}** |",
             c.name,
             c.warm.len(),
             r.fill_limit,
-            warm / r.fill_limit
+            warm / r.fill_limit,
+            paired(r.bytes, &c.warm)
         );
         println!(
-            "| {} | cold | {} | {cold:.2} | disk {:.2} | **{:.2}** |",
+            "| {} | cold | {} | {cold:.2} | disk {:.2} | **{:.2}** | **{:.2}** |",
             c.name,
             c.cold.len(),
             r.disk,
-            cold / r.disk
+            cold / r.disk,
+            paired(r.bytes, &c.cold)
         );
     }
     for c in &r.cases {
@@ -426,6 +443,9 @@ fn phases(c: &Case) {
         "CRIU restore (`runc restore`, placement, verification)",
         &|x| x.criu,
     );
+    row("  of it: CRIU's own restore, before the placement", &|x| {
+        x.criu - x.fill
+    });
     row("  of it: page placement after CRIU's own restore", &|x| {
         x.fill
     });
