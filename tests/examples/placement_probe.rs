@@ -46,6 +46,13 @@ fn main() {
         )
     } as usize;
     let next = AtomicUsize::new(0);
+    // AHEAD=k: each filler asks the kernel for its next k pieces
+    // (POSIX_FADV_WILLNEED) once it has read one, so the disk works while
+    // it hashes and copies.
+    let ahead: u64 = std::env::var("AHEAD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let t = Instant::now();
     std::thread::scope(|s| {
         if lead > 0 {
@@ -148,9 +155,25 @@ fn main() {
                         continue;
                     }
                     let mut at = start;
+                    let mut advised = start;
                     while at < end {
                         let k = PIECE.min(end - at) as usize;
                         file.read_exact_at(&mut buf[..k], at).unwrap();
+                        let want = (at + k as u64 + ahead * PIECE).min(end);
+                        if want > advised {
+                            use std::os::fd::AsRawFd;
+                            let from = advised.max(at + k as u64);
+                            // SAFETY: an advice on an open descriptor.
+                            unsafe {
+                                libc::posix_fadvise(
+                                    file.as_raw_fd(),
+                                    from as i64,
+                                    (want - from) as i64,
+                                    libc::POSIX_FADV_WILLNEED,
+                                )
+                            };
+                            advised = want;
+                        }
                         h.update(&buf[..k]);
                         // SAFETY: this chunk's own range of the mapping.
                         unsafe {
