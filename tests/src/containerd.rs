@@ -276,6 +276,7 @@ impl Containerd {
 
     /// `ctr run -d` of `/bin/sleep 1000` in `rootfs` as `id`, under vsnap.
     pub fn start_sleeper(&self, rootfs: &str, id: &str) {
+        crate::ids::claim(id);
         self.ctr_ok(&[
             "run",
             "-d",

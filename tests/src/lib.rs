@@ -13,6 +13,7 @@ pub mod cri;
 pub mod docker;
 pub mod engine;
 pub mod events;
+pub mod ids;
 pub mod image;
 pub mod lib_sh;
 pub mod prometheus;

@@ -136,6 +136,7 @@ impl Env {
         workload: &[&str],
         argv: &[&str],
     ) -> std::process::Command {
+        crate::ids::claim(id);
         let plan = format!("vsnap.io/plan={plan}");
         let artifact = format!("vsnap.io/artifact={artifact}");
         let listen = format!("vsnap.io/listen=127.0.0.1:{port}");

@@ -120,7 +120,7 @@ fn an_image_can_opt_in_with_its_config_labels() {
             "/vsnap-ref-engine",
         ])
     };
-    assert!(run("i1").ok());
+    assert!(run("lbl1").ok());
     // auto without a name: the artifact is keyed by the workload, whose
     // identity includes the image's digest (asked from containerd).
     let name = wait_artifact(&e.artifacts, "auto-");
@@ -133,12 +133,12 @@ fn an_image_can_opt_in_with_its_config_labels() {
         .unwrap_or_default();
     assert!(digest.starts_with("sha256:"), "{manifest}");
     wait_listening(port, Duration::from_secs(60));
-    e.remove("i1");
-    let out = run("i2");
+    e.remove("lbl1");
+    let out = run("lbl2");
     assert!(out.ok(), "{out:?}");
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
         "the second start was a restore: listening when ctr returned"
     );
-    e.remove("i2");
+    e.remove("lbl2");
 }

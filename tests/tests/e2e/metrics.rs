@@ -56,10 +56,10 @@ impl Drop for Exporter {
 fn prometheus_scrapes_restores_by_artifact_and_the_phase_durations_of_a_restore() {
     let e = setup("metrics");
     let port = free_port();
-    assert!(e.run("donor", "create", "ref", port, &[]).ok());
+    assert!(e.run("m-donor", "create", "ref", port, &[]).ok());
     e.wait_manifest("ref");
     wait_listening(port, Duration::from_secs(60));
-    e.remove("donor");
+    e.remove("m-donor");
     let port = free_port();
     let out = e.run("copy", "restore", "ref", port, &[]);
     assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());

@@ -173,15 +173,15 @@ fn canary_drift_after_restore_fails_start_naming_the_phase() {
 #[test]
 fn bad_annotations_and_missing_artifacts_are_refused_by_name() {
     let e = setup("badann");
-    let out = e.run("b1", "restore", "../../etc", free_port(), &[]);
+    let out = e.run("bad1", "restore", "../../etc", free_port(), &[]);
     assert!(
         !out.ok() && out.stderr.contains("vsnap.io/artifact"),
         "{out:?}"
     );
-    let _ = e.c.ctr(&["c", "rm", "b1"]);
-    let out = e.run("b2", "sometimes", "x", free_port(), &[]);
+    let _ = e.c.ctr(&["c", "rm", "bad1"]);
+    let out = e.run("bad2", "sometimes", "x", free_port(), &[]);
     assert!(!out.ok() && out.stderr.contains("vsnap.io/plan"), "{out:?}");
-    let _ = e.c.ctr(&["c", "rm", "b2"]);
+    let _ = e.c.ctr(&["c", "rm", "bad2"]);
     let out = e.run("b3", "restore", "never-made", free_port(), &[]);
     assert!(
         !out.ok() && out.stderr.contains("never-made") && out.stderr.contains("does not exist"),

@@ -206,7 +206,7 @@ fn an_outside_tcp_connection_at_capture_publishes_nothing() {
     let peer = TcpListener::bind((ip, 0)).unwrap();
     let addr = peer.local_addr().unwrap().to_string();
     let env = format!("VSNAP_ENGINE_OUTSIDE_TCP={addr}");
-    let err = failed_capture(&e, "flt-t0", "tcp", 137, &["--env", &env]);
+    let err = failed_capture(&e, "flt-tcp", "tcp", 137, &["--env", &env]);
     assert_has(&err, &["capture: inventory", "established TCP", &addr]);
     e.assert_nothing_published();
     drop(peer);
