@@ -404,23 +404,19 @@ fn report(r: &Report) {
     println!("| configuration | page cache | n | image bytes / (wall - activation), GB/s | against | ratio | each against its round's limit, median |");
     println!("|---|---|---:|---:|---|---:|---:|");
     for c in &r.cases {
-        let (warm, cold) = (throughput(r.bytes, &c.warm), throughput(r.bytes, &c.cold));
-        println!(
-            "| {} | warm | {} | {warm:.2} | fill limit {:.2} | **{:.2}** | **{:.2}** |",
-            c.name,
-            c.warm.len(),
-            r.fill_limit,
-            warm / r.fill_limit,
-            paired(r.bytes, &c.warm)
-        );
-        println!(
-            "| {} | cold | {} | {cold:.2} | disk {:.2} | **{:.2}** | **{:.2}** |",
-            c.name,
-            c.cold.len(),
-            r.disk,
-            cold / r.disk,
-            paired(r.bytes, &c.cold)
-        );
+        for (state, rs, limit_name, limit) in [
+            ("warm", &c.warm, "fill limit", r.fill_limit),
+            ("cold", &c.cold, "disk", r.disk),
+        ] {
+            let gbs = throughput(r.bytes, rs);
+            println!(
+                "| {} | {state} | {} | {gbs:.2} | {limit_name} {limit:.2} | **{:.2}** | **{:.2}** |",
+                c.name,
+                rs.len(),
+                gbs / limit,
+                paired(r.bytes, rs)
+            );
+        }
     }
     for c in &r.cases {
         println!();
