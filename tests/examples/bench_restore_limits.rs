@@ -252,6 +252,7 @@ fn main() {
     // minute.
     timed_sh(&cat_all);
     let mut n = 0;
+    let mut cache_on = true;
     for round in 0..warm_runs.max(cold_runs) {
         let mut order: Vec<usize> = (0..cases.len()).collect();
         if round % 2 == 1 {
@@ -277,9 +278,14 @@ fn main() {
                 n += 1;
                 let id = format!("r{n}");
                 std::fs::write(&e.config, &cases[k].config).unwrap();
-                match cases[k].criu_cache {
-                    true => drop(criu_cache(Path::new(&e.config))),
-                    false => criu_cache_off(&kdat),
+                // Taken away or put back only when this case differs from
+                // the one before.
+                if cases[k].criu_cache != cache_on {
+                    match cases[k].criu_cache {
+                        true => drop(criu_cache(Path::new(&e.config))),
+                        false => criu_cache_off(&kdat),
+                    }
+                    cache_on = cases[k].criu_cache;
                 }
                 use_shim(&e, cases[k].shim.as_deref());
                 if cold {
@@ -300,7 +306,9 @@ fn main() {
         timed_sh(&cat_all);
     }
     std::fs::write(&e.config, base).unwrap();
-    criu_cache(Path::new(&e.config));
+    if !cache_on {
+        criu_cache(Path::new(&e.config));
+    }
     if let Ok(keep) = std::env::var("BENCH_KEEP_LOGS") {
         let _ = std::fs::copy(
             e.c.dir.join("containerd.log"),
