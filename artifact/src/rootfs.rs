@@ -21,6 +21,12 @@ pub enum RootfsLayer {
         bytes: u64,
         /// Entries (files, folders, links, whiteouts).
         entries: u64,
+        /// Unix socket files of the layer, left out of the tar (a socket
+        /// file is no data): CRIU binds the tree's live ones again at
+        /// their paths; a stale one (nobody held it) is gone after a
+        /// restore. Paths inside the container, sorted.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        sockets: Vec<String>,
     },
     /// No rootfs mounts: the spec's root is a folder the create and its
     /// restores share (`ctr run --rootfs DIR`); nothing to carry.
@@ -111,6 +117,7 @@ mod tests {
             layer: RootfsLayer::OverlayUpper {
                 bytes: 10,
                 entries: 3,
+                sockets: vec!["/tmp/0c1d".into()],
             },
             open_files: vec![OpenFile {
                 path: "/model/w.bin".into(),
@@ -121,7 +128,15 @@ mod tests {
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["layer"]["kind"], "overlay-upper");
+        assert_eq!(v["layer"]["sockets"][0], "/tmp/0c1d");
         assert_eq!(serde_json::from_value::<Rootfs>(v).unwrap(), r);
+        // A record written before sockets were left out reads as none.
+        let old: Rootfs =
+            serde_json::from_str(r#"{"layer":{"kind":"overlay-upper","bytes":1,"entries":1}}"#)
+                .unwrap();
+        assert!(
+            matches!(old.layer, RootfsLayer::OverlayUpper { ref sockets, .. } if sockets.is_empty())
+        );
         let shared: Rootfs = serde_json::from_str(r#"{"layer":{"kind":"shared-folder"}}"#).unwrap();
         assert_eq!(shared.layer, RootfsLayer::SharedFolder);
     }

@@ -1,6 +1,7 @@
 //! The writable layer packed at a capture: the overlay upper dir as a tar,
-//! its size bounded, the overlay's own pointers refused and its caches left
-//! out.
+//! its size bounded, the overlay's own pointers refused and its caches and
+//! socket files left out (CRIU binds a live socket again at restore; a
+//! stale one is garbage nothing reopens).
 
 use std::collections::hash_map::{self, HashMap};
 use std::fs;
@@ -86,9 +87,12 @@ fn too_large(entries: &[Entry], limit: u64) -> Option<String> {
 }
 
 /// Packs the upper dir `upper` into the tar `out` (created, 0600). Returns
-/// the layer's record. Fails naming the path it cannot carry.
+/// the layer's record, which names the socket files left out. Fails naming
+/// the path it cannot carry.
 pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
-    let entries = walk(upper)?;
+    let (entries, sockets): (Vec<Entry>, Vec<Entry>) = walk(upper)?
+        .into_iter()
+        .partition(|e| !e.md.file_type().is_socket());
     if let Some(m) = too_large(&entries, limit) {
         return Err(capture_refused(m));
     }
@@ -106,6 +110,10 @@ pub fn pack(upper: &Path, out: &Path, limit: u64) -> Result<RootfsLayer> {
     Ok(RootfsLayer::OverlayUpper {
         bytes,
         entries: entries.len() as u64,
+        sockets: sockets
+            .iter()
+            .map(|e| format!("/{}", e.rel.display()))
+            .collect(),
     })
 }
 
@@ -190,7 +198,7 @@ impl<W: Write> Packer<W> {
             self.append_data(&mut h, e, &mut std::io::empty())
         } else {
             Err(capture_refused(format!(
-                "/{} is a device or socket the writable layer cannot carry (only files, folders, links, FIFOs and whiteouts)",
+                "/{} is a device node the writable layer cannot carry (only files, folders, links, FIFOs, whiteouts; sockets are left out)",
                 e.rel.display()
             )))
         }
