@@ -50,6 +50,7 @@ impl App {
                 200,
                 &json!({"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "vsnap"}]}),
             ),
+            ("GET", "/watch") => Response::json(200, &crate::watch::report()),
             ("POST", "/v1/completions") => match parse_completion(&request.body) {
                 Ok(completion) => self.complete(&completion),
                 Err(message) => Response::error(400, &message),

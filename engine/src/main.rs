@@ -15,6 +15,7 @@ mod prng;
 mod session;
 mod shm;
 mod startup;
+mod watch;
 mod weights_file;
 
 use std::net::TcpListener;
@@ -49,6 +50,10 @@ fn main() {
     };
     let setup = Faults::from_env().and_then(|faults| {
         EngineConfig::from_env(options.weights.clone()).map(|config| (faults, config))
+    });
+    let setup = setup.and_then(|setup| match std::env::var("VSNAP_ENGINE_WATCH") {
+        Ok(dir) if !dir.is_empty() => watch::start(&dir).map(|()| setup),
+        _ => Ok(setup),
     });
     let (faults, engine_config) = match setup {
         Ok(setup) => setup,

@@ -85,6 +85,26 @@ pub fn config_text(
     body
 }
 
+/// Appends `irmap-scan-path` lines for `paths` (inside the container) to
+/// the container's CRIU config `config`, each once: where CRIU looks up a
+/// watched inode it cannot open by its handle (see fsnotify.rs).
+pub fn add_irmap_scan_paths(config: &Path, paths: &[String]) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(config)?;
+    let mut add = String::new();
+    for p in paths {
+        let line = format!("irmap-scan-path {p}");
+        if !text.lines().any(|l| l == line) {
+            add.push_str(&line);
+            add.push('\n');
+        }
+    }
+    if add.is_empty() {
+        return Ok(());
+    }
+    let mut f = std::fs::OpenOptions::new().append(true).open(config)?;
+    std::io::Write::write_all(&mut f, add.as_bytes())
+}
+
 /// The action script a capture gives CRIU when the container's `/dev/shm`
 /// is a host folder: CRIU removes its `link_remap.N` files there at the end
 /// of a dump that leaves the tree running (criu/cr-dump.c), after its

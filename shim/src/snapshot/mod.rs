@@ -10,6 +10,7 @@ pub mod criu;
 pub mod criu_image;
 pub mod cuda;
 pub mod fetch;
+pub mod fsnotify;
 pub mod inventory;
 pub mod journal;
 pub mod listener;

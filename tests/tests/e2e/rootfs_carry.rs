@@ -272,3 +272,65 @@ fn a_layer_over_the_limit_fails_the_capture_naming_its_largest_paths() {
     e.assert_nothing_published();
     e.assert_nothing_left();
 }
+
+/// `GET /watch` of the engine on `port`: the names its watched folder saw.
+fn watch_events(port: u16) -> Vec<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /watch HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["dir"], "/root/.cache/vllm", "{v}");
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// An inotify watch on a folder of the writable layer (a cache folder on
+/// the overlay root, whose file handles CRIU cannot open) is captured and
+/// fires in every restored copy; the copy sees its own events only.
+#[test]
+fn an_inotify_watch_on_the_writable_layer_fires_after_restore() {
+    let e = image_env("rootfs-watch");
+    let env = ["--env", "VSNAP_ENGINE_WATCH=/root/.cache/vllm"];
+    let manifest = create(&e, "watch-donor", &env, "exec /vsnap-ref-engine");
+    assert_eq!(
+        manifest["rootfs"]["layer"]["kind"], "overlay-upper",
+        "{manifest}"
+    );
+    for copy in ["watch-copy1", "watch-copy2"] {
+        let port = free_port();
+        let out = run_image(&e, copy, "restore", port, &env, "exec /vsnap-ref-engine");
+        assert!(out.ok(), "{copy}: {out:?}\n{}", e.c.log_tail());
+        wait_listening(port, Duration::from_secs(30));
+        assert_eq!(watch_events(port), Vec::<String>::new(), "{copy}");
+        let name = format!("reload-{copy}");
+        let write = format!("echo x > /root/.cache/vllm/{name}");
+        let out = e.c.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "touch",
+            copy,
+            "/bin/sh",
+            "-c",
+            &write,
+        ]);
+        assert!(out.ok(), "{copy}: {out:?}");
+        vsnap_e2e::snapshot_env::poll(
+            Duration::from_secs(60),
+            &format!("{copy}: the watch fires"),
+            || watch_events(port).contains(&name),
+        );
+        e.remove(copy);
+    }
+    e.assert_nothing_left();
+}

@@ -1,7 +1,8 @@
 //! The inventory of the capture-ready tree: what CRIU could not restore
 //! faithfully is refused before the dump (io_uring, TCP to outside, more
-//! than one GPU, undumpable devices), and the volume files it holds open
-//! are recorded.
+//! than one GPU, undumpable devices), the paths of its inotify and
+//! fanotify watches handed to CRIU (it cannot open an overlayfs handle
+//! itself), and the volume files it holds open are recorded.
 
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use super::context::CaptureRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{cuda, inventory, rootfs, CONTROL_MOUNT};
+use crate::snapshot::{criu, cuda, fsnotify, inventory, rootfs, CONTROL_MOUNT};
 
 pub struct Inventory;
 
@@ -36,11 +37,13 @@ impl Phase<CaptureRun> for Inventory {
             run.snapshot.tools.cuda_checkpoint.clone(),
             run.snapshot.spec.clone(),
         );
+        let (init, config) = (run.pid, run.bundle.join(criu::BUNDLE_CONFIG));
         run.volume_files = blocking(PhaseName::Inventory, move || {
             let is_cuda = |pid: i32| cuda::cuda_restore_tid(&tool, pid).map(drop);
             let cuda_process: Option<&dyn Fn(i32) -> std::result::Result<(), String>> =
                 gpu.then_some(&is_cuda);
             inventory::check_dumpable_devices(&all, cuda_process)?;
+            watched_paths_to_criu(&all, init, &config)?;
             rootfs::open_volume_files(&all, &spec, CONTROL_MOUNT)
         })
         .await?;
@@ -48,4 +51,25 @@ impl Phase<CaptureRun> for Inventory {
         run.times.inventory = t.elapsed();
         Ok(())
     }
+}
+
+/// Every inotify and fanotify watch of the tree (`pids`; `init`'s root is
+/// the container's) resolved to its path, each handed to CRIU's config
+/// (`config`) as an `irmap-scan-path`; or the refusal naming the process
+/// and the watch that cannot be captured.
+fn watched_paths_to_criu(pids: &[i32], init: i32, config: &std::path::Path) -> Result<()> {
+    let watches = fsnotify::watches(pids);
+    if watches.is_empty() {
+        return Ok(());
+    }
+    let mountinfo = std::fs::read_to_string(format!("/proc/{init}/mountinfo")).unwrap_or_default();
+    let root = std::path::PathBuf::from(format!("/proc/{init}/root"));
+    let paths = fsnotify::scan_paths(&watches, &root, &|dev| fsnotify::fs_type(&mountinfo, dev))
+        .map_err(|m| Error::FailedPrecondition(format!("capture: inventory: {m}")))?;
+    log::info!(
+        "capture: inventory: {} watches, paths for CRIU: {paths:?}",
+        watches.len()
+    );
+    criu::add_irmap_scan_paths(config, &paths)
+        .map_err(|e| Error::io(format!("capture: inventory: write {}", config.display()), e))
 }
