@@ -10,6 +10,7 @@ pub mod clocks;
 pub mod compat;
 pub mod content;
 pub mod cpu;
+pub mod criu_logs;
 mod durable;
 pub mod encryption;
 mod error;

@@ -30,7 +30,7 @@ pub struct Policy {
 #[derive(Serialize)]
 struct Action {
     name: String,
-    /// `artifact`, `staging` or `trash`.
+    /// `artifact`, `staging`, `trash` or `criu-log`.
     kind: &'static str,
     age_seconds: u64,
     size_bytes: u64,
@@ -63,6 +63,7 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     let root = &ctx.root;
     check_root(root)?;
     let mut actions = leftover_actions(root, &policy)?;
+    actions.extend(criu_log_actions(root, &policy));
     let candidates = candidates(root)?;
     let total_before: u64 = candidates.iter().map(|c| c.size).sum();
     let kept = remove_older(ctx, &policy, candidates, &mut actions);
@@ -134,6 +135,48 @@ fn leftover_actions(root: &Path, policy: &Policy) -> Result<Vec<Action>, String>
         actions.push(action);
     }
     Ok(actions)
+}
+
+/// CRIU's logs of failed captures and restores kept under the root
+/// (vsnap_artifact::criu_logs) older than `--older-than`: removed (or, in a
+/// dry run, listed). Without `--older-than` they stay (their number is
+/// bounded where they are written).
+fn criu_log_actions(root: &Path, policy: &Policy) -> Vec<Action> {
+    let Some(limit) = policy.older_than else {
+        return Vec::new();
+    };
+    let mut actions = Vec::new();
+    for (path, modified) in vsnap_artifact::criu_logs::list(root) {
+        let age = store::age_since(modified);
+        if age <= limit {
+            continue;
+        }
+        let mut action = Action {
+            name: format!(
+                "{}/{}",
+                vsnap_artifact::criu_logs::DIR,
+                path.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            kind: "criu-log",
+            age_seconds: age.as_secs(),
+            size_bytes: fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
+            reason: format!("CRIU log older than {}", format_duration(limit)),
+            result: "would-remove",
+            error: None,
+        };
+        if !policy.dry_run {
+            match fs::remove_file(&path) {
+                Ok(()) => action.result = "removed",
+                Err(e) if e.kind() == io::ErrorKind::NotFound => action.result = "gone",
+                Err(e) => {
+                    action.result = "failed";
+                    action.error = Some(e.to_string());
+                }
+            }
+        }
+        actions.push(action);
+    }
+    actions
 }
 
 /// The artifacts with their ages and sizes, oldest first.

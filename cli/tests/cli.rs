@@ -866,3 +866,43 @@ fn key_generate_makes_a_fleet_key_pair_and_never_overwrites_one() {
     let out = run(&["key", "generate", "--private", p]);
     assert_eq!(out.status.code(), Some(2), "--public is required");
 }
+
+#[test]
+fn gc_removes_kept_criu_logs_older_than_its_age() {
+    let Some(f) = Fixture::new() else { return };
+    let logs = f.root.join(vsnap_artifact::criu_logs::DIR);
+    fs::create_dir_all(&logs).unwrap();
+    for (name, ago) in [
+        ("old-m-c1-dump.log", 10 * DAY),
+        ("new-m-c2-restore.log", DAY),
+    ] {
+        fs::write(
+            logs.join(name),
+            b"Error (criu/cr-dump.c:1): Dumping FAILED.\n",
+        )
+        .unwrap();
+        set_mtime(&logs.join(name), ago);
+    }
+    // Without an age they stay.
+    let (code, v) = f.json(&["gc", "--json"]);
+    assert_eq!(
+        (code, v["actions"].as_array().unwrap().len()),
+        (0, 0),
+        "{v}"
+    );
+    let (code, v) = f.json(&["gc", "--older-than", "7d", "--json"]);
+    assert_eq!(code, 0, "{v}");
+    let a = &v["actions"][0];
+    assert_eq!(
+        (a["name"].as_str(), a["kind"].as_str(), a["result"].as_str()),
+        (
+            Some(".criu-logs/old-m-c1-dump.log"),
+            Some("criu-log"),
+            Some("removed")
+        ),
+        "{v}"
+    );
+    assert_eq!(v["actions"].as_array().unwrap().len(), 1, "{v}");
+    assert!(!logs.join("old-m-c1-dump.log").exists());
+    assert!(logs.join("new-m-c2-restore.log").exists());
+}

@@ -236,6 +236,73 @@ pub fn fs_type(mountinfo: &str, dev: u64) -> Option<String> {
     })
 }
 
+/// The watched inodes a CRIU dump log says it could not open
+/// (`fsnotify: Handle 0x28:0x98c2e1 cannot be opened`: the kernel's device
+/// encoding and the inode number, in hex).
+pub fn unopened(dump_log: &str) -> Vec<Inode> {
+    let mut out = Vec::new();
+    for line in dump_log.lines() {
+        let Some(rest) = line.split("Handle 0x").nth(1) else {
+            continue;
+        };
+        let Some((handle, _)) = rest.split_once(" cannot be opened") else {
+            continue;
+        };
+        let Some((sdev, ino)) = handle.split_once(":0x") else {
+            continue;
+        };
+        if let (Ok(sdev), Ok(ino)) = (u64::from_str_radix(sdev, 16), u64::from_str_radix(ino, 16)) {
+            let inode = Inode {
+                dev: nix::sys::stat::makedev(sdev >> 20, sdev & 0xfffff),
+                ino,
+            };
+            if !out.contains(&inode) {
+                out.push(inode);
+            }
+        }
+    }
+    out
+}
+
+/// What a failed dump's log (`dump_log`) says about watches, in words:
+/// each watched file CRIU could not reopen, with its path under `root`
+/// (the container's root) and the processes of `pids` watching it; empty
+/// when the log names none.
+pub fn explain_dump_failure(dump_log: &str, root: &Path, pids: &[i32]) -> String {
+    let inodes = unopened(dump_log);
+    if inodes.is_empty() {
+        return String::new();
+    }
+    let found = resolve(root, &inodes.iter().copied().collect(), RESOLVE_LIMIT);
+    let watches = watches(pids);
+    let named: Vec<String> = inodes
+        .iter()
+        .map(|i| {
+            let path = found.get(i).map_or_else(
+                || {
+                    format!(
+                        "inode {} on device {}:{}",
+                        i.ino,
+                        nix::sys::stat::major(i.dev),
+                        nix::sys::stat::minor(i.dev)
+                    )
+                },
+                |p| p.clone(),
+            );
+            let by: Vec<String> = watches
+                .iter()
+                .filter(|w| w.inode == *i)
+                .map(|w| format!("pid {} ({})", w.pid, w.api.as_str()))
+                .collect();
+            match by.is_empty() {
+                true => path,
+                false => format!("{path} watched by {}", by.join(", ")),
+            }
+        })
+        .collect();
+    format!("; CRIU could not reopen the watched {}", named.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +392,28 @@ mod tests {
         assert!(scan_paths(&[w(hidden)], root, &|_| Some("ext4".into()))
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_dump_log_names_the_handles_it_could_not_open() {
+        let log = "(00.07) fsnotify: wd: wd 0x00000001 s_dev 0x00000028 i_ino 0x98c2e1 mask 0x102\n\
+            (00.07) Warn  (criu/fsnotify.c:288): fsnotify: \tHandle 0x28:0x98c2e1 cannot be opened\n\
+            (00.08) Error (criu/fsnotify.c:284): fsnotify: \tCan't dump that handle\n";
+        let mk = nix::sys::stat::makedev;
+        assert_eq!(
+            unopened(log),
+            [Inode {
+                dev: mk(0, 40),
+                ino: 0x98c2e1
+            }]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let words = explain_dump_failure(log, dir.path(), &[]);
+        assert_eq!(
+            words,
+            "; CRIU could not reopen the watched inode 10011361 on device 0:40"
+        );
+        assert_eq!(explain_dump_failure("Dumping FAILED", dir.path(), &[]), "");
     }
 
     #[test]

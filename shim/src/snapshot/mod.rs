@@ -210,12 +210,22 @@ impl Snapshot {
 }
 
 /// Leaves `vsnap-error.json` in the bundle: the container, the phase that
-/// failed (when known) and the error of its failed capture or restore.
+/// failed (when known), the error of its failed capture or restore and,
+/// when CRIU ran, where its log was kept ([`keep_criu_log`]).
 /// Whole or absent: never half written.
-pub fn record_error(bundle: &Path, id: &str, phase: Option<&str>, e: &Error) {
+pub fn record_error(
+    bundle: &Path,
+    id: &str,
+    phase: Option<&str>,
+    e: &Error,
+    criu_log: Option<&Path>,
+) {
     let mut record = serde_json::json!({"container": id, "error": e.to_string()});
     if let Some(phase) = phase {
         record["phase"] = phase.into();
+    }
+    if let Some(log) = criu_log {
+        record["criu_log"] = log.display().to_string().into();
     }
     let (tmp, path) = (
         bundle.join(".vsnap-error.json.tmp"),
@@ -225,6 +235,37 @@ pub fn record_error(bundle: &Path, id: &str, phase: Option<&str>, e: &Error) {
         std::fs::write(&tmp, record.to_string()).and_then(|_| std::fs::rename(&tmp, &path))
     {
         log::error!("{id}: write {}: {e}", path.display());
+    }
+}
+
+/// Keeps CRIU's `log` of a failed `kind` ("dump" or "restore") of the
+/// plan's artifact by container `id` under the artifact root, where it
+/// outlives the task (vsnap_artifact::criu_logs); the kept file, or `None`
+/// (no log: CRIU never ran; a failure to keep it is logged).
+pub fn keep_criu_log(s: &Snapshot, id: &str, kind: &str, log: &Path) -> Option<PathBuf> {
+    if !log.exists() {
+        return None;
+    }
+    let now = time::OffsetDateTime::now_utc();
+    let stamp = format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second(),
+        now.millisecond()
+    );
+    match vsnap_artifact::criu_logs::keep(&s.root, &stamp, s.artifact.as_str(), id, kind, log) {
+        Ok(kept) => {
+            log::warn!("{id}: CRIU's {kind} log kept as {}", kept.display());
+            Some(kept)
+        }
+        Err(e) => {
+            log::error!("{id}: keep CRIU's log {}: {e}", log.display());
+            None
+        }
     }
 }
 

@@ -378,6 +378,19 @@ fn a_criu_dump_failure_publishes_nothing_and_names_the_checkpoint() {
     );
     e.assert_nothing_published();
     e.assert_nothing_left();
+    // The task and its staging folder are gone; CRIU's log is not.
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(e.artifacts.join(".criu-logs"))
+        .expect("CRIU's log kept under the artifact root")
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let name = kept[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with("-dump-flt-d0-dump.log"), "{name}");
+    let log = std::fs::read_to_string(&kept[0]).unwrap();
+    assert_has(&log, &["perf_event", "Dumping FAILED"]);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&kept[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "root-only");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::runc::CheckpointFlags;
-use crate::snapshot::{artifact_error, criu, cuda};
+use crate::snapshot::{artifact_error, criu, cuda, fsnotify};
 
 pub struct Checkpoint;
 
@@ -65,6 +65,7 @@ impl Phase<CaptureRun> for Checkpoint {
             // runc's own message is generic; CRIU's log says what it could not dump.
             let mut criu = criu::log_errors(&dump_log);
             criu.push_str(&criu::dump_hint(&criu));
+            criu.push_str(&watches_not_dumped(run, &dump_log).await);
             return Err(match e {
                 Error::DeadlineExceeded(m) => {
                     Error::DeadlineExceeded(format!("capture: {m}{criu}"))
@@ -80,6 +81,21 @@ impl Phase<CaptureRun> for Checkpoint {
         run.times.checkpoint = t.elapsed();
         Ok(())
     }
+}
+
+/// The watched files a failed dump could not reopen, named (a walk of the
+/// container's root, off the runtime's threads); empty when its log names
+/// none.
+async fn watches_not_dumped(run: &CaptureRun, dump_log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(dump_log).unwrap_or_default();
+    if fsnotify::unopened(&text).is_empty() {
+        return String::new();
+    }
+    let root = std::path::PathBuf::from(format!("/proc/{}/root", run.pid));
+    let pids = run.pids.clone();
+    tokio::task::spawn_blocking(move || fsnotify::explain_dump_failure(&text, &root, &pids))
+        .await
+        .unwrap_or_default()
 }
 
 /// After a dump killed past its deadline: the tree thawed (CRIU froze its

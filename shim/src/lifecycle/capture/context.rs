@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::Runc;
-use crate::snapshot::{journal, record_error, Snapshot};
+use crate::snapshot::{journal, keep_criu_log, record_error, Snapshot};
 use vsnap_artifact::journal::Op;
 
 /// What the engine said when it was capture-ready.
@@ -145,7 +145,22 @@ impl Run for CaptureRun {
     }
 
     fn record_error(&mut self, phase: PhaseName, e: &Error) {
-        record_error(&self.bundle, &self.id, Some(phase.as_str()), e);
+        // CRIU's log is in the staging folder, which goes with the abort.
+        let kept = self.staging.as_ref().and_then(|st| {
+            keep_criu_log(
+                &self.snapshot,
+                &self.id,
+                "dump",
+                &st.work().join("dump.log"),
+            )
+        });
+        record_error(
+            &self.bundle,
+            &self.id,
+            Some(phase.as_str()),
+            e,
+            kept.as_deref(),
+        );
     }
 
     /// The task is killed so that it exits non-zero; the staging dir goes

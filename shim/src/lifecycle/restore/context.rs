@@ -22,7 +22,9 @@ use crate::lifecycle::init_start::InitStart;
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::{criu as criu_flags, journal, record_error, RestoreTimings, Snapshot};
+use crate::snapshot::{
+    criu as criu_flags, journal, keep_criu_log, record_error, RestoreTimings, Snapshot,
+};
 use vsnap_artifact::journal::Op;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
@@ -182,7 +184,20 @@ impl Run for RestoreRun {
     }
 
     fn record_error(&mut self, phase: PhaseName, e: &Error) {
-        record_error(&self.bundle, &self.id, Some(phase.as_str()), e);
+        // CRIU's log is in the bundle, which goes with the task.
+        let kept = match (&self.snapshot, self.criu_started) {
+            (Some(s), true) => {
+                keep_criu_log(s, &self.id, "restore", &self.job.work.join("restore.log"))
+            }
+            _ => None,
+        };
+        record_error(
+            &self.bundle,
+            &self.id,
+            Some(phase.as_str()),
+            e,
+            kept.as_deref(),
+        );
     }
 
     /// Nothing of a failed restore runs or is seen: runc's and CRIU's
