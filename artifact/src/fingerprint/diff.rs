@@ -8,7 +8,7 @@
 //! - a list of objects with an identifying field (`destination`, `path`,
 //!   `type` or `name`, the first every element has, unique on each side):
 //!   matched by it, each element the live list adds or drops named with its
-//!   fields (`path: live adds /data (type bind, options [rbind, rw])`) and
+//!   fields (`path: live adds /data (options [rbind, rw], type bind)`) and
 //!   each changed one with the fields that changed
 //!   (`path: /data: type bind -> tmpfs`; mount options changed one for one
 //!   as `path: /data: rw -> ro`);
