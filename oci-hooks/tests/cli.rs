@@ -430,13 +430,17 @@ fn every_workload_field_changed_alone_is_named() {
 fn a_changed_container_spec_is_named_too() {
     let h = Host::new(&spec());
     let mut live = spec();
-    live["process"]["user"] = json!({"uid": 1000, "gid": 1000});
+    live["process"]["user"] = json!({"uid": 1000, "gid": 0});
+    live["process"]["capabilities"]["bounding"] = json!(["CAP_KILL", "CAP_NET_ADMIN"]);
     h.write_spec(&live);
     let out = h.fingerprint();
     assert_eq!(out.code, 1);
+    // Each named by what differs: the field in the object, the element
+    // in the list.
     assert!(
-        out.line("fingerprint")
-            .contains(": workload.security.user: captured \""),
+        out.line("fingerprint").ends_with(
+            ": workload.security.capabilities.bounding: live adds CAP_NET_ADMIN; workload.security.user.uid: captured 0, live 1000"
+        ),
         "{}",
         out.stderr
     );

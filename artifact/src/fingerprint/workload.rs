@@ -125,7 +125,9 @@ impl Workload {
         sha256_hex(&bytes)[..24].to_string()
     }
 
-    /// The fields that differ, as `workload.field: captured X, live Y`.
+    /// The fields that differ, as `workload.field: captured X, live Y`, a
+    /// security field's lists by the elements that differ, whole
+    /// ([`readable`]; `workload.security.mounts: /data: rw -> ro`).
     /// Keyed with different keys, the keyed values cannot be compared: the
     /// key is named first, and the rest compared without them (variable
     /// names and unkeyed argv words still are).
@@ -138,7 +140,7 @@ impl Workload {
             ..live.clone()
         };
         if self.fingerprint_key == live.fingerprint_key {
-            return diff_json("workload", &to_map(self), &to_map(live));
+            return compare(self, live);
         }
         let mut out = vec![format!(
             "workload.fingerprint_key: captured {:?}, live {:?} (environment and secret flags were fingerprinted with another key: every host of a fleet needs the same fleet_fingerprint_key)",
@@ -146,7 +148,7 @@ impl Workload {
         )];
         let (a, b) = (self.without_keyed_values(), live.without_keyed_values());
         out.extend(
-            diff_json("workload", &to_map(&a), &to_map(&b))
+            compare(&a, &b)
                 .into_iter()
                 .filter(|d| !d.starts_with("workload.fingerprint_key:")),
         );
@@ -166,6 +168,61 @@ impl Workload {
             }
         }
         w
+    }
+}
+
+/// Every difference of `live` from `captured`: argv whole (its order is its
+/// meaning), every other field as [`diff_json`] names it in [`readable`].
+fn compare(captured: &Workload, live: &Workload) -> Vec<String> {
+    let mut out = Vec::new();
+    if captured.argv != live.argv {
+        out.push(format!(
+            "workload.argv: captured {}, live {}",
+            Value::from(captured.argv.clone()),
+            Value::from(live.argv.clone())
+        ));
+    }
+    out.extend(diff_json("workload", &readable(captured), &readable(live)));
+    out
+}
+
+/// A workload as a difference names it: no argv ([`compare`] names it
+/// whole), and each security field's recorded JSON as the value it holds
+/// (a digest stays a string). The two lists `devices` and `masked_paths`
+/// each record become named fields: `devices.nodes` (`linux.devices`, the
+/// device nodes) and `devices.cgroup` (`linux.resources.devices`, the
+/// cgroup rules); `masked_paths.masked` and `masked_paths.readonly`.
+fn readable(w: &Workload) -> serde_json::Map<String, Value> {
+    let mut map = to_map(w);
+    map.remove("argv");
+    let security = w
+        .security
+        .iter()
+        .map(|(field, text)| {
+            let value = match serde_json::from_str::<Value>(text) {
+                Ok(v) if !text.starts_with("sha256:") => named_pair(field, v),
+                _ => Value::String(text.clone()),
+            };
+            (field.clone(), value)
+        })
+        .collect();
+    map.insert("security".into(), Value::Object(security));
+    map
+}
+
+/// The names of the two lists a security field records as a pair.
+fn named_pair(field: &str, value: Value) -> Value {
+    let names = match field {
+        "devices" => ["nodes", "cgroup"],
+        "masked_paths" => ["masked", "readonly"],
+        _ => return value,
+    };
+    match value {
+        Value::Array(pair) if pair.len() == 2 => {
+            let mut pair = pair.into_iter();
+            serde_json::json!({names[0]: pair.next(), names[1]: pair.next()})
+        }
+        other => other,
     }
 }
 
@@ -369,14 +426,11 @@ mod tests {
         let mut read_only = with_shm.clone();
         read_only["mounts"][0]["options"] = json!(["rbind", "ro"]);
         let diff = shm.diff(&Workload::from_spec(&read_only, "/run/vsnap/control", &key));
-        assert!(
-            diff.len() == 1 && diff[0].starts_with("workload.security.mounts"),
-            "{diff:?}"
-        );
+        assert_eq!(diff, ["workload.security.mounts: /dev/shm: rw -> ro"]);
         for (path, value, field) in [
             (
                 &["process", "user"][..],
-                json!({"uid": 0, "gid": 0}),
+                json!({"uid": 0, "gid": 1000}),
                 "workload.security.user",
             ),
             (
@@ -411,11 +465,158 @@ mod tests {
         let mut live = base.clone();
         live["process"]["user"]["uid"] = json!(0);
         let diff = captured.diff(&Workload::from_spec(&live, "/run/vsnap/control", &key));
+        assert_eq!(diff, ["workload.security.user.uid: captured 1000, live 0"]);
+        assert!(captured.security["seccomp"].starts_with("sha256:"));
+    }
+
+    /// A spec as containerd's defaults make one, with ctr's default
+    /// capabilities, its usual mounts, and `extra` set at `path`.
+    fn spec_with(path: &[&str], extra: Value) -> Value {
+        let caps = json!([
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FSETID",
+            "CAP_FOWNER",
+            "CAP_MKNOD",
+            "CAP_NET_RAW",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETFCAP",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_KILL",
+            "CAP_AUDIT_WRITE"
+        ]);
+        let mut spec = json!({
+            "process": {"args": ["serve", "--api-key", "k1"], "capabilities": {"bounding": caps, "effective": caps, "permitted": caps}},
+            "root": {"path": "rootfs"},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+                {"destination": "/data", "type": "bind", "source": "/host/data", "options": ["rbind", "rw"]},
+                {"destination": "/run/vsnap/control", "type": "bind", "source": "/x", "options": ["rbind", "ro"]},
+            ],
+            "linux": {
+                "devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}]},
+                "maskedPaths": ["/proc/kcore", "/proc/keys"],
+                "readonlyPaths": ["/proc/sys"],
+            },
+        });
+        let mut slot = &mut spec;
+        for p in path {
+            slot = &mut slot[*p];
+        }
+        *slot = extra;
+        spec
+    }
+
+    #[test]
+    fn list_differences_are_named_by_element_whole() {
+        let (_d, key) = test_key();
+        let from = |spec: &Value| Workload::from_spec(spec, "/run/vsnap/control", &key);
+        let captured = from(&spec_with(&["annotations"], json!({})));
+        let mut live = spec_with(&["annotations"], json!({}));
+        for set in ["bounding", "effective", "permitted"] {
+            live["process"]["capabilities"][set]
+                .as_array_mut()
+                .unwrap()
+                .push(json!("CAP_NET_ADMIN"));
+        }
+        live["process"]["capabilities"]["effective"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|c| c != "CAP_KILL");
+        live["mounts"][2]["options"] = json!(["rbind", "ro"]);
+        live["mounts"][2]["source"] = json!("/elsewhere");
+        live["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"destination": "/models", "type": "bind", "source": "/m", "options": ["rbind", "ro"]}));
+        live["linux"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}));
+        live["linux"]["resources"]["devices"] = json!([]);
+        live["linux"]["maskedPaths"] = json!(["/proc/kcore"]);
+        live["linux"]["readonlyPaths"] = json!(["/proc/sys", "/proc/bus"]);
+        assert_eq!(
+            captured.diff(&from(&live)),
+            [
+                "workload.security.capabilities.bounding: live adds CAP_NET_ADMIN",
+                "workload.security.capabilities.effective: live adds CAP_NET_ADMIN and drops CAP_KILL",
+                "workload.security.capabilities.permitted: live adds CAP_NET_ADMIN",
+                "workload.security.devices.cgroup: live drops {access: rwm, allow: false}",
+                "workload.security.devices.nodes: live adds /dev/nvidia1 (major 195, minor 1, type c)",
+                "workload.security.masked_paths.masked: live drops /proc/keys",
+                "workload.security.masked_paths.readonly: live adds /proc/bus",
+                "workload.security.mounts: /data: rw -> ro",
+                "workload.security.mounts: live adds /models (options [rbind, ro], type bind)",
+            ]
+        );
+        // Taken away whole, a field is named with its whole value.
+        let no_caps = spec_with(&["process", "capabilities"], Value::Null);
+        let diff = captured.diff(&from(&no_caps));
+        assert_eq!(diff.len(), 1, "{diff:?}");
         assert!(
-            diff[0].contains("1000") && diff[0].contains("\"uid\\\":0"),
+            diff[0].starts_with(
+                "workload.security.capabilities: captured {\"bounding\":[\"CAP_CHOWN\""
+            ) && diff[0].ends_with("\"CAP_AUDIT_WRITE\"]}, live null"),
             "{diff:?}"
         );
-        assert!(captured.security["seccomp"].starts_with("sha256:"));
+    }
+
+    #[test]
+    fn a_difference_never_shows_a_secret() {
+        let (_d, key) = test_key();
+        let from = |spec: &Value| Workload::from_spec(spec, "/run/vsnap/control", &key);
+        let captured = from(&spec_with(&["process", "env"], json!(["HF_TOKEN=hf_one"])));
+        let mut live = spec_with(&["process", "env"], json!(["HF_TOKEN=hf_two"]));
+        live["process"]["args"] = json!(["serve", "--api-key", "k2", "--port", "8001"]);
+        let diff = captured.diff(&from(&live));
+        assert_eq!(diff.len(), 2, "{diff:?}");
+        let text = diff.join("; ");
+        for secret in ["hf_one", "hf_two", "k1", "k2"] {
+            assert!(!text.contains(secret), "{secret}: {text}");
+        }
+        // argv whole, its secret as the keyed tag; env by its fingerprints.
+        let tag = |v: &str| format!("***:{}", &key.mac(v.as_bytes())[..16]);
+        assert_eq!(
+            diff[0],
+            format!(
+                "workload.argv: captured [\"serve\",\"--api-key\",\"{}\"], live [\"serve\",\"--api-key\",\"{}\",\"--port\",\"8001\"]",
+                tag("k1"),
+                tag("k2")
+            )
+        );
+        assert_eq!(
+            diff[1],
+            format!(
+                "workload.env.HF_TOKEN: captured \"{}\", live \"{}\"",
+                env_fingerprint(&key, "HF_TOKEN", "hf_one"),
+                env_fingerprint(&key, "HF_TOKEN", "hf_two")
+            )
+        );
+    }
+
+    #[test]
+    fn a_field_recorded_as_a_digest_is_named_by_its_digests() {
+        let (_d, key) = test_key();
+        let from = |spec: &Value| Workload::from_spec(spec, "/run/vsnap/control", &key);
+        let seccomp =
+            |action: &str| spec_with(&["linux", "seccomp"], json!({"defaultAction": action}));
+        let (a, b) = (
+            from(&seccomp("SCMP_ACT_ERRNO")),
+            from(&seccomp("SCMP_ACT_ALLOW")),
+        );
+        assert_eq!(
+            a.diff(&b),
+            [format!(
+                "workload.security.seccomp: captured \"{}\", live \"{}\"",
+                a.security["seccomp"], b.security["seccomp"]
+            )]
+        );
     }
 
     #[test]

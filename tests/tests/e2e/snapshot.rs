@@ -295,6 +295,73 @@ fn a_restore_of_another_workload_or_a_foreign_manifest_is_refused_naming_why() {
 }
 
 #[test]
+fn a_refused_restore_names_each_capability_and_mount_that_differ_whole() {
+    let e = setup("refusal");
+    let mount = |dir: &str, options: &str| {
+        let src = e.c.dir.join(dir);
+        std::fs::create_dir_all(&src).unwrap();
+        format!(
+            "type=bind,src={},dst=/data,options={options}",
+            src.display()
+        )
+    };
+    let captured = mount("data", "rbind:rw");
+    let port = free_port();
+    assert!(e
+        .run("rf0", "create", "refusal", port, &["--mount", &captured])
+        .ok());
+    e.wait_manifest("refusal");
+    wait_listening(port, Duration::from_secs(60));
+    e.remove("rf0");
+
+    // One more capability, one fewer, /data read-only and a volume at a
+    // path long enough that a cut would hide it: each named, whole.
+    let long = format!("/models/{}", "qwen3-30b-a3b-instruct-2507-fp8-".repeat(6));
+    let read_only = mount("data", "rbind:ro");
+    let added = format!(
+        "type=bind,src={},dst={long},options=rbind:ro",
+        e.c.dir.join("data").display()
+    );
+    let out = e.run(
+        "rf1",
+        "restore",
+        "refusal",
+        free_port(),
+        &[
+            "--cap-add",
+            "CAP_NET_ADMIN",
+            "--cap-drop",
+            "CAP_KILL",
+            "--mount",
+            &read_only,
+            "--mount",
+            &added,
+        ],
+    );
+    assert!(!out.ok(), "{out:?}");
+    eprintln!("rf1: {}", out.stderr);
+    for named in [
+        "restore: preflight: fingerprint mismatch: ",
+        "workload.security.capabilities.bounding: live adds CAP_NET_ADMIN and drops CAP_KILL",
+        "workload.security.capabilities.effective: live adds CAP_NET_ADMIN and drops CAP_KILL",
+        "workload.security.capabilities.permitted: live adds CAP_NET_ADMIN and drops CAP_KILL",
+        "workload.security.mounts: /data: rw -> ro",
+        &format!("workload.security.mounts: live adds {long} (options [rbind, ro], type bind)"),
+    ] {
+        assert!(out.stderr.contains(named), "{named}: {out:?}");
+    }
+    let _ = e.c.ctr(&["c", "rm", "rf1"]);
+
+    // The same spec from another host folder: a bind's source is not
+    // identity, and the restore runs.
+    let port = free_port();
+    let elsewhere = mount("elsewhere", "rbind:rw");
+    let out = e.run("rf2", "restore", "refusal", port, &["--mount", &elsewhere]);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("rf2");
+}
+
+#[test]
 fn a_fleet_fingerprint_key_keys_the_workload_at_create_and_restore() {
     let e = setup("fleetkey");
     let key = e.c.dir.join("fleet-fingerprint.key");
