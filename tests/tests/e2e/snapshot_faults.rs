@@ -99,6 +99,15 @@ fn engine_failing_in_recovery_fails_the_restore_naming_the_phase() {
         "the artifact is untouched"
     );
     e.assert_nothing_left();
+    // CRIU ran: its restore log outlives the task.
+    let kept: Vec<String> = std::fs::read_dir(e.artifacts.join(".criu-logs"))
+        .expect("CRIU's log kept under the artifact root")
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kept.iter().any(|n| n.ends_with("-recover-flt-r1-restore.log")),
+        "{kept:?}"
+    );
 }
 
 #[test]
