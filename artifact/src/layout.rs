@@ -318,6 +318,9 @@ fn copy_regular(
         // A symlink (ELOOP) is never followed: skipped, like anything else
         // that is not a regular file.
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        // A Unix socket (ENXIO) is no data either: vLLM's ZMQ endpoints
+        // where VLLM_RPC_BASE_PATH is /dev/shm; CRIU binds live ones again.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(None),
         Err(e) => return Err(ArtifactError::io(src, "open", e)),
     };
     let md = file
@@ -438,6 +441,12 @@ mod tests {
         std::fs::write(&big, vec![0u8; 100]).unwrap();
         let e = super::copy_regular_nofollow(&big, &dir.path().join("b2"), 64).unwrap_err();
         assert!(e.to_string().contains("more than the 64 allowed"), "{e}");
+        // A socket is skipped, not an error.
+        let sock = dir.path().join("sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let to = dir.path().join("sock2");
+        assert_eq!(super::copy_regular_nofollow(&sock, &to, 64).unwrap(), None);
+        assert!(!to.exists());
     }
 
     #[test]

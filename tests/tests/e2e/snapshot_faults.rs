@@ -105,7 +105,8 @@ fn engine_failing_in_recovery_fails_the_restore_naming_the_phase() {
         .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        kept.iter().any(|n| n.ends_with("-recover-flt-r1-restore.log")),
+        kept.iter()
+            .any(|n| n.ends_with("-recover-flt-r1-restore.log")),
         "{kept:?}"
     );
 }
