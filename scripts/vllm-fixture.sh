@@ -6,7 +6,8 @@
 #
 # Everything lives under /var/cache/vsnap/vllm/ (VSNAP_VLLM_FIXTURE_DIR overrides):
 #   dl/                 the vLLM wheel (336 MB, pinned by sha256), kept
-#   wheels/             pydantic 2 + deps and uvloop: cp311 manylinux x86_64 wheels, pinned
+#   wheels/             pydantic 2 + deps, uvloop and pyzmq (with its bundled libzmq): cp311
+#                       manylinux x86_64 wheels, pinned
 #   site-packages/      those wheels installed with pip install --target
 #   snapshot-pkg/vllm/snapshot/   the wheel's vllm/snapshot/ files, unmodified (each
 #                       checked against the wheel's RECORD)
@@ -15,7 +16,7 @@
 #   rootfs/             the root filesystem, rebuilt when an input changes (.vsnap-fixture-stamp):
 #       /usr/bin/python3.11 (Debian's) + the shared libraries ldd names + the loader,
 #       /usr/lib/python3.11 (Debian's stdlib, less test/idlelib/tkinter/ensurepip/lib2to3/
-#       config-*), /usr/local/lib/python3.11/dist-packages/ (pydantic, uvloop, vllm =
+#       config-*), /usr/local/lib/python3.11/dist-packages/ (pydantic, uvloop, pyzmq, vllm =
 #       stand-in + the real vllm/snapshot), /opt/standin/cuda_utils.so.bin,
 #       /opt/standin/asyncio-uvloop (an optional asyncio "uvloop", see the README),
 #       /models/standin (the model folder), busybox (sh cat ls sleep), /etc/passwd with
@@ -66,14 +67,16 @@ HOSTPY=/usr/bin/python3  # Debian's, for pip
 VLLM_VERSION=0.33.0
 VLLM_WHEEL=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 VLLM_WHEEL_SHA256=4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa
-# pydantic 2 with its dependencies, and uvloop: exact versions and hashes.
+# pydantic 2 with its dependencies, uvloop, and pyzmq (vLLM V1's API process and
+# EngineCore talk over ZMQ; the wheel bundles libzmq 4.3.5): exact versions and hashes.
 PY_REQUIREMENTS="pydantic==2.14.4 --hash=sha256:653a2ad9f6d8858529c77c72717d0ea991d6c6837fe683246b2f4b2bbfc3fadc
 pydantic-core==2.50.5 --hash=sha256:488319076ec92908b91fc6265ce761f1d78748f69f85518564fd16bf333e1b70
 annotated-types==0.8.0 --hash=sha256:f072f4d804ea359e4eaf198b1af7a8b0943881a87f31bb764f8bf219bb9419e0
 typing-extensions==4.16.0 --hash=sha256:481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8
 typing-inspection==0.4.5 --hash=sha256:bc210535442b39e1bf2805e0c7a17dfd6a4ace760c84c7f7d16245d23a6b1c39
-uvloop==0.23.0 --hash=sha256:ab17b3a8aa754be0de0e397f7b95f13b14e56f077a4c6ae295e3d4afd199b325"
-PY_WHEEL_COUNT=6
+uvloop==0.23.0 --hash=sha256:ab17b3a8aa754be0de0e397f7b95f13b14e56f077a4c6ae295e3d4afd199b325
+pyzmq==27.3.0 --hash=sha256:477b8ad30d66fc905c5388351e83b9ac25824b00e82c0d052b72ea6392636dfd"
+PY_WHEEL_COUNT=7
 APT_LOCK_WAIT=600
 
 # ---------------------------------------------------------------------------------------
@@ -194,7 +197,7 @@ req_sha=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
 if [ "$(cat "$WHEELS/$STAMP_NAME" 2>/dev/null || true)" = "$req_sha" ]; then
     log "python wheels: cached in $WHEELS"
 else
-    log "python wheels: downloading pydantic 2, its dependencies and uvloop (cp311 manylinux x86_64)"
+    log "python wheels: downloading pydantic 2, its dependencies, uvloop and pyzmq (cp311 manylinux x86_64)"
     tmp=$(mktemp -d "$WHEELS/tmp.XXXXXX")
     if ! "$HOSTPY" -m pip download --no-deps --require-hashes --progress-bar off \
         --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
@@ -275,8 +278,10 @@ rootfs_stamp=$(
         echo "launcher $(sha256sum "$BUILD/cuda_utils.so" | cut -d' ' -f1)"
         echo "python $(sha256sum "$PY" | cut -d' ' -f1)"
         echo "busybox $(sha256sum /bin/busybox | cut -d' ' -f1)"
+        # The packages of the libraries ldd copies in (libstdc++ and libgcc for libzmq).
         dpkg-query -W -f='${Package} ${Version}\n' python3.11-minimal libpython3.11-minimal \
-            libpython3.11-stdlib libc6 libexpat1 zlib1g libffi8 libssl3 2>/dev/null || true
+            libpython3.11-stdlib libc6 libexpat1 zlib1g libffi8 libssl3 libstdc++6 libgcc-s1 \
+            2>/dev/null || true
     } | sha256sum | cut -d' ' -f1
 )
 if [ "$(cat "$ROOTFS/$STAMP_NAME" 2>/dev/null || true)" = "$rootfs_stamp" ]; then
@@ -372,11 +377,12 @@ else
 
     STEP=rootfs-verify
     out=$(env -i PATH=/usr/bin:/bin HOME=/root "$CHROOT" "$R" /usr/bin/python3.11 -c '
-import sys, ctypes, pydantic, uvloop, vllm, vllm.snapshot.server
+import sys, ctypes, pydantic, uvloop, zmq, vllm, vllm.snapshot.server
 import vllm.v1.engine.core, vllm.v1.engine.async_llm, vllm.entrypoints.launchers.api_server.entry
 lib = ctypes.CDLL("/opt/standin/cuda_utils.so.bin")
 assert lib.vsnap_launcher_ok() == 42
-print(sys.version.split()[0], "pydantic", pydantic.VERSION, "uvloop", uvloop.__version__, "vllm", vllm.__version__)
+print(sys.version.split()[0], "pydantic", pydantic.VERSION, "uvloop", uvloop.__version__,
+      "pyzmq", zmq.__version__, "libzmq", zmq.zmq_version(), "vllm", vllm.__version__)
 ' 2>&1) || { printf '%s\n' "$out" >&2; die "python does not run in the rootfs"; }
     log "rootfs: python $out"
     out=$(env -i PATH=/usr/bin:/bin HOME=/root PYTHONPATH=/opt/standin/asyncio-uvloop "$CHROOT" "$R" \

@@ -133,6 +133,32 @@ ready_oracle() { "$HOSTPY" -c 'import json,sys; r=json.load(open(sys.argv[1])); 
 matches() { # matches JSON_A JSON_B: the oracle rule (ids, text equal; logprob within 1e-3)
     "$HOSTPY" -c 'import json,sys,math; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); sys.exit(0 if a[0]==b[0] and a[1]==b[1] and math.isclose(a[2],b[2],rel_tol=0,abs_tol=1e-3) else 1)' "$1" "$2"
 }
+zmq_sockets() { # zmq_sockets PID1: "stale live" counts of the socket files in its /tmp
+    # A live one is bound by a listening socket that PID 1 holds (/proc/PID/net/unix:
+    # flag __SO_ACCEPTCON, the inode among PID 1's fds); a stale one by none.
+    "$HOSTPY" - "$1" <<'PYEOF'
+import os, stat, sys
+pid = sys.argv[1]
+tmp = f"/proc/{pid}/root/tmp"
+files = {f"/tmp/{n}" for n in os.listdir(tmp) if stat.S_ISSOCK(os.lstat(f"{tmp}/{n}").st_mode)}
+held = set()
+for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        continue
+    if target.startswith("socket:["):
+        held.add(target[8:-1])
+live = set()
+with open(f"/proc/{pid}/net/unix") as f:
+    next(f)
+    for line in f:
+        parts = line.split()
+        if len(parts) >= 8 and parts[7] in files and int(parts[3], 16) & 0x10000 and parts[6] in held:
+            live.add(parts[7])
+print(len(files - live), len(live))
+PYEOF
+}
 stop() { # stop NAME: SIGKILL to PID 1 (ends the namespace)
     local p u
     p=$(pid1 "$1")
@@ -190,6 +216,12 @@ assert stat.S_IMODE(os.stat(p).st_mode)==0o600' "$WORK/run1/ctl/ready.json"
     check "run1: EngineCore keeps ~/.triton/cache/<sha256>/cuda_utils.so mapped" \
         bash -c "grep -Eq '/root/\.triton/cache/[0-9a-f]{64}/cuda_utils\.so$' /proc/$CORE/maps"
     check "run1: EngineCore wrote weight-loading progress to stderr" grep -q 'Loading weights.bin shards: 100%' "$WORK/run1/stderr.log"
+    zmq=$(zmq_sockets "$P1")
+    echo "smoke:      ZMQ socket files in /tmp (stale live): $zmq"
+    check "run1: /tmp holds the handshake's stale socket file and the live input and output sockets" \
+        test "$zmq" = "1 2"
+    check "run1: the EngineCore holds connected sockets to the input and output channels" \
+        bash -c "[ \$(ls -l /proc/$CORE/fd | grep -c 'socket:') -ge 2 ]"
     if grep -q 'anon_inode:\[io_uring\]' < <(ls -l /proc/"$P1"/fd 2>/dev/null); then
         echo "smoke:      note: PID 1 holds an io_uring fd (the real uvloop's libuv)"
     fi
@@ -202,7 +234,14 @@ assert stat.S_IMODE(os.stat(p).st_mode)==0o600' "$WORK/run1/ctl/ready.json"
     c1=$(canary "$PORT1")
     echo "smoke:      canary = $c1"
     check "run1: HTTP canary matches the ready file's oracle" matches "$c1" "$(ready_oracle run1)"
-    stop run1
+    # The EngineCore's death is seen on its sentinel: 503, then the server exits 0.
+    kill -KILL "$CORE"
+    if exited_within run1 20; then
+        check "run1: the EngineCore killed, the server exits 0 ($RC)" test "$RC" -eq 0
+    else
+        fail "run1: the EngineCore killed, the server exits"
+        stop run1
+    fi
 else
     fail "run1: ready file written"
 fi

@@ -1,6 +1,7 @@
 """The few VLLM_* environment variables the stand-in reads (lazily, like vllm.envs)."""
 
 import os
+import tempfile
 from typing import Any
 
 
@@ -22,6 +23,11 @@ environment_variables = {
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": lambda: _bool("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"),
     "VLLM_LOGGING_LEVEL": lambda: os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),
     "VLLM_CONFIGURE_LOGGING": lambda: _bool("VLLM_CONFIGURE_LOGGING", "1"),
+    # Where the ZMQ ipc:// sockets between the API process and the EngineCore are
+    # made (vllm.utils.network_utils.get_open_zmq_ipc_path): /tmp by default.
+    "VLLM_RPC_BASE_PATH": lambda: os.environ.get(
+        "VLLM_RPC_BASE_PATH", tempfile.gettempdir()
+    ),
 }
 
 

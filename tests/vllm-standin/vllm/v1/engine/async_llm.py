@@ -1,10 +1,12 @@
 """AsyncLLM: the engine client in the API process (the object server.py drives).
 
 It spawns the EngineCore (``vllm.v1.engine.core``) through
-``multiprocessing.get_context("spawn")`` and talks to it over a spawn-context Pipe,
-read from the event loop (``add_reader``), so calls from several requests can be in
-flight. The spawn-context Queue the EngineCore reports ready on is held for the life
-of the engine; its POSIX named semaphores (``/dev/shm/sem.mp-*``) keep their names,
+``multiprocessing.get_context("spawn")``, runs vLLM V1's startup handshake with it over
+a ZMQ ``ipc://`` socket in /tmp (``vllm.v1.engine.utils``), then talks to it over two
+more, the input and output channels, read from the event loop
+(``vllm.v1.engine.core_client``), so calls from several requests can be in flight.
+The spawn-context Queue the EngineCore reports ready (or its start-up failure) on is
+held for the life of the engine; its POSIX named semaphores (``/dev/shm/sem.mp-*``) keep their names,
 as multiprocessing leaves them until the Queue is finalized: both processes map each
 through the name glibc created it under (now unlinked) while the final name still
 links it, which CRIU can dump only with ``link-remap``.
@@ -13,7 +15,6 @@ links it, which CRIU can dump only with ``link-remap``.
 """
 
 import asyncio
-import itertools
 import multiprocessing
 import os
 import queue
@@ -27,16 +28,14 @@ from vllm.logprobs import Logprob
 from vllm.model_executor import standin_lm
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.core_client import (  # noqa: F401 (re-exported)
+    AsyncMPClient,
+    EngineCoreError,
+    EngineDeadError,
+)
+from vllm.v1.engine.utils import ENGINE_IDENTITY, launch_core_engine
 
 logger = init_logger("vllm.v1.engine.async_llm")
-
-
-class EngineDeadError(RuntimeError):
-    """The EngineCore process died or stopped answering."""
-
-
-class EngineCoreError(RuntimeError):
-    """The EngineCore refused or failed a call."""
 
 
 def _unlink_queue_semaphores(q) -> list[str]:
@@ -64,10 +63,6 @@ class AsyncLLM:
     def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
-        self._dead: BaseException | None = None
-        self._pending: dict[int, asyncio.Future] = {}
-        self._ids = itertools.count(1)
-        self._loop = asyncio.get_running_loop()
 
         method = envs.VLLM_WORKER_MULTIPROC_METHOD
         if method != "spawn":
@@ -77,7 +72,6 @@ class AsyncLLM:
             )
         context = multiprocessing.get_context("spawn")
         self._status_queue = context.Queue()
-        parent_conn, child_conn = context.Pipe(duplex=True)
         core_config = {
             "name": "EngineCore_DP0",
             "weights_dir": self.model_config.weights_dir,
@@ -87,16 +81,28 @@ class AsyncLLM:
         from vllm.v1.engine.core import run_engine_core
 
         t0 = time.monotonic()
-        self._proc = context.Process(
-            target=run_engine_core,
-            name="EngineCore_DP0",
-            args=(child_conn, self._status_queue, core_config),
-            daemon=True,
+        deadline = t0 + envs.VLLM_ENGINE_READY_TIMEOUT_S
+        self._proc, addresses, _ = launch_core_engine(
+            context, run_engine_core, core_config, self._status_queue, deadline
         )
-        self._proc.start()
-        child_conn.close()
-        self._conn = parent_conn
-        deadline = time.monotonic() + envs.VLLM_ENGINE_READY_TIMEOUT_S
+        status = self._ready_status(deadline)
+        self.core_pid = status["pid"]
+        self.semaphores = (
+            _unlink_queue_semaphores(self._status_queue)
+            if os.environ.get("VSNAP_STANDIN_UNLINK_SEMAPHORES") == "1"
+            else []
+        )
+        self.engine_core = AsyncMPClient(self._proc, addresses, ENGINE_IDENTITY, deadline)
+        logger.info(
+            "EngineCore_DP0 (pid %d) ready in %.3f s; ZMQ input %s, output %s",
+            self.core_pid,
+            time.monotonic() - t0,
+            addresses.inputs[0],
+            addresses.outputs[0],
+        )
+
+    def _ready_status(self, deadline: float) -> dict:
+        """The EngineCore's ready report on the status Queue (it follows READY)."""
         while True:
             try:
                 status = self._status_queue.get(timeout=0.2)
@@ -115,63 +121,14 @@ class AsyncLLM:
             raise RuntimeError(
                 f"Engine core initialization failed: {status[1]}\n{status[2]}"
             )
-        self.core_pid = status[1]["pid"]
-        self.semaphores = (
-            _unlink_queue_semaphores(self._status_queue)
-            if os.environ.get("VSNAP_STANDIN_UNLINK_SEMAPHORES") == "1"
-            else []
-        )
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
-        logger.info(
-            "EngineCore_DP0 (pid %d) ready in %.3f s", self.core_pid, time.monotonic() - t0
-        )
+        return status[1]
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any, **kwargs: Any) -> "AsyncLLM":
         return cls(vllm_config, **kwargs)
 
-    # -- transport -----------------------------------------------------------------
-    def _on_readable(self) -> None:
-        try:
-            while self._conn.poll():
-                message = self._conn.recv()
-                future = self._pending.pop(message[1], None)
-                if future is None or future.done():
-                    continue
-                if message[0] == "ok":
-                    future.set_result(message[2])
-                else:
-                    future.set_exception(EngineCoreError(f"{message[2]}: {message[3]}"))
-        except (EOFError, OSError) as error:
-            self._mark_dead(EngineDeadError(f"EngineCore_DP0 died: {error!r}"))
-
-    def _mark_dead(self, error: BaseException) -> None:
-        if self._dead is not None:
-            return
-        self._dead = error
-        logger.error("%s", error)
-        try:
-            self._loop.remove_reader(self._conn.fileno())
-        except Exception:
-            pass
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
-
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self._dead is not None:
-            raise self._dead
-        call_id = next(self._ids)
-        future = self._loop.create_future()
-        self._pending[call_id] = future
-        try:
-            self._conn.send(("call", call_id, method, args, kwargs))
-        except OSError as error:
-            self._pending.pop(call_id, None)
-            self._mark_dead(EngineDeadError(f"EngineCore_DP0 died: {error!r}"))
-            raise self._dead from error
-        return await future
+        return await self.engine_core.call(method, *args, **kwargs)
 
     # -- the EngineClient surface server.py and the HTTP frontend use --------------
     async def generate(
@@ -256,8 +213,8 @@ class AsyncLLM:
         return None
 
     async def check_health(self) -> None:
-        if self._dead is not None:
-            raise self._dead
+        if self.engine_core.dead is not None:
+            raise self.engine_core.dead
         await self._call("health")
 
     async def do_log_stats(self) -> None:
@@ -265,36 +222,20 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._dead is None and self._proc.is_alive()
+        return self.engine_core.dead is None and self._proc.is_alive()
 
     @property
     def is_stopped(self) -> bool:
-        return self._dead is not None
+        return self.engine_core.dead is not None
 
     @property
     def errored(self) -> bool:
-        return self._dead is not None or not self._proc.is_alive()
+        return self.engine_core.dead is not None or not self._proc.is_alive()
 
     @property
     def dead_error(self) -> BaseException:
-        return self._dead or EngineDeadError("EngineCore_DP0 is not running")
+        return self.engine_core.dead or EngineDeadError("EngineCore_DP0 is not running")
 
     def shutdown(self, timeout: float | None = None) -> None:
-        try:
-            self._loop.remove_reader(self._conn.fileno())
-        except Exception:
-            pass
-        if self._proc.is_alive():
-            try:
-                self._conn.send(("call", 0, "shutdown", (), {}))
-            except OSError:
-                pass
-            self._proc.join(timeout if timeout else 5)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join(5)
-        try:
-            self._conn.close()
-        except OSError:
-            pass
+        self.engine_core.shutdown(timeout if timeout else 5)
         self._status_queue.close()

@@ -8,9 +8,15 @@ Started by ``AsyncLLM`` through ``multiprocessing.get_context("spawn")`` as
   it loaded with ``ctypes.CDLL`` (so mapped) for the life of the process;
 * reads the weights (``<model>/weights.bin``) into anonymous memory ("device memory"),
   writing progress lines to stderr, and allocates a KV cache;
-* reports ready (or its failure) over the spawn-context Queue it was given;
-* serves calls from the API process over its Pipe: generate, sleep, wake_up,
-  collective_rpc("reload_weights"), ...
+* runs vLLM V1's startup handshake with the API process over ZMQ (a DEALER on the
+  handshake ``ipc://`` endpoint: HELLO, the input and output addresses back, the model
+  loaded, READY; then that socket is closed), and reports ready (or its failure)
+  over the spawn-context Queue it was given;
+* serves calls from the API process as vLLM's EngineCoreProc does: an input thread
+  reads them from a DEALER connected to the API process's input ROUTER, the main
+  thread runs them one at a time (generate, sleep, wake_up,
+  collective_rpc("reload_weights"), ...), an output thread PUSHes the answers to the
+  API process's output PULL. Both are ``ipc:///tmp/<uuid>`` endpoints.
 
 Memory states follow vLLM's sleep mode: level 1 offloads the weights to host memory
 and discards the KV cache; level 2 discards both, so waking the weights gives
@@ -20,15 +26,24 @@ Generating while any part is asleep is an error.
 
 import ctypes
 import hashlib
+import json
 import mmap
+import multiprocessing
 import os
+import pickle
+import queue
 import sys
+import threading
 import time
 import traceback
 import uuid
 
+import zmq
+
 from vllm.logger import init_logger, set_process_prefix
 from vllm.model_executor import standin_lm
+from vllm.utils.network_utils import make_zmq_socket
+from vllm.v1.engine.utils import ENGINE_IDENTITY
 
 logger = init_logger("vllm.v1.engine.core")
 
@@ -36,6 +51,7 @@ LAUNCHER_SOURCE_DEFAULT = "/opt/standin/cuda_utils.so.bin"
 LAUNCHER_SYMBOL = "vsnap_launcher_ok"
 LAUNCHER_MAGIC = 42
 _MiB = 1 << 20
+HANDSHAKE_TIMEOUT_MS = 600_000
 
 # Kept for the life of the process, like Triton's compiled launchers.
 _LOADED_LAUNCHERS: list = []
@@ -258,11 +274,86 @@ class EngineCore:
         return os.getpid()
 
 
-def run_engine_core(conn, status_queue, config: dict) -> None:
+def _startup_handshake(address: str, status: dict, work):
+    """vLLM's ``_perform_handshakes``: HELLO, the addresses back, ``work()``, READY.
+
+    The handshake DEALER lives on a ZMQ context of its own, destroyed (with a linger
+    that lets READY go out) once READY is sent; returns (addresses, work's result).
+    """
+    ctx = zmq.Context()
+    try:
+        sock = make_zmq_socket(
+            ctx, address, zmq.DEALER, bind=False, identity=ENGINE_IDENTITY, linger=5000
+        )
+        sock.send(json.dumps({"status": "HELLO", "local": True, "headless": False}).encode())
+        if not sock.poll(timeout=HANDSHAKE_TIMEOUT_MS):
+            raise TimeoutError(f"no answer on the handshake socket {address}")
+        addresses = json.loads(sock.recv())["addresses"]
+        result = work()
+        sock.send(json.dumps(dict(status, status="READY", local=True)).encode())
+        return addresses, result
+    finally:
+        ctx.destroy(linger=5000)
+
+
+def _process_input_socket(ctx, address: str, input_queue: queue.Queue) -> None:
+    """The input thread: requests from the API process's ROUTER, onto the queue.
+
+    It also watches the parent's sentinel: the API process gone, the EngineCore exits.
+    """
+    sock = make_zmq_socket(ctx, address, zmq.DEALER, bind=False, identity=ENGINE_IDENTITY)
+    # Tells the frontend's ROUTER this engine's identity before any request.
+    sock.send(b"")
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        poller.register(parent.sentinel, zmq.POLLIN)
+    while True:
+        for what, _ in poller.poll():
+            if what is sock:
+                _request_type, payload = sock.recv_multipart()
+                input_queue.put(pickle.loads(payload))
+            else:  # the API process is gone: nothing left to serve
+                os._exit(0)
+
+
+def _process_output_socket(ctx, address: str, output_queue: queue.Queue) -> None:
+    """The output thread: answers from the queue, PUSHed to the API process."""
+    sock = make_zmq_socket(ctx, address, zmq.PUSH, linger=4000)
+    while True:
+        sock.send(pickle.dumps(output_queue.get()))
+
+
+def _serve(core: EngineCore, addresses: dict) -> None:
+    """vLLM's busy loop: one call at a time, between the input and output threads."""
+    ctx = zmq.Context()
+    input_queue: queue.Queue = queue.Queue()
+    output_queue: queue.Queue = queue.Queue()
+    for target, address, q in (
+        (_process_input_socket, addresses["inputs"][0], input_queue),
+        (_process_output_socket, addresses["outputs"][0], output_queue),
+    ):
+        threading.Thread(target=target, args=(ctx, address, q), daemon=True).start()
+    while True:
+        call_id, method, args, kwargs = input_queue.get()
+        if method == "shutdown":
+            os._exit(0)
+        try:
+            result = getattr(core, f"rpc_{method}")(*args, **kwargs)
+            reply = ("ok", call_id, result)
+        except Exception as error:
+            reply = ("err", call_id, type(error).__name__, str(error))
+        output_queue.put(reply)
+
+
+def run_engine_core(status_queue, config: dict, handshake_address: str) -> None:
     """Entry point of the spawned EngineCore process."""
     set_process_prefix(f"({config.get('name', 'EngineCore')} pid={os.getpid()}) ")
     try:
-        core = EngineCore(config)
+        addresses, core = _startup_handshake(
+            handshake_address, {"num_gpu_blocks": 0}, lambda: EngineCore(config)
+        )
     except BaseException as error:  # reported to the API process, then exit
         status_queue.put(
             ("failed", f"{type(error).__name__}: {error}", traceback.format_exc())
@@ -271,25 +362,4 @@ def run_engine_core(conn, status_queue, config: dict) -> None:
         status_queue.join_thread()
         sys.exit(1)
     status_queue.put(("ready", {"pid": os.getpid(), "launcher": core.launcher_path}))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            # The API process is gone: nothing left to serve.
-            os._exit(0)
-        _, call_id, method, args, kwargs = message
-        if method == "shutdown":
-            try:
-                conn.send(("ok", call_id, None))
-            except OSError:
-                pass
-            os._exit(0)
-        try:
-            result = getattr(core, f"rpc_{method}")(*args, **kwargs)
-            reply = ("ok", call_id, result)
-        except Exception as error:
-            reply = ("err", call_id, type(error).__name__, str(error))
-        try:
-            conn.send(reply)
-        except OSError:
-            os._exit(0)
+    _serve(core, addresses)
