@@ -274,6 +274,17 @@ impl Containerd {
         out.stdout
     }
 
+    /// The host pid of task `id`'s init in containerd's `namespace`.
+    pub fn task_pid(&self, namespace: &str, id: &str) -> i32 {
+        self.ctr_ok(&["-n", namespace, "task", "ls"])
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.first() == Some(&id)).then(|| f[1].parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("no task {id} in namespace {namespace}"))
+    }
+
     /// `ctr run -d` of `/bin/sleep 1000` in `rootfs` as `id`, under vsnap.
     pub fn start_sleeper(&self, rootfs: &str, id: &str) {
         crate::ids::claim(id);

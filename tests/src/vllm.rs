@@ -2,7 +2,9 @@
 //! vLLM 0.33.0's own `vllm.snapshot.server` over a stand-in for the rest of
 //! vLLM, as an OCI image in the private containerd, and its OpenAI API.
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -10,6 +12,16 @@ use crate::containerd::Containerd;
 
 /// Where setup builds the fixture's root filesystem.
 pub const ROOTFS: &str = "/var/cache/vsnap/vllm/rootfs";
+
+/// The fixture's root filesystem: [`ROOTFS`], or `rootfs/` of
+/// `VSNAP_VLLM_FIXTURE_DIR` where that is set (as `scripts/vllm-fixture.sh`
+/// reads it), to test a stand-in built elsewhere.
+pub fn rootfs() -> PathBuf {
+    match std::env::var_os("VSNAP_VLLM_FIXTURE_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("rootfs"),
+        _ => PathBuf::from(ROOTFS),
+    }
+}
 pub const IMAGE: &str = "localhost/vsnap-vllm-standin:0.33.0";
 /// The model folder baked into the image, and the name it is served as.
 pub const MODEL: &str = "/models/standin";
@@ -17,10 +29,11 @@ pub const SERVED: &str = "standin";
 
 /// Imports the fixture as [`IMAGE`] into `namespace` of `c`.
 pub fn import_image(c: &Containerd, namespace: &str) {
-    let root = Path::new(ROOTFS);
+    let root = rootfs();
     assert!(
         root.join("usr/bin/python3.11").exists(),
-        "{ROOTFS} is missing: run scripts/setup.sh (its vllm-fixture step)"
+        "{} is missing: run scripts/setup.sh (its vllm-fixture step)",
+        root.display()
     );
     let work = c.dir.join(format!("vllm-image-{namespace}"));
     std::fs::create_dir_all(&work).unwrap();
@@ -28,7 +41,7 @@ pub fn import_image(c: &Containerd, namespace: &str) {
         "Cmd": ["/usr/bin/python3.11"],
         "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "VLLM_WORKER_MULTIPROC_METHOD=spawn"],
     });
-    crate::image::import_image_to(c, namespace, &work, root, IMAGE, config);
+    crate::image::import_image_to(c, namespace, &work, &root, IMAGE, config);
 }
 
 /// The container command of vLLM's barrier server: its control flags
@@ -89,4 +102,149 @@ pub fn oracle_of(answer: &serde_json::Value) -> (serde_json::Value, serde_json::
             .as_f64()
             .unwrap_or(f64::NAN),
     )
+}
+
+/// The socket files in a container's /tmp, as the host sees them: `live`
+/// ones are bound by a listening socket of the container's process tree
+/// with a connection accepted on it (vLLM's input and output channels),
+/// `stale` ones by nothing (the startup handshake's, which libzmq leaves).
+/// Paths as the container names them (`/tmp/<uuid>`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TmpSockets {
+    pub live: BTreeSet<String>,
+    pub stale: BTreeSet<String>,
+}
+
+impl TmpSockets {
+    pub fn all(&self) -> BTreeSet<String> {
+        self.live.union(&self.stale).cloned().collect()
+    }
+}
+
+/// `pid` and every descendant of it (host pids).
+fn process_tree(pid: i32) -> Vec<i32> {
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", tree[i]));
+        for task in tasks.into_iter().flatten().flatten() {
+            let children = std::fs::read_to_string(task.path().join("children"));
+            let children = children.unwrap_or_default();
+            tree.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+        i += 1;
+    }
+    tree
+}
+
+/// The inodes of the sockets the processes `pids` hold open.
+fn socket_inodes(pids: &[i32]) -> BTreeSet<String> {
+    let mut inodes = BTreeSet::new();
+    for pid in pids {
+        for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            let target = target.to_string_lossy();
+            if let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+            {
+                inodes.insert(inode.to_string());
+            }
+        }
+    }
+    inodes
+}
+
+/// The socket files of the /tmp of the container whose PID 1 is host pid
+/// `pid`, sorted into live and stale (its network namespace's
+/// `/proc/PID/net/unix`, against the sockets its tree holds).
+pub fn tmp_sockets(pid: i32) -> TmpSockets {
+    let tmp = PathBuf::from(format!("/proc/{pid}/root/tmp"));
+    let files: BTreeSet<String> = std::fs::read_dir(&tmp)
+        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()))
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .map(|e| format!("/tmp/{}", e.file_name().to_string_lossy()))
+        .collect();
+    let held = socket_inodes(&process_tree(pid));
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap();
+    let (mut listening, mut connected) = (BTreeSet::new(), BTreeSet::new());
+    for line in table.lines().skip(1) {
+        // Num RefCount Protocol Flags Type St Inode Path
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || !files.contains(f[7]) || !held.contains(f[6]) {
+            continue;
+        }
+        let flags = u32::from_str_radix(f[3], 16).unwrap_or(0);
+        if flags & 0x10000 != 0 {
+            listening.insert(f[7].to_string()); // __SO_ACCEPTCON
+        } else if f[5] == "03" {
+            connected.insert(f[7].to_string()); // SS_CONNECTED, accepted
+        }
+    }
+    let live: BTreeSet<String> = listening.intersection(&connected).cloned().collect();
+    let stale = files.difference(&live).cloned().collect();
+    TmpSockets { live, stale }
+}
+
+/// The socket paths the manifest's carried layer names
+/// (`rootfs.layer.sockets`).
+pub fn manifest_sockets(manifest: &serde_json::Value) -> BTreeSet<String> {
+    manifest["rootfs"]["layer"]["sockets"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts the ZMQ shape of vLLM V1 in a running container's /tmp (PID 1 is
+/// host pid `pid`): two live sockets (the input and output channels) and
+/// the handshake's stale file, or none of it (`stale: false`, a restored
+/// copy: the stale file is not carried). Returns what it found.
+pub fn assert_zmq_sockets(what: &str, pid: i32, stale: bool) -> TmpSockets {
+    let found = tmp_sockets(pid);
+    assert_eq!(
+        found.live.len(),
+        2,
+        "{what}: the input and output channels: {found:?}"
+    );
+    assert_eq!(
+        found.stale.len(),
+        usize::from(stale),
+        "{what}: the handshake's file: {found:?}"
+    );
+    found
+}
+
+/// The socket files in `/tmp` of the writable layer of the container whose
+/// PID 1 is host pid `pid`: the overlay upper dir of its root mount (a
+/// containerd snapshot or dockerd's overlay2), listed from the host.
+pub fn upper_tmp_sockets(pid: i32) -> BTreeSet<String> {
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS] - FSTYPE SOURCE SUPER
+    let upper = mountinfo
+        .lines()
+        .filter_map(|l| l.split_once(" - "))
+        .find(|(a, b)| a.split(' ').nth(4) == Some("/") && b.starts_with("overlay "))
+        .and_then(|(_, b)| b.split(' ').nth(2))
+        .and_then(|sup| sup.split(',').find_map(|o| o.strip_prefix("upperdir=")))
+        .unwrap_or_else(|| panic!("no overlay root with an upper dir in pid {pid}:\n{mountinfo}"));
+    let tmp = Path::new(upper).join("tmp");
+    std::fs::read_dir(&tmp)
+        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()))
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .map(|e| format!("/tmp/{}", e.file_name().to_string_lossy()))
+        .collect()
 }

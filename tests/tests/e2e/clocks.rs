@@ -83,13 +83,7 @@ fn restore_and_check(e: &Env, id: &str, captured_ns: u64, reference: &[Answer]) 
 type Answer = (serde_json::Value, serde_json::Value, serde_json::Value);
 
 fn task_pid(e: &Env, id: &str) -> i32 {
-    e.c.ctr_ok(&["task", "ls"])
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&id)).then(|| f[1].parse().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no task {id}"))
+    e.c.task_pid("default", id)
 }
 
 /// The CLOCK_MONOTONIC offset of `pid`'s time namespace, in nanoseconds

@@ -272,7 +272,7 @@ fn vllms_server_from_an_overlay2_image_is_captured_and_restored_through_docker()
         "PATH=/usr/local/bin:/usr/bin:/bin",
         "VLLM_WORKER_MULTIPROC_METHOD=spawn",
     ];
-    d.import_with(&work, std::path::Path::new(vllm::ROOTFS), vllm::IMAGE, &env);
+    d.import_with(&work, &vllm::rootfs(), vllm::IMAGE, &env);
     let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
     let run = |name: &str, plan: &str, port: u16| {
         let plan = format!("vsnap.io/plan={plan}");
@@ -297,6 +297,11 @@ fn vllms_server_from_an_overlay2_image_is_captured_and_restored_through_docker()
         manifest["rootfs"]["layer"]["kind"], "overlay-upper",
         "{manifest}"
     );
+    // vLLM V1's ZMQ socket files in /tmp of the overlay2 layer: the
+    // handshake's stale one and the two live channels, left out of the
+    // carried layer and named.
+    let sockets = vllm::manifest_sockets(&manifest);
+    assert_eq!(sockets.len(), 3, "{}", manifest["rootfs"]);
     poll(Duration::from_secs(120), "the donor to stop", || {
         d.inspect("vllm-donor", "{{.State.Running}}") == "false"
     });
@@ -313,6 +318,14 @@ fn vllms_server_from_an_overlay2_image_is_captured_and_restored_through_docker()
         (&got.0, &got.1),
         (&oracle["token_ids"], &oracle["text"]),
         "{answer}"
+    );
+    // The request went through the restored ZMQ channels, bound again at
+    // their paths.
+    let pid: i32 = d.inspect("vllm-copy", "{{.State.Pid}}").parse().unwrap();
+    let restored = vllm::assert_zmq_sockets("vllm-copy", pid, false);
+    assert!(
+        restored.live.is_subset(&sockets),
+        "{restored:?} {sockets:?}"
     );
     let top = d.ok(&["top", "vllm-copy"]);
     assert!(

@@ -458,6 +458,9 @@ fn a_pod_creates_and_another_restores_vllms_server_through_cri() {
         "{contents:?}"
     );
     assert!(contents.contains_key("rootfs/upper.tar"), "{contents:?}");
+    // vLLM V1's ZMQ socket files in /tmp: left out of the layer, named.
+    let sockets = vllm::manifest_sockets(&manifest);
+    assert_eq!(sockets.len(), 3, "{}", manifest["rootfs"]);
     e.remove_pod(&donor_pod);
 
     let port = free_port();
@@ -469,6 +472,14 @@ fn a_pod_creates_and_another_restores_vllms_server_through_cri() {
         answer["choices"][0]["token_ids"],
         manifest["oracle"]["token_ids"]
     );
+    // The request went through the restored ZMQ channels, bound again at
+    // their paths in the pod's network namespace.
+    let pid = e.c.task_pid(NAMESPACE, &copy);
+    let restored = vllm::assert_zmq_sockets("copy", pid, false);
+    assert!(
+        restored.live.is_subset(&sockets),
+        "{restored:?} {sockets:?}"
+    );
     let shm = e.cri.exec_sync(&copy, &["/bin/ls", "-a", "/dev/shm"]);
     let shm = String::from_utf8_lossy(&shm.stdout).to_string();
     assert!(
@@ -476,5 +487,75 @@ fn a_pod_creates_and_another_restores_vllms_server_through_cri() {
         "{shm}"
     );
     e.remove_pod(&copy_pod);
+    e.assert_nothing_left();
+}
+
+/// vLLM V1's ZMQ channels in the writable layer: the API process and its
+/// EngineCore talk over pyzmq `ipc:///tmp/<uuid>` sockets, and the startup
+/// handshake's socket file stays in /tmp after libzmq closed it. The
+/// capture leaves the socket files out of the carried layer and names them
+/// in the manifest; CRIU binds the live ones again at restore; every
+/// restored copy answers through its channels.
+#[test]
+fn a_zmq_tree_from_the_image_is_captured_and_restored_twice_over_its_sockets() {
+    let e = vllm_env("vllm-zmq");
+    let argv = vllm::server_argv(&BARRIER_FLAGS, &[]);
+    // The donor serves after the capture, so its /tmp is still the one the
+    // capture found (the engine makes its sockets once, before its ready
+    // file; nothing in the tree touches /tmp afterwards).
+    let port = free_port();
+    let donor = Run {
+        id: "zmq-donor",
+        plan: "create",
+        port,
+        extra: vec![],
+        argv: argv.clone(),
+    };
+    let out = run(&e, &donor);
+    assert!(out.ok(), "{out:?}");
+    let manifest = wait_published(&e, "zmq-donor", "vllm");
+    let pid = e.c.task_pid("default", "zmq-donor");
+    let captured = vllm::assert_zmq_sockets("zmq-donor", pid, true);
+    assert_eq!(
+        vllm::upper_tmp_sockets(pid),
+        captured.all(),
+        "the socket files are in the writable layer"
+    );
+    assert_eq!(
+        vllm::manifest_sockets(&manifest),
+        captured.all(),
+        "the carried layer names every socket file it left out: {}",
+        manifest["rootfs"]
+    );
+    poll(Duration::from_secs(60), "the donor to serve", || {
+        vllm::canary(port, None).0 == 200
+    });
+    e.remove("zmq-donor");
+    let oracle = (
+        manifest["oracle"]["token_ids"].clone(),
+        manifest["oracle"]["text"].clone(),
+        manifest["oracle"]["sampled_token_logprob"]
+            .as_f64()
+            .unwrap(),
+    );
+
+    for copy in ["zmq-copy1", "zmq-copy2"] {
+        // Start returned after vsnap's canary, which went through the
+        // restored channels; this request does too.
+        let port = restore_answers(&e, copy, &argv, &[], None);
+        let (status, answer) = vllm::canary(port, None);
+        assert_eq!(status, 200, "{copy}: {answer}");
+        let got = vllm::oracle_of(&answer);
+        assert_eq!((&got.0, &got.1), (&oracle.0, &oracle.1), "{copy}: {answer}");
+        assert!((got.2 - oracle.2).abs() <= 1e-3, "{copy}: {answer}");
+        // The live endpoints are bound again at their paths; the stale
+        // handshake file was not carried.
+        let pid = e.c.task_pid("default", copy);
+        let restored = vllm::assert_zmq_sockets(copy, pid, false);
+        assert_eq!(restored.live, captured.live, "{copy}: the same endpoints");
+    }
+    for copy in ["zmq-copy1", "zmq-copy2"] {
+        e.remove(copy);
+    }
     e.assert_nothing_left();
 }
