@@ -106,9 +106,12 @@ pub fn oracle_of(answer: &serde_json::Value) -> (serde_json::Value, serde_json::
 
 /// The socket files in a container's /tmp, as the host sees them: `live`
 /// ones are bound by a listening socket of the container's process tree
-/// with a connection accepted on it (vLLM's input and output channels),
-/// `stale` ones by nothing (the startup handshake's, which libzmq leaves).
-/// Paths as the container names them (`/tmp/<uuid>`).
+/// (vLLM's input and output channels), `stale` ones by nothing (the startup
+/// handshake's, which libzmq leaves). Paths as the container names them
+/// (`/tmp/<uuid>`). The connections on a live one are not counted: in a
+/// cold-started tree the accepted end carries the listener's path, but
+/// CRIU restores a connection between two sockets of the tree as a
+/// socketpair, without a name; a request through the channel shows it.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TmpSockets {
     pub live: BTreeSet<String>,
@@ -176,21 +179,18 @@ pub fn tmp_sockets(pid: i32) -> TmpSockets {
         .collect();
     let held = socket_inodes(&process_tree(pid));
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap();
-    let (mut listening, mut connected) = (BTreeSet::new(), BTreeSet::new());
+    let mut live = BTreeSet::new();
     for line in table.lines().skip(1) {
         // Num RefCount Protocol Flags Type St Inode Path
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() < 8 || !files.contains(f[7]) || !held.contains(f[6]) {
             continue;
         }
-        let flags = u32::from_str_radix(f[3], 16).unwrap_or(0);
-        if flags & 0x10000 != 0 {
-            listening.insert(f[7].to_string()); // __SO_ACCEPTCON
-        } else if f[5] == "03" {
-            connected.insert(f[7].to_string()); // SS_CONNECTED, accepted
+        // __SO_ACCEPTCON: a listening socket.
+        if u32::from_str_radix(f[3], 16).unwrap_or(0) & 0x10000 != 0 {
+            live.insert(f[7].to_string());
         }
     }
-    let live: BTreeSet<String> = listening.intersection(&connected).cloned().collect();
     let stale = files.difference(&live).cloned().collect();
     TmpSockets { live, stale }
 }
@@ -214,6 +214,12 @@ pub fn manifest_sockets(manifest: &serde_json::Value) -> BTreeSet<String> {
 /// copy: the stale file is not carried). Returns what it found.
 pub fn assert_zmq_sockets(what: &str, pid: i32, stale: bool) -> TmpSockets {
     let found = tmp_sockets(pid);
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains(" /tmp/")).collect();
+    let what = format!(
+        "{what} (pid {pid}; /tmp rows of net/unix: {rows:#?}; sockets the tree holds: {:?})",
+        socket_inodes(&process_tree(pid))
+    );
     assert_eq!(
         found.live.len(),
         2,
