@@ -20,6 +20,7 @@ pub mod plan;
 pub mod prepare;
 pub mod profile;
 pub mod restore;
+pub mod restore_oom;
 pub mod rootfs;
 pub mod shm;
 pub mod sock_diag;
