@@ -52,6 +52,12 @@ pub struct Manifest {
     /// the tree held open (rootfs.rs); absent in artifacts made before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<crate::rootfs::Rootfs>,
+    /// What the captured tree held in memory (memory.rs): what a restore
+    /// charges to the container's memory cgroup, held against its limit
+    /// before CRIU runs. Absent in artifacts made before it was recorded:
+    /// unknown, and no restore of them is held to a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::Memory>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
@@ -198,6 +204,7 @@ mod tests {
             clocks: None,
             origin: None,
             rootfs: None,
+            memory: None,
             mac: String::new(),
         }
     }
@@ -264,6 +271,32 @@ mod tests {
             c.monotonic_ns = 1;
         }
         assert!(!m.mac_verifies(&key), "a captured clock cannot be edited");
+    }
+
+    #[test]
+    fn the_memory_need_is_sealed_and_a_manifest_without_it_still_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = sample(dir.path());
+        m.seal(&key);
+        let old = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!old.contains("memory"), "{old}");
+        let back = Manifest::parse(old.as_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back.memory, None);
+        assert!(back.mac_verifies(&key));
+        m.memory = Some(crate::memory::Memory {
+            pages_bytes: 1 << 30,
+            dev_shm_bytes: 7 << 20,
+        });
+        assert!(!m.mac_verifies(&key), "the need is covered");
+        m.seal(&key);
+        let back = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back, m);
+        assert!(back.mac_verifies(&key));
+        if let Some(memory) = m.memory.as_mut() {
+            memory.pages_bytes = 1;
+        }
+        assert!(!m.mac_verifies(&key), "a smaller need cannot be edited in");
     }
 
     #[test]

@@ -100,6 +100,7 @@ fn summary(
             },
         ]),
         row(&["Image size:", &size_and_bytes(m.image_bytes)]),
+        row(&["Memory:", &memory(m.memory.as_ref())]),
         row(&["On disk:", &size_and_bytes(disk_bytes)]),
         row(&[
             "Timings:",
@@ -173,6 +174,19 @@ fn workload_section(m: &Manifest) -> String {
     let security: Vec<Vec<String>> = w.security.iter().map(|(k, v)| row(&[k, v])).collect();
     out.push_str(&indented_by(&security, 4));
     out
+}
+
+/// What a restore charges to the container's memory cgroup: the tree's
+/// memory at capture, which the restore's preflight holds the limit to.
+fn memory(m: Option<&vsnap_artifact::Memory>) -> String {
+    match m {
+        Some(m) => format!(
+            "{m}: what the tree held at capture; a restore under a lower memory limit is refused"
+        ),
+        None => {
+            "- (not recorded: captured by an older vsnap; no restore is held to a limit)".into()
+        }
+    }
 }
 
 /// The capturing host's boot id and clocks right before the dump.

@@ -119,6 +119,10 @@ impl Fixture {
             clocks: Some(Clocks::now()),
             origin: None,
             rootfs: None,
+            memory: Some(vsnap_artifact::Memory {
+                pages_bytes: 1024 << 20,
+                dev_shm_bytes: (7 << 20) - 100,
+            }),
             mac: String::new(),
         };
         m.seal(&key);
@@ -209,6 +213,8 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
         "seccomp",
         "owner:",
         "k8s.io/team-a",
+        "Memory:",
+        "1031 MiB (pages 1024 MiB, /dev/shm 7 MiB)",
     ] {
         assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
     }
@@ -225,6 +231,7 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
     assert_eq!(v["in_use"], false);
     assert_eq!(v["manifest"]["capture_id"], "cap-demo");
     assert_eq!(v["manifest"]["image_bytes"], m.image_bytes);
+    assert_eq!(v["manifest"]["memory"]["pages_bytes"], 1024u64 << 20);
     assert_eq!(
         v["manifest"]["workload"]["env"]["HF_TOKEN"]
             .as_str()

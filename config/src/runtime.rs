@@ -82,6 +82,13 @@ pub struct RuntimeConfig {
     /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
     /// one thread). GPU restores always use `criu`.
     pub page_placement: PagePlacement,
+    /// Refuse a restore, in its preflight before CRIU runs, when the
+    /// container's memory limit (or one of its parent cgroups') is below
+    /// what the artifact's tree held at capture (its manifest's `memory`).
+    /// Off: such a restore is tried, and ends out of memory when the
+    /// restored tree does not fit (for a host whose swap takes the rest,
+    /// or a need recorded larger than the tree uses now).
+    pub memory_preflight: bool,
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
@@ -217,6 +224,7 @@ impl Default for RuntimeConfig {
             rootfs_diff_limit_bytes: 4 << 30,
             donor_stop_grace_s: 10,
             page_placement: PagePlacement::Parallel,
+            memory_preflight: true,
             pull_timeout_s: 900,
             push_created: false,
             fleet_signing_key: None,
@@ -376,6 +384,17 @@ mod tests {
         assert_eq!(c.runc_binary, PathBuf::from("/usr/sbin/runc"));
         assert_eq!(c.runc_root, Some(PathBuf::from("/run/x")));
         assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn the_memory_preflight_is_on_unless_turned_off() {
+        assert!(RuntimeConfig::default().memory_preflight);
+        let c = RuntimeConfig::parse("memory_preflight = false\n", "inline").unwrap();
+        assert!(!c.memory_preflight);
+        let err = RuntimeConfig::parse("memory_preflight = \"off\"\n", "inline")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bool"), "{err}");
     }
 
     #[test]

@@ -172,6 +172,7 @@ impl Host {
             clocks: None,
             origin: None,
             rootfs: None,
+            memory: None,
             mac: String::new(),
         };
         m.seal(&key);

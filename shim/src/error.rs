@@ -39,6 +39,10 @@ pub enum Error {
     /// The work was stopped on purpose (a kill during a restore).
     #[error("{0}")]
     Cancelled(String),
+    /// The OOM killer ended the work in the container's memory cgroup (a
+    /// restore under too low a memory limit).
+    #[error("{0}")]
+    OutOfMemory(String),
     #[error("{0}")]
     Other(String),
 }
@@ -61,6 +65,7 @@ impl Error {
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
             Error::DeadlineExceeded(_) => Code::DEADLINE_EXCEEDED,
             Error::Cancelled(_) => Code::CANCELLED,
+            Error::OutOfMemory(_) => Code::RESOURCE_EXHAUSTED,
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Code::NOT_FOUND
             }

@@ -88,7 +88,7 @@ async fn v1_loop(efd: AsyncFd<File>, oom_control: File, tx: UnboundedSender<()>)
 }
 
 /// `file` registered with the runtime's reactor for reading.
-fn readable(file: File) -> std::io::Result<AsyncFd<File>> {
+pub(crate) fn readable(file: File) -> std::io::Result<AsyncFd<File>> {
     // SAFETY: the AsyncFd owns the File: its descriptor stays open and the
     // same for the AsyncFd's whole life.
     unsafe { AsyncFd::register_with_interest(file, Interest::READABLE) }
@@ -118,7 +118,7 @@ async fn read_when_ready(
 
 /// A new close-on-exec, non-blocking eventfd, as a `File` to read its
 /// counter from.
-fn eventfd() -> std::io::Result<File> {
+pub(crate) fn eventfd() -> std::io::Result<File> {
     // SAFETY: eventfd takes no pointers.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
@@ -193,7 +193,7 @@ fn inotify_watching(paths: &[PathBuf]) -> std::io::Result<File> {
 
 /// The `oom_kill` count of a v2 `memory.events` (or v1 `memory.oom_control`),
 /// 0 when absent.
-fn parse_oom_kills(content: &str) -> u64 {
+pub(crate) fn parse_oom_kills(content: &str) -> u64 {
     parse_flat_keyed(content)
         .get("oom_kill")
         .copied()

@@ -14,11 +14,13 @@ pub mod fsnotify;
 pub mod inventory;
 pub mod journal;
 pub mod listener;
+pub mod memory;
 pub mod pages;
 pub mod plan;
 pub mod prepare;
 pub mod profile;
 pub mod restore;
+pub mod restore_oom;
 pub mod rootfs;
 pub mod shm;
 pub mod sock_diag;
@@ -116,6 +118,10 @@ pub struct Snapshot {
     pub verified_at_create: Vec<String>,
     /// How long checking and unpacking the carried layer took.
     pub rootfs_unpack: Duration,
+    /// For a restore: what the artifact's tree held in memory at capture
+    /// (its manifest's, when recorded), named when the restore runs out of
+    /// memory.
+    pub memory: Option<vsnap_artifact::Memory>,
 }
 
 /// Where a restore's Start spent its time, written to the bundle as

@@ -1,8 +1,8 @@
 //! A snapshot plan prepared at create: the plan (read from the settings by
 //! the caller, once), the workload's identity, the engine profile and
 //! GPUs, the artifact's name and mode, then for a restore the preflight
-//! (MAC, host compatibility, workload identity, clocks, sizes, volume
-//! files) or for a capture the exclusive lock; the control dir, and the
+//! (MAC, host compatibility, workload identity, clocks, memory limit,
+//! sizes, volume files) or for a capture the exclusive lock; the control dir, and the
 //! bundle's spec edited in memory and written once.
 
 use std::collections::HashMap;
@@ -57,6 +57,8 @@ struct Preflight {
     carried: Option<(RootfsLayer, Contents)>,
     /// The artifact's owner (another tenant's where it is shared).
     owner: Option<Tenant>,
+    /// What the artifact's tree held in memory at capture.
+    memory: Option<vsnap_artifact::Memory>,
 }
 
 /// What identifies the workload and how its engine speaks.
@@ -141,6 +143,7 @@ impl Snapshot {
             spec: inputs.spec.clone(),
             verified_at_create: Vec::new(),
             rootfs_unpack: Duration::ZERO,
+            memory: preflight.memory,
         };
         if let Err(e) = s.edit_bundle(&mut inputs, &engine.argv, preflight.carried) {
             super::remove_control_dir(&s.control_dir);
@@ -412,6 +415,12 @@ fn preflight_restore(
     if let Some(captured) = &manifest.clocks {
         check_clocks(id, captured)?;
     }
+    let memory = manifest.memory;
+    super::memory::preflight(
+        memory.as_ref(),
+        &inputs.spec,
+        inputs.config.memory_preflight,
+    )?;
     if !host.tolerated.is_empty() {
         log::info!(
             "{id}: artifact {name}: host differences a restore allows: {}",
@@ -433,6 +442,7 @@ fn preflight_restore(
         contents: inputs.config.verify_contents.then_some(manifest.contents),
         carried,
         owner: Some(owner),
+        memory,
     })
 }
 

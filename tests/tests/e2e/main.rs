@@ -17,6 +17,7 @@ mod hooks;
 mod labels;
 mod lifecycle;
 mod lifecycle_faults;
+mod memory;
 mod metrics;
 mod no_leaks;
 mod rootfs_carry;

@@ -1,6 +1,6 @@
 //! The artifact made whole: the control dir copied in, every file's digest
 //! taken, then the manifest (timings, host and workload identity, clocks,
-//! the carried layer) sealed with the host key and the staging dir
+//! the carried layer, the tree's memory) sealed with the host key and the staging dir
 //! published in one rename.
 
 use std::time::Instant;
@@ -14,7 +14,7 @@ use super::context::CaptureRun;
 use crate::error::Result;
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{artifact_error, DIGEST_THREADS};
+use crate::snapshot::{artifact_error, memory, shm, DIGEST_THREADS};
 
 pub struct Digest;
 
@@ -102,6 +102,13 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         clocks,
         origin: None,
         rootfs: Some(artifact_rootfs::Rootfs { layer, open_files }),
+        // The donor still runs: its /dev/shm is there to be read.
+        memory: Some(memory::at_capture(
+            &staging.images(),
+            &staging.dir.join(shm::ARTIFACT_DIR),
+            s.host_shm.as_deref(),
+            run.pid,
+        )),
         mac: String::new(),
     }
 }

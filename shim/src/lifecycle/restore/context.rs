@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use log::info;
 use vsnap_artifact::ArtifactLock;
 
-use super::job::RestoreJob;
+use super::job::{MemoryWatch, RestoreJob};
 use super::verify::Verify;
 use crate::container::Container;
 use crate::deadline::Deadline;
@@ -23,7 +23,7 @@ use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::{
-    criu as criu_flags, journal, keep_criu_log, record_error, RestoreTimings, Snapshot,
+    criu as criu_flags, journal, keep_criu_log, memory, record_error, RestoreTimings, Snapshot,
 };
 use vsnap_artifact::journal::Op;
 
@@ -235,6 +235,8 @@ fn restore_job(
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
     let prepared = c.begin_restore(deadline.cancel.clone())?;
+    let spec = crate::cleanup::read_spec(&c.bundle).unwrap_or_default();
+    let cgroups_path = c.cgroups_path();
     Ok(RestoreJob {
         id: c.id.clone(),
         bundle: c.bundle.clone(),
@@ -250,7 +252,13 @@ fn restore_job(
                 ..Default::default()
             },
         },
-        cgroups_path: c.cgroups_path(),
+        memory: MemoryWatch {
+            cgroup: memory::cgroup_of(&spec),
+            may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup,
+            limit: memory::limit_of(&spec),
+            need: snapshot.and_then(|s| s.memory),
+        },
+        cgroups_path,
         prepared: Some(prepared),
         place_pages,
         page_verification,

@@ -1,7 +1,8 @@
 //! `runc restore` as a job that owns everything it needs, so that it runs
 //! with no lock on the container: the images, CRIU's work dir and flags,
 //! the stdio made ready for it, vsnap's page server where it places the
-//! memory, and the undo of runc's and CRIU's leftovers on failure.
+//! memory, the container's memory cgroup watched for the OOM killer, and
+//! the undo of runc's and CRIU's leftovers on failure.
 
 use std::path::PathBuf;
 
@@ -12,7 +13,9 @@ use crate::prepared::Prepared;
 use crate::runc::{CheckpointFlags, Runc};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
+use crate::snapshot::memory::{self, Limit};
 use crate::snapshot::pages::{PageServer, PlaceError, Placed, Verification};
+use crate::snapshot::restore_oom::RestoreOom;
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
@@ -34,6 +37,21 @@ pub struct RestoreJob {
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
     pub deadline: Deadline,
+    /// What tells a restore the OOM killer ended from any other failure.
+    pub memory: MemoryWatch,
+}
+
+/// The container's memory cgroup, watched while `runc restore` and the
+/// page placement run, and what names an out-of-memory restore.
+pub struct MemoryWatch {
+    /// The container's cgroup, relative to a hierarchy's root.
+    pub cgroup: Option<PathBuf>,
+    /// The shim may make it ahead of runc (cgroupfs, not systemd's driver).
+    pub may_make: bool,
+    /// The lowest memory limit over the container.
+    pub limit: Option<Limit>,
+    /// What the artifact's tree held at capture.
+    pub need: Option<vsnap_artifact::Memory>,
 }
 
 impl RestoreJob {
@@ -48,6 +66,12 @@ impl RestoreJob {
             true => Some(self.page_server()?),
             false => None,
         };
+        // Before runc makes the cgroup and anything is charged to it.
+        let m = &self.memory;
+        let oom = m
+            .cgroup
+            .as_deref()
+            .map(|c| RestoreOom::before(&self.id, c, m.may_make));
         let restored = self
             .runc
             .restore(
@@ -81,6 +105,19 @@ impl RestoreJob {
         // CRIU is done; the tree is stopped until every page is in.
         let restored = match (restored, pages) {
             (Ok(()), Some(server)) => self.place(server).await,
+            (restored, _) => restored,
+        };
+        // Before the undo removes the cgroup's counts.
+        let restored = match (restored, oom) {
+            (Err(e), Some(oom)) if !matches!(e, Error::Cancelled(_)) => {
+                Err(match oom.seen().await {
+                    Some(seen) => {
+                        let m = &self.memory;
+                        memory::out_of_memory(m.limit.as_ref(), m.need.as_ref(), &seen, &e)
+                    }
+                    None => e,
+                })
+            }
             (restored, _) => restored,
         };
         if restored.is_err() {
