@@ -7,17 +7,20 @@
 //! (process, mount, runc state, cgroup, control dir), a container is
 //! RUNNING only once its engine validated, and a later restore works.
 
+mod harness;
+
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use vsnap_e2e::cmd::{run, CmdOutput};
+use harness::{
+    assert_intact_and_clean, cleaned_up, criu_root, kill_the_shim, remove_any,
+    restore_in_background, restore_works, tree, wait_until,
+};
+use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::is_mounted;
 use vsnap_e2e::engine::{answer, complete, free_port};
-use vsnap_e2e::snapshot_env::{control_dirs, poll, poll_every, setup, Env};
+use vsnap_e2e::snapshot_env::{control_dirs, poll, setup, Env};
 
 /// 1 GiB resident in the engine: CRIU's restore takes about a second here.
 const BIG: &str = "VSNAP_ENGINE_RESIDENT_MB=1024";
@@ -27,125 +30,6 @@ const BIG: &str = "VSNAP_ENGINE_RESIDENT_MB=1024";
 const LARGE: &str = "VSNAP_ENGINE_RESIDENT_MB=3072";
 /// The copy never finishes its recovery: the activation waits.
 const HANG: &str = "VSNAP_ENGINE_HANG_PHASE=recover";
-
-/// Every file under `dir`: its sha256 (or a symlink's target).
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            let rel = p.strip_prefix(dir).unwrap().display().to_string();
-            let ft = e.file_type().unwrap();
-            if ft.is_dir() {
-                stack.push(p);
-                out.insert(rel, "dir".into());
-            } else if ft.is_symlink() {
-                out.insert(
-                    rel,
-                    format!("-> {}", std::fs::read_link(&p).unwrap().display()),
-                );
-            } else {
-                let mut h = Sha256::new();
-                let mut f = std::fs::File::open(&p).unwrap();
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = f.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    h.update(&buf[..n]);
-                }
-                let digest: Vec<String> = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-                out.insert(rel, digest.concat());
-            }
-        }
-    }
-    out
-}
-
-/// Waits (polling every 5 ms: some moments are brief) until `done` holds.
-fn wait_until(timeout: Duration, what: &str, done: impl FnMut() -> bool) {
-    poll_every(Duration::from_millis(5), timeout, what, done)
-}
-
-/// runc's bind mount of the rootfs while it restores `id`.
-fn criu_root(e: &Env, id: &str) -> PathBuf {
-    e.c.runc_root().join(id).join("criu-root")
-}
-
-/// A restore of `name` as `id` run by ctr on a thread (ctr blocks in Start).
-fn restore_in_background(
-    e: &Env,
-    id: &str,
-    name: &str,
-    port: u16,
-    extra: &[&str],
-) -> JoinHandle<CmdOutput> {
-    let cmd = e.run_command(id, "restore", name, port, extra, &[]);
-    std::thread::spawn(move || run(cmd, None, Duration::from_secs(180)))
-}
-
-fn sigkill(pid: i32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-}
-
-/// Kills this instance's one shim (by pid) and returns its pid.
-fn kill_the_shim(e: &Env) -> i32 {
-    let shims = e.c.shim_pids();
-    assert_eq!(shims.len(), 1, "one shim serves the restore: {shims:?}");
-    sigkill(shims[0]);
-    shims[0]
-}
-
-/// Removes whatever is left of `id` through containerd (after a fault the
-/// task may be gone already).
-fn remove_any(e: &Env, id: &str) {
-    let _ = e.c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
-    let _ = e.c.ctr(&["task", "delete", "-f", id]);
-    let _ = e.c.ctr(&["c", "rm", id]);
-    poll(Duration::from_secs(30), &format!("{id} removed"), || {
-        !e.c.ctr_ok(&["c", "ls", "-q"]).lines().any(|l| l == id)
-    });
-}
-
-/// Waits until containerd's cleanup after the dead shim is done: it runs
-/// the shim binary's `delete` (whose command line names this instance).
-fn cleaned_up(e: &Env) {
-    poll(Duration::from_secs(30), "the dead shim's delete", || {
-        e.c.shim_pids().is_empty()
-    });
-}
-
-/// After a fault and the cleanup: the rootfs as it was, and nothing left.
-fn assert_intact_and_clean(e: &Env, id: &str, before: &BTreeMap<String, String>) {
-    cleaned_up(e);
-    assert_eq!(&tree(Path::new(&e.rootfs)), before, "the rootfs is intact");
-    assert_eq!(
-        e.cgroups(id),
-        Vec::<String>::new(),
-        "no cgroup (no process) of {id}"
-    );
-    e.assert_nothing_left();
-}
-
-/// A later restore of `name` works and answers.
-fn restore_works(e: &Env, id: &str, name: &str, env: &[&str]) {
-    let port = free_port();
-    let mut extra = Vec::new();
-    for kv in env {
-        extra.extend_from_slice(&["--env", *kv]);
-    }
-    let out = e.run(id, "restore", name, port, &extra);
-    assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
-    let reply = complete(port, "The capital of France is", 4);
-    assert!(answer(&reply).0.is_string(), "{reply}");
-    e.remove(id);
-}
 
 #[test]
 fn a_shim_killed_during_criu_restore_loses_no_file_and_leaves_nothing() {

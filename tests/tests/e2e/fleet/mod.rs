@@ -3,118 +3,27 @@
 //! `vsnap push` to a real registry (docker-registry 2.8 on loopback), pulled
 //! with `vsnap pull` into another root (host B) and restored there.
 //!
-//! Container ids are unique across the tests of this file: runc puts a
+//! Container ids are unique across the tests of this module: runc puts a
 //! container in the cgroup `<namespace>/<id>`, the same path for every
 //! private containerd, so two parallel tests with one id share a cgroup
 //! and removing one kills the other's engine.
 
+mod crypt;
+mod harness;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use harness::{
+    allow, cached_blobs, configure, fleet, fleet_with, key_pair, unsealed, vsnap, vsnap_command,
+    vsnap_json,
+};
 use serde_json::Value;
-use vsnap_e2e::cmd::{run, CmdOutput};
+use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::{list, shim_binary};
 use vsnap_e2e::engine::{free_port, HostEngine};
-use vsnap_e2e::registry::{Registry, SlowProxy};
-use vsnap_e2e::snapshot_env::{answers, assert_has, poll, setup, Env};
-
-/// `vsnap --config <env's runtime config> ARGS`.
-fn vsnap(env: &Env, args: &[&str]) -> CmdOutput {
-    run(vsnap_command(env, args), None, Duration::from_secs(300))
-}
-
-fn vsnap_command(env: &Env, args: &[&str]) -> Command {
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config").arg(&env.config).args(args);
-    cmd
-}
-
-/// `vsnap ... --json`, which must succeed; its report.
-fn vsnap_json(env: &Env, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let out = vsnap(env, &all);
-    assert!(out.ok(), "vsnap {args:?}: {out:?}");
-    serde_json::from_str(&out.stdout).unwrap()
-}
-
-/// Lets `env`'s runtime config reach `host` over plain HTTP (loopback).
-fn allow(env: &Env, host: &str) {
-    let mut config = std::fs::read_to_string(&env.config).unwrap();
-    config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
-    std::fs::write(&env.config, config).unwrap();
-}
-
-/// Puts top-level keys first in `env`'s runtime config (before any table).
-fn configure(env: &Env, lines: &str) {
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
-}
-
-/// A fleet key pair made with `vsnap key generate` in `env`'s folder:
-/// (private, public).
-fn key_pair(env: &Env, tag: &str) -> (String, String) {
-    let private = env.c.dir.join(format!("{tag}.key")).display().to_string();
-    let public = env.c.dir.join(format!("{tag}.pub")).display().to_string();
-    let out = vsnap(
-        env,
-        &[
-            "key",
-            "generate",
-            "--private",
-            &private,
-            "--public",
-            &public,
-        ],
-    );
-    assert!(out.ok(), "{out:?}");
-    (private, public)
-}
-
-/// Two hosts and the registry between them (dropped first: declared last).
-/// A signs what it pushes with the fleet key, B trusts it; both key the
-/// workload fingerprints with the fleet's shared fingerprint key.
-fn fleet(tag: &str) -> (Env, Env, Registry) {
-    let (a, b, registry) = fleet_with(tag, None);
-    allow(&a, &registry.host());
-    allow(&b, &registry.host());
-    (a, b, registry)
-}
-
-/// As [`fleet`], with a registry that wants `auth` and no registry entry
-/// in the hosts' configs yet.
-fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Registry) {
-    let a = setup(&format!("{tag}-a"));
-    let b = setup(&format!("{tag}-b"));
-    let registry = Registry::start_with(&a.c.dir, auth);
-    let (private, public) = key_pair(&a, "fleet");
-    let shared = a.c.dir.join("fleet-fingerprint.key");
-    std::fs::write(&shared, [0x5au8; 32]).unwrap();
-    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let shared = format!("fleet_fingerprint_key = \"{}\"\n", shared.display());
-    configure(&a, &format!("fleet_signing_key = \"{private}\"\n{shared}"));
-    configure(
-        &b,
-        &format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"),
-    );
-    (a, b, registry)
-}
-
-/// Complete blobs (named by their digest, not `.part-*`) in `env`'s
-/// download cache.
-fn cached_blobs(env: &Env) -> usize {
-    list(&env.artifacts.join(".pull/blobs/sha256"))
-        .iter()
-        .filter(|n| n.len() == 64)
-        .count()
-}
-
-/// A manifest's JSON without its MAC.
-fn unsealed(bytes: &[u8]) -> Value {
-    let mut v: Value = serde_json::from_slice(bytes).unwrap();
-    v.as_object_mut().unwrap().remove("mac");
-    v
-}
+use vsnap_e2e::registry::SlowProxy;
+use vsnap_e2e::snapshot_env::{answers, assert_has, poll, Env};
 
 #[test]
 fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
@@ -604,162 +513,4 @@ fn an_auto_create_pushes_what_it_published_when_the_config_asks() {
         "the pushed artifact restores on B"
     );
     b.remove("fleet-ap-copy");
-}
-
-/// Every regular file under `dir` (recursively) whose bytes hold `needle`.
-fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let kind = entry.file_type().unwrap();
-            if kind.is_dir() {
-                todo.push(entry.path());
-            } else if kind.is_file() {
-                let bytes = std::fs::read(entry.path()).unwrap();
-                if bytes.windows(needle.len()).any(|w| w == needle) {
-                    found.push(entry.path().display().to_string());
-                }
-            }
-        }
-    }
-    found
-}
-
-/// A fleet encryption key made with `vsnap key generate-encryption` in
-/// `env`'s folder: (path, key id).
-fn encryption_key(env: &Env, tag: &str) -> (String, String) {
-    let path = env.c.dir.join(format!("{tag}.key")).display().to_string();
-    let made = vsnap_json(env, &["key", "generate-encryption", &path]);
-    (path, made["key_id"].as_str().unwrap().to_string())
-}
-
-/// `vsnap --config CONFIG ARGS`, CONFIG being `env`'s runtime config with
-/// the top-level keys `lines` sets replaced by `lines`.
-fn vsnap_with(env: &Env, tag: &str, lines: &str, args: &[&str]) -> CmdOutput {
-    let path = env.c.dir.join(format!("{tag}.toml"));
-    let keys: Vec<&str> = lines
-        .lines()
-        .map(|l| l.split(' ').next().unwrap())
-        .collect();
-    let config: String = std::fs::read_to_string(&env.config)
-        .unwrap()
-        .lines()
-        .filter(|l| !keys.contains(&l.split(' ').next().unwrap_or_default()))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(&path, format!("{lines}{config}")).unwrap();
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config").arg(&path).args(args);
-    run(cmd, None, Duration::from_secs(300))
-}
-
-#[test]
-fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
-    let (a, mut b, registry) = fleet("fleet-enc");
-    b.rootfs = a.rootfs.clone();
-    let (key, key_id) = encryption_key(&a, "fleet-enc");
-    let line = format!("fleet_encryption_key = \"{key}\"\n");
-    configure(&a, &line);
-    configure(&b, &line);
-    // The engine keeps its environment in memory (its stack): a secret
-    // value there is in the CRIU pages of the artifact.
-    const SECRET: &str = "vsnap-e2e-secret-4f1c9a7e2b8d6053";
-    let env = format!("VSNAP_E2E_API_KEY={SECRET}");
-    a.create_good("fleet-enc-donor", "enc", &[&env]);
-    let cold = HostEngine::start();
-    let reference = answers(cold.port);
-    let in_clear = files_holding(&a.artifact("enc").join("images"), SECRET.as_bytes());
-    assert!(
-        !in_clear.is_empty(),
-        "the scan finds the secret in the local artifact's memory images"
-    );
-
-    let r = format!("{}/fleet/enc:v1", registry.host());
-    let pushed = vsnap_json(&a, &["push", "enc", &r]);
-    assert_eq!(pushed["encrypted_with"], key_id.as_str(), "{pushed}");
-    assert_eq!(
-        files_holding(&registry.dir, SECRET.as_bytes()),
-        Vec::<String>::new(),
-        "no file of the registry holds the secret"
-    );
-    let manifest =
-        std::fs::read_to_string(registry.blob_file(pushed["digest"].as_str().unwrap())).unwrap();
-    assert_has(
-        &manifest,
-        &[
-            "application/vnd.vsnap.chunk.v1+encrypted",
-            "application/vnd.vsnap.artifact.config.v1+json+encrypted",
-            &key_id,
-        ],
-    );
-    let secret_hex = std::fs::read_to_string(&key).unwrap();
-    let secret_hex = secret_hex.lines().nth(1).unwrap();
-    assert!(files_holding(&registry.dir, secret_hex.as_bytes()).is_empty());
-
-    // A pull with another fleet's key: refused naming the key it needs,
-    // nothing fetched, nothing published.
-    let (other, _) = encryption_key(&b, "other-enc");
-    let wrong = vsnap_with(
-        &b,
-        "wrong",
-        &format!("fleet_encryption_key = \"{other}\"\n"),
-        &["pull", &r],
-    );
-    assert_eq!(wrong.code, Some(1), "{wrong:?}");
-    assert_has(&wrong.stderr, &["encrypted with fleet key", &key_id]);
-    assert_eq!(
-        b.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
-    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
-
-    // Another key signs the same manifest in the same repository: its
-    // signature is added, the fleet's stays, B's pull still trusts it.
-    let (rogue, _) = key_pair(&a, "rogue");
-    let out = vsnap_with(
-        &a,
-        "rogue",
-        &format!("fleet_signing_key = \"{rogue}\"\n"),
-        &["push", "enc", &r, "--json"],
-    );
-    assert!(out.ok(), "{out:?}");
-    let pulled = vsnap_json(&b, &["pull", &r]);
-    assert_eq!(pulled["digest"], pushed["digest"], "{pulled}");
-    assert_eq!(pulled["signed_by"], pushed["signed_by"], "{pulled}");
-    assert_eq!(pulled["decrypted_with"], key_id.as_str(), "{pulled}");
-    for out in [&wrong, &out] {
-        assert!(!out.stdout.contains(secret_hex) && !out.stderr.contains(secret_hex));
-    }
-
-    let port = free_port();
-    let out = b.run("fleet-enc-copy", "restore", "enc", port, &["--env", &env]);
-    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
-    assert_eq!(
-        answers(port),
-        reference,
-        "B's copy answers like a cold start"
-    );
-    b.remove("fleet-enc-copy");
-
-    // Rotation: a new current key, the old one kept to decrypt. What was
-    // pushed under the old key still pulls; a push now seals with the new.
-    let (new, new_id) = encryption_key(&a, "fleet-enc-2");
-    let rotated =
-        format!("fleet_encryption_key = \"{new}\"\nfleet_decryption_keys = [\"{key}\"]\n");
-    let out = vsnap_with(&b, "rotated", &rotated, &["pull", &r, "old", "--json"]);
-    assert!(out.ok(), "{out:?}");
-    let old: Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(old["decrypted_with"], key_id.as_str(), "{old}");
-    let r2 = format!("{}/fleet/enc:v2", registry.host());
-    let out = vsnap_with(&a, "rotated", &rotated, &["push", "enc", &r2, "--json"]);
-    assert!(out.ok(), "{out:?}");
-    let v2: Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(v2["encrypted_with"], new_id.as_str(), "{v2}");
-    let out = vsnap_with(&b, "rotated", &rotated, &["pull", &r2, "new", "--json"]);
-    assert!(out.ok(), "{out:?}");
-    assert_eq!(b.artifact_names(), ["enc", "new", "old"]);
-    assert!(files_holding(&registry.dir, SECRET.as_bytes()).is_empty());
-    b.assert_nothing_left();
 }

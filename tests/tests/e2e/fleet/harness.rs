@@ -1,0 +1,109 @@
+//! What the fleet tests share: `vsnap` run against a host's runtime config,
+//! and two hosts with a registry between them, A signing and B trusting.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use vsnap_e2e::cmd::{run, CmdOutput};
+use vsnap_e2e::containerd::{list, shim_binary};
+use vsnap_e2e::registry::Registry;
+use vsnap_e2e::snapshot_env::{setup, Env};
+
+/// `vsnap --config <env's runtime config> ARGS`.
+pub(super) fn vsnap(env: &Env, args: &[&str]) -> CmdOutput {
+    run(vsnap_command(env, args), None, Duration::from_secs(300))
+}
+
+pub(super) fn vsnap_command(env: &Env, args: &[&str]) -> Command {
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config").arg(&env.config).args(args);
+    cmd
+}
+
+/// `vsnap ... --json`, which must succeed; its report.
+pub(super) fn vsnap_json(env: &Env, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = vsnap(env, &all);
+    assert!(out.ok(), "vsnap {args:?}: {out:?}");
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+/// Lets `env`'s runtime config reach `host` over plain HTTP (loopback).
+pub(super) fn allow(env: &Env, host: &str) {
+    let mut config = std::fs::read_to_string(&env.config).unwrap();
+    config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
+    std::fs::write(&env.config, config).unwrap();
+}
+
+/// Puts top-level keys first in `env`'s runtime config (before any table).
+pub(super) fn configure(env: &Env, lines: &str) {
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
+}
+
+/// A fleet key pair made with `vsnap key generate` in `env`'s folder:
+/// (private, public).
+pub(super) fn key_pair(env: &Env, tag: &str) -> (String, String) {
+    let private = env.c.dir.join(format!("{tag}.key")).display().to_string();
+    let public = env.c.dir.join(format!("{tag}.pub")).display().to_string();
+    let out = vsnap(
+        env,
+        &[
+            "key",
+            "generate",
+            "--private",
+            &private,
+            "--public",
+            &public,
+        ],
+    );
+    assert!(out.ok(), "{out:?}");
+    (private, public)
+}
+
+/// Two hosts and the registry between them (dropped first: declared last).
+/// A signs what it pushes with the fleet key, B trusts it; both key the
+/// workload fingerprints with the fleet's shared fingerprint key.
+pub(super) fn fleet(tag: &str) -> (Env, Env, Registry) {
+    let (a, b, registry) = fleet_with(tag, None);
+    allow(&a, &registry.host());
+    allow(&b, &registry.host());
+    (a, b, registry)
+}
+
+/// As [`fleet`], with a registry that wants `auth` and no registry entry
+/// in the hosts' configs yet.
+pub(super) fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Registry) {
+    let a = setup(&format!("{tag}-a"));
+    let b = setup(&format!("{tag}-b"));
+    let registry = Registry::start_with(&a.c.dir, auth);
+    let (private, public) = key_pair(&a, "fleet");
+    let shared = a.c.dir.join("fleet-fingerprint.key");
+    std::fs::write(&shared, [0x5au8; 32]).unwrap();
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let shared = format!("fleet_fingerprint_key = \"{}\"\n", shared.display());
+    configure(&a, &format!("fleet_signing_key = \"{private}\"\n{shared}"));
+    configure(
+        &b,
+        &format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"),
+    );
+    (a, b, registry)
+}
+
+/// Complete blobs (named by their digest, not `.part-*`) in `env`'s
+/// download cache.
+pub(super) fn cached_blobs(env: &Env) -> usize {
+    list(&env.artifacts.join(".pull/blobs/sha256"))
+        .iter()
+        .filter(|n| n.len() == 64)
+        .count()
+}
+
+/// A manifest's JSON without its MAC.
+pub(super) fn unsealed(bytes: &[u8]) -> Value {
+    let mut v: Value = serde_json::from_slice(bytes).unwrap();
+    v.as_object_mut().unwrap().remove("mac");
+    v
+}
