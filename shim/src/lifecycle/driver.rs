@@ -126,6 +126,7 @@ mod tests {
     use crate::deadline::Deadline;
     use std::sync::atomic::Ordering;
     use std::sync::{Arc, Mutex};
+    use tokio::sync::mpsc;
 
     /// A start's context that records what the driver did to it.
     #[derive(Default)]
@@ -136,6 +137,21 @@ mod tests {
         aborted: Vec<PhaseName>,
         /// The order of the driver's calls at the end.
         ends: Vec<&'static str>,
+        /// Told the name of each phase that hangs, polls or waits for the
+        /// stop, once it is under way.
+        entered: Option<mpsc::UnboundedSender<PhaseName>>,
+    }
+
+    impl Fake {
+        /// A signal that `phase` is under way, to send from where it waits.
+        fn entering(&self, phase: PhaseName) -> impl FnOnce() + Send + 'static {
+            let entered = self.entered.clone();
+            move || {
+                if let Some(tx) = entered {
+                    let _ = tx.send(phase);
+                }
+            }
+        }
     }
 
     #[async_trait]
@@ -176,13 +192,18 @@ mod tests {
         }
         async fn run(&self, cx: &mut Fake, stop: &Stop) -> Result<()> {
             cx.ran.push(self.0);
+            let entered = cx.entering(self.0);
             match self.1 {
                 Act::Succeed => Ok(()),
                 Act::Fail => Err(Error::FailedPrecondition(format!("{}: broken", self.0))),
-                Act::Hang => std::future::pending().await,
+                Act::Hang => {
+                    entered();
+                    std::future::pending().await
+                }
                 Act::PollFlag => {
                     let flag = stop.flag();
                     tokio::task::spawn_blocking(move || {
+                        entered();
                         while !flag.load(Ordering::Relaxed) {
                             std::thread::sleep(Duration::from_millis(5));
                         }
@@ -195,6 +216,7 @@ mod tests {
                     )))
                 }
                 Act::HonourStop => {
+                    entered();
                     stop.stopped().await;
                     Err(stop.deadline().fail(format!("{}: wound down", self.0)))
                 }
@@ -219,9 +241,17 @@ mod tests {
         acts: &[(PhaseName, Act)],
         stop: &Stop,
     ) -> (Fake, std::result::Result<Timings, Failed>) {
+        run_in(Fake::default(), acts, stop).await
+    }
+
+    /// [`run_all`] over the context `cx`.
+    async fn run_in(
+        mut cx: Fake,
+        acts: &[(PhaseName, Act)],
+        stop: &Stop,
+    ) -> (Fake, std::result::Result<Timings, Failed>) {
         let phases: Vec<FakePhase> = acts.iter().map(|(n, a)| FakePhase(*n, *a)).collect();
         let refs: Vec<&dyn Phase<Fake>> = phases.iter().map(|p| p as &dyn Phase<Fake>).collect();
-        let mut cx = Fake::default();
         let out = drive(&mut cx, &refs, stop, GRACE).await;
         (cx, out)
     }
@@ -282,12 +312,19 @@ mod tests {
                 let cancel = stop.deadline().cancel.clone();
                 let killed = Arc::new(Mutex::new(None));
                 let at = killed.clone();
+                let (tx, mut entered) = mpsc::unbounded_channel();
+                let target = *stuck;
+                // The kill lands once the stuck phase is under way.
                 let killer = tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    while entered.recv().await.is_some_and(|p| p != target) {}
                     *at.lock().unwrap() = Some(Instant::now());
                     cancel.cancel();
                 });
-                let (cx, out) = run_all(&acts, &stop).await;
+                let cx = Fake {
+                    entered: Some(tx),
+                    ..Fake::default()
+                };
+                let (cx, out) = run_in(cx, &acts, &stop).await;
                 killer.await.unwrap();
                 let took = killed.lock().unwrap().unwrap().elapsed();
                 assert!(
