@@ -4,7 +4,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ enum Script {
 
 struct Engine {
     alive: Arc<AtomicBool>,
+    capturer: Capturer,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -35,32 +36,67 @@ impl Engine {
     fn start(dir: &ControlDir, script: Script) -> Self {
         let alive = Arc::new(AtomicBool::new(true));
         let flag = alive.clone();
+        let capturer = Capturer::default();
+        let seen = capturer.clone();
         let dir = dir.clone();
         let thread = thread::spawn(move || {
-            play(&dir, script);
+            play(&dir, script, &seen);
             flag.store(false, Ordering::SeqCst);
         });
         Engine {
             alive,
+            capturer,
             thread: Some(thread),
         }
     }
 
+    /// The capturer's liveness check, counted: it asks once per poll,
+    /// after its look at the file it waits for.
     fn is_alive(&self) -> impl FnMut() -> bool {
         let alive = self.alive.clone();
-        move || alive.load(Ordering::SeqCst)
+        let polls = self.capturer.polls.clone();
+        move || {
+            polls.fetch_add(1, Ordering::SeqCst);
+            alive.load(Ordering::SeqCst)
+        }
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        self.capturer.finished.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-fn play(dir: &ControlDir, script: Script) {
+/// What the scripted engine sees of the capturer: its polls so far, and
+/// whether it has returned.
+#[derive(Clone, Default)]
+struct Capturer {
+    polls: Arc<AtomicUsize>,
+    finished: Arc<AtomicBool>,
+}
+
+impl Capturer {
+    /// Waits until the capturer has looked at the control dir since now:
+    /// a poll that began after this call has ended once it asks whether
+    /// the engine is alive for the second time from here. Ends too when
+    /// the capturer has returned (a status it refused), or after 10 s.
+    fn wait_for_a_look(&self) {
+        let from = self.polls.load(Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.polls.load(Ordering::SeqCst) < from + 2
+            && !self.finished.load(Ordering::SeqCst)
+            && Instant::now() < deadline
+        {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn play(dir: &ControlDir, script: Script, capturer: &Capturer) {
     let timeout = Duration::from_secs(3);
     let Ok(bytes) = wait_for_capturer(dir, files::ACTIVATION, timeout) else {
         return;
@@ -95,7 +131,8 @@ fn play(dir: &ControlDir, script: Script) {
         status.activation_id = "someone-else".into();
     }
     dir.write(&status).unwrap();
-    thread::sleep(Duration::from_millis(120));
+    // Recovering until the capturer has seen it recovering.
+    capturer.wait_for_a_look();
     if script == Script::FailInRecovery {
         dir.write(&ErrorRecord {
             activation_id: Some(activation.activation_id),
