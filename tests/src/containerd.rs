@@ -396,13 +396,29 @@ impl Containerd {
             .unwrap_or(0)
     }
 
+    /// Whether `ctr task ls` lists one of `ids` still running or paused.
+    fn any_running(&self, ids: &[String]) -> bool {
+        self.ctr(&["task", "ls"]).stdout.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first().is_some_and(|id| ids.iter().any(|i| i == id))
+                && f.last()
+                    .is_some_and(|s| ["RUNNING", "PAUSED", "PAUSING"].contains(s))
+        })
+    }
+
     /// Kills and deletes whatever a test left, through ctr and runc, by id.
     fn clean_up(&self) {
         if self.child.is_some() {
-            for id in self.runc_containers() {
-                let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", &id]);
+            let killed = self.runc_containers();
+            for id in &killed {
+                let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]);
             }
-            std::thread::sleep(Duration::from_millis(200));
+            // Until the kills have landed (at most 10 s: a teardown
+            // does not panic), then whatever is left is deleted forcibly.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.any_running(&killed) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let tasks = self.ctr(&["task", "ls", "-q"]).stdout;
             for id in tasks.lines() {
                 let _ = self.ctr(&["task", "delete", "-f", id]);
