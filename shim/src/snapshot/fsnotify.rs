@@ -92,27 +92,17 @@ pub fn parse_marks(fdinfo: &str) -> Vec<(Api, Inode)> {
 pub fn watches(pids: &[i32]) -> Vec<Watch> {
     let mut out = Vec::new();
     for &pid in pids {
-        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue; // exited meanwhile
-        };
-        let mut fds: Vec<String> = entries
-            .flatten()
-            .filter(|e| {
-                std::fs::read_link(e.path()).is_ok_and(|t| {
-                    let t = t.to_string_lossy();
-                    t == "anon_inode:inotify" || t == "anon_inode:[fanotify]"
-                })
-            })
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        fds.sort_by_key(|fd| fd.parse::<u64>().unwrap_or(u64::MAX));
-        for fd in fds {
+        for f in super::proc_fds::open_fds(pid) {
+            let t = f.target.to_string_lossy();
+            if t != "anon_inode:inotify" && t != "anon_inode:[fanotify]" {
+                continue;
+            }
             let text =
-                std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+                std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", f.fd)).unwrap_or_default();
             for (api, inode) in parse_marks(&text) {
                 out.push(Watch {
                     pid,
-                    fd: fd.clone(),
+                    fd: f.fd.to_string(),
                     api,
                     inode,
                 });

@@ -12,18 +12,12 @@ use crate::error::{Error, Result};
 /// Fails naming the first process of `pids` that holds an io_uring fd.
 pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
     for pid in pids {
-        let fd_dir = format!("/proc/{pid}/fd");
-        let Ok(entries) = std::fs::read_dir(&fd_dir) else {
-            continue; // exited meanwhile
-        };
-        for e in entries.flatten() {
-            if let Ok(target) = std::fs::read_link(e.path()) {
-                if target == Path::new("anon_inode:[io_uring]") {
-                    return Err(Error::FailedPrecondition(format!(
-                        "capture: inventory: pid {pid} holds an io_uring instance (fd {}); CRIU cannot dump io_uring: disable it in the engine (kernel.io_uring_disabled)",
-                        e.file_name().to_string_lossy()
-                    )));
-                }
+        for f in super::proc_fds::open_fds(*pid) {
+            if f.target == Path::new("anon_inode:[io_uring]") {
+                return Err(Error::FailedPrecondition(format!(
+                    "capture: inventory: pid {pid} holds an io_uring instance (fd {}); CRIU cannot dump io_uring: disable it in the engine (kernel.io_uring_disabled)",
+                    f.fd
+                )));
             }
         }
     }
@@ -112,24 +106,19 @@ pub fn check_dumpable_devices(
 ) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
     for pid in pids {
-        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue; // exited meanwhile
-        };
-        let mut fds: Vec<(String, std::path::PathBuf, u64)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let target = std::fs::read_link(e.path()).ok()?;
-                let meta = std::fs::metadata(e.path()).ok()?;
+        let fds: Vec<(String, std::path::PathBuf, u64)> = super::proc_fds::open_fds(*pid)
+            .into_iter()
+            .filter_map(|f| {
+                let meta = std::fs::metadata(&f.path).ok()?;
                 meta.file_type().is_char_device().then(|| {
                     (
-                        e.file_name().to_string_lossy().into_owned(),
-                        target,
+                        f.fd.to_string(),
+                        f.target,
                         std::os::unix::fs::MetadataExt::rdev(&meta),
                     )
                 })
             })
             .collect();
-        fds.sort_by_key(|(fd, _, _)| fd.parse::<u64>().unwrap_or(u64::MAX));
         for (fd, target, rdev) in fds {
             let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
             if crius_char_device(major, minor) {

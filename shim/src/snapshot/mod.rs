@@ -18,6 +18,7 @@ pub mod memory;
 pub mod pages;
 pub mod plan;
 pub mod prepare;
+pub mod proc_fds;
 pub mod profile;
 pub mod restore;
 pub mod restore_oom;

@@ -134,14 +134,10 @@ fn read_under(dir: &str) -> Vec<TcpEntry> {
 
 /// The inodes of the sockets `pid` holds open (none when it is gone).
 pub fn socket_inodes(pid: i32) -> Vec<u64> {
-    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let target = std::fs::read_link(e.path()).ok()?;
-            target
+    super::proc_fds::open_fds(pid)
+        .into_iter()
+        .filter_map(|f| {
+            f.target
                 .to_str()?
                 .strip_prefix("socket:[")?
                 .strip_suffix(']')?

@@ -1,0 +1,45 @@
+//! The descriptors a process holds, read from `/proc/<pid>/fd`: the one
+//! reader the capture's checks share (io_uring, devices, sockets, watches).
+
+use std::path::PathBuf;
+
+/// One open descriptor: its number, what its link names and the link's
+/// path (`/proc/<pid>/fd/<n>`, to stat what it points at).
+pub struct OpenFd {
+    pub fd: u64,
+    pub target: PathBuf,
+    pub path: PathBuf,
+}
+
+/// The descriptors `pid` holds, in fd order; none when it is gone (it
+/// exited meanwhile) or a link vanished while read.
+pub fn open_fds(pid: i32) -> Vec<OpenFd> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut fds: Vec<OpenFd> = entries
+        .flatten()
+        .filter_map(|e| {
+            Some(OpenFd {
+                fd: e.file_name().to_str()?.parse().ok()?,
+                target: std::fs::read_link(e.path()).ok()?,
+                path: e.path(),
+            })
+        })
+        .collect();
+    fds.sort_by_key(|f| f.fd);
+    fds
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn our_own_descriptors_are_listed_in_order() {
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f) as u64;
+        let fds = super::open_fds(std::process::id() as i32);
+        assert!(fds.windows(2).all(|w| w[0].fd < w[1].fd));
+        let ours = fds.iter().find(|o| o.fd == fd).expect("the file's fd");
+        assert!(ours.target.ends_with("stat"), "{:?}", ours.target);
+    }
+}
