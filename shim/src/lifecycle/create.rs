@@ -17,10 +17,9 @@ use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::labels;
 use crate::runc::{CriuTools, Runc};
-use crate::snapshot::plan::{CRI_CONTAINER_TYPE, PLAN};
-use crate::snapshot::prepare::Inputs;
+use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
-use crate::snapshot::{fetch, spec, Snapshot};
+use crate::snapshot::{fetch, spec};
 
 /// A Create request, unwrapped from the wire.
 pub struct CreateRequest {
@@ -64,7 +63,7 @@ impl Creator<'_> {
             runc_binary: runc.binary.clone(),
             runc_root: runc.root.clone(),
             systemd_cgroup: runc.systemd_cgroup,
-            control_dir: snapshot.as_ref().map(|s| s.control_dir.clone()),
+            control_dir: snapshot.as_ref().map(|p| p.common().control_dir.clone()),
         };
         if let Err(e) = record.write(&req.bundle) {
             if let Some(s) = &snapshot {
@@ -96,7 +95,7 @@ impl Creator<'_> {
         &self,
         req: &CreateRequest,
         began: std::time::SystemTime,
-    ) -> Result<Option<Snapshot>> {
+    ) -> Result<Option<Prepared>> {
         let config = &req.config;
         // Read once: the plan's edits are made to this copy, written once.
         let spec = spec::read(&req.bundle)?;
@@ -126,7 +125,7 @@ impl Creator<'_> {
         let config = config.clone();
         let layer = WritableLayer::of(&req.rootfs);
         tokio::task::spawn_blocking(move || {
-            Snapshot::prepare(Inputs {
+            prepare(Inputs {
                 bundle: &bundle,
                 id: &id,
                 namespace: &ns,

@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::snapshot::plan::Mode;
-use crate::snapshot::Snapshot;
+use crate::snapshot::plan::{CapturePlan, Common, Prepared, RestorePlan};
 
 /// How a container's init starts, chosen at create from the request's
 /// checkpoint and the snapshot plan (annotations, labels, config).
@@ -15,48 +14,51 @@ pub enum InitStart {
     Plain,
     /// `runc start`, then, once the engine is capture-ready, the capture
     /// (in the background: a cold start can take minutes).
-    Capture(Box<Snapshot>),
-    /// `runc restore` of the checkpoint containerd gave at create
-    /// (`ctr run --checkpoint`, `ctr task restore`): no activation.
+    Capture(Box<CapturePlan>),
+    /// `runc restore` at Start.
+    Restore(RestoreSource),
+}
+
+/// What a restore starts from.
+#[derive(Debug)]
+pub enum RestoreSource {
+    /// The checkpoint containerd gave at create (`ctr run --checkpoint`,
+    /// `ctr task restore`): no activation.
     Checkpoint(PathBuf),
-    /// `runc restore` of a vsnap artifact, then its activation: visible
-    /// only once the copy reproduced its canary.
-    Restore(Box<Snapshot>),
+    /// A vsnap artifact, then its activation: visible only once the copy
+    /// reproduced its canary.
+    Artifact(Box<RestorePlan>),
 }
 
 impl InitStart {
     /// The start of a task created with `checkpoint` (containerd's) and
-    /// `snapshot` (the plan resolved at create). Both at once is refused:
+    /// `prepared` (the plan prepared at create). Both at once is refused:
     /// a checkpoint restore has no canary to hold the copy to.
-    pub fn resolve(checkpoint: Option<PathBuf>, snapshot: Option<Snapshot>) -> Result<Self> {
-        match (checkpoint, snapshot) {
-            (Some(image), None) => Ok(InitStart::Checkpoint(image)),
-            (Some(image), Some(s)) => {
-                s.cleanup();
+    pub fn resolve(checkpoint: Option<PathBuf>, prepared: Option<Prepared>) -> Result<Self> {
+        match (checkpoint, prepared) {
+            (Some(image), None) => Ok(InitStart::Restore(RestoreSource::Checkpoint(image))),
+            (Some(image), Some(p)) => {
+                p.cleanup();
                 Err(Error::InvalidArgument(format!(
                     "create: the task is created from checkpoint {} and has the snapshot plan of artifact {}: \
                      restore one or the other (drop the checkpoint, or the vsnap.io/snapshot annotation)",
                     image.display(),
-                    s.artifact
+                    p.common().artifact
                 )))
             }
             (None, None) => Ok(InitStart::Plain),
-            (None, Some(s)) if s.mode == Mode::Restore => Ok(InitStart::Restore(Box::new(s))),
-            (None, Some(s)) => Ok(InitStart::Capture(Box::new(s))),
+            (None, Some(Prepared::Restore(r))) => {
+                Ok(InitStart::Restore(RestoreSource::Artifact(r)))
+            }
+            (None, Some(Prepared::Capture(c))) => Ok(InitStart::Capture(c)),
         }
     }
 
-    /// The snapshot plan, for a capture or a snapshot restore.
-    pub fn snapshot(&self) -> Option<&Snapshot> {
+    /// The snapshot plan's shared part, for a capture or a snapshot restore.
+    pub fn common(&self) -> Option<&Common> {
         match self {
-            InitStart::Capture(s) | InitStart::Restore(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub fn snapshot_mut(&mut self) -> Option<&mut Snapshot> {
-        match self {
-            InitStart::Capture(s) | InitStart::Restore(s) => Some(s),
+            InitStart::Capture(c) => Some(&c.common),
+            InitStart::Restore(RestoreSource::Artifact(r)) => Some(&r.common),
             _ => None,
         }
     }
@@ -64,28 +66,30 @@ impl InitStart {
     /// The images `runc restore` starts from, for the two restores.
     pub fn images(&self) -> Option<PathBuf> {
         match self {
-            InitStart::Checkpoint(image) => Some(image.clone()),
-            InitStart::Restore(s) => Some(s.artifact_dir().join("images")),
+            InitStart::Restore(RestoreSource::Checkpoint(image)) => Some(image.clone()),
+            InitStart::Restore(RestoreSource::Artifact(r)) => Some(r.images()),
             _ => None,
         }
     }
 
     /// Whether Start runs `runc restore` (not `runc create` at create).
     pub fn restores(&self) -> bool {
-        matches!(self, InitStart::Checkpoint(_) | InitStart::Restore(_))
+        matches!(self, InitStart::Restore(_))
     }
 
     /// Removes what the plan prepared at create (its control dir).
     pub fn cleanup(&self) {
-        if let Some(s) = self.snapshot() {
-            s.cleanup();
+        if let Some(c) = self.common() {
+            c.cleanup();
         }
     }
 
     /// Lets go of the container's hold on the artifact lock (idempotent).
     pub fn release_lock(&mut self) {
-        if let Some(s) = self.snapshot_mut() {
-            s.release_lock();
+        match self {
+            InitStart::Capture(c) => drop(c.lock.take()),
+            InitStart::Restore(RestoreSource::Artifact(r)) => drop(r.lock.take()),
+            _ => {}
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::shared::Shared;
 pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
     let started = c.run_start().await;
     if started.is_ok() {
-        if let InitStart::Capture(s) = &c.start {
+        if let InitStart::Capture(plan) = &c.start {
             // The capture holds its own clone of the artifact lock.
             let capture = CaptureRun::new(
                 &c.id,
@@ -20,7 +20,7 @@ pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
                 c.runc.clone(),
                 c.init.pid,
                 c.init.stdio.terminal,
-                s,
+                plan,
             );
             tokio::spawn(super::capture::run(capture));
         }

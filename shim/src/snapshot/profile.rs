@@ -25,9 +25,9 @@
 use std::path::{Path, PathBuf};
 
 use super::argparse::{self, Arg};
-use super::plan::ENGINE_PROTOCOL;
 use super::CONTROL_MOUNT;
 use crate::error::{Error, Result};
+use crate::snapshot::plan::annotations::ENGINE_PROTOCOL;
 
 /// The module of released vLLM's barrier server.
 pub const SNAPSHOT_SERVER: &str = "vllm.snapshot.server";

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::criu;
-use super::plan::Mode;
+use super::plan::{Prepared, RestorePlan};
 use super::profile::Profile;
-use super::{Snapshot, CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
+use super::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 use crate::error::{Error, Result};
 
 /// The spec's annotations (empty when it has none).
@@ -132,6 +132,17 @@ pub fn process_owner(spec: &Value) -> Result<(u32, u32)> {
 /// runc passes the CRIU config file named by this annotation to CRIU.
 pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 
+/// What a plan asks of CRIU beyond the base config.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CriuSetup<'a> {
+    /// A restore held stopped until every byte is verified.
+    pub leave_stopped: bool,
+    /// vsnap's page server places the memory.
+    pub lazy_pages: bool,
+    /// A capture's host /dev/shm, where CRIU's link remaps are kept.
+    pub keep_link_remaps_in: Option<&'a Path>,
+}
+
 /// Gives runc one CRIU config for this container: what the spec's own
 /// `org.criu.config` file (or, without one, `base_default`: runc's
 /// `/etc/criu/runc.conf`) held, then vsnap's options (criu.rs), and points
@@ -142,11 +153,9 @@ pub fn add_criu_config(
     bundle: &Path,
     base_default: &Path,
     plugin_dir: &Path,
-    leave_stopped: bool,
-    lazy_pages: bool,
-    keep_link_remaps_in: Option<&Path>,
+    setup: CriuSetup<'_>,
 ) -> Result<()> {
-    let script = match keep_link_remaps_in {
+    let script = match setup.keep_link_remaps_in {
         Some(host_shm) => {
             use std::os::unix::fs::OpenOptionsExt;
             let path = bundle.join(criu::POST_DUMP_SCRIPT);
@@ -173,8 +182,8 @@ pub fn add_criu_config(
     let body = criu::config_text(
         base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
         plugin_dir,
-        leave_stopped,
-        lazy_pages,
+        setup.leave_stopped,
+        setup.lazy_pages,
         script.as_deref(),
     );
     std::fs::write(&path, body)
@@ -269,18 +278,19 @@ pub fn add_hooks(spec: &mut Value, hook: &Path, checks: &[Vec<String>]) -> Resul
 /// and workload) with the shim's tools and version. Create: `ownership` of
 /// the control dir. Both add `io-uring` when `enforce_io_uring` (the
 /// container's user against `kernel.io_uring_disabled`).
-pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
-    let control = s.control_dir.display().to_string();
+pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
+    let c = p.common();
+    let control = c.control_dir.display().to_string();
     // The control dir is the engine's user's (the folders above it root's).
-    let owner = s.control_owner.0;
+    let owner = c.control_owner.0;
     let control_owner: Vec<String> = if owner == 0 {
         Vec::new()
     } else {
         vec!["--control-owner".into(), owner.to_string()]
     };
-    let mut checks = match s.mode {
-        Mode::Restore => restore_checks(s, argv, control, control_owner),
-        _ => vec![["ownership".into(), "--control-dir".into(), control]
+    let mut checks = match p {
+        Prepared::Restore(r) => restore_checks(r, argv, control, control_owner),
+        Prepared::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
             .into_iter()
             .chain(control_owner)
             .collect()],
@@ -294,11 +304,12 @@ pub fn snapshot_checks(s: &Snapshot, argv: &[String], enforce_io_uring: bool) ->
 /// A restore's checks: the artifact's and the control dir's ownership, and
 /// its fingerprint (manifest MAC, host, workload) with the shim's tools.
 fn restore_checks(
-    s: &Snapshot,
+    r: &RestorePlan,
     argv: &[String],
     control: String,
     control_owner: Vec<String>,
 ) -> Vec<Vec<String>> {
+    let s = &r.common;
     let text = |p: &Path| p.display().to_string();
     let dir = s.artifact_dir();
     let name = dir
@@ -349,10 +360,10 @@ fn restore_checks(
         "--tenant".to_string(),
         s.workload.tenant().to_string(),
         "--owner".to_string(),
-        s.owner.to_string(),
+        r.owner.to_string(),
     ]);
     // The workload's secrets were keyed with the fleet's key.
-    if let Some(key) = &s.fingerprint_key {
+    if let Some(key) = &r.fingerprint_key {
         fingerprint.push("--fingerprint-key".into());
         fingerprint.push(text(key));
     }
@@ -371,7 +382,7 @@ fn restore_checks(
 /// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
 /// left out with a warning (the shim's own preflight still runs), unless the
 /// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(spec: &mut Value, s: &Snapshot, enforce_io_uring: bool) -> Result<()> {
+pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool) -> Result<()> {
     let Some(hook) = hook_binary() else {
         if enforce_io_uring {
             return Err(Error::FailedPrecondition(format!(
@@ -381,7 +392,7 @@ pub fn add_snapshot_hooks(spec: &mut Value, s: &Snapshot, enforce_io_uring: bool
         log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
         return Ok(());
     };
-    let checks = snapshot_checks(s, &args(spec), enforce_io_uring);
+    let checks = snapshot_checks(p, &args(spec), enforce_io_uring);
     add_hooks(spec, &hook, &checks)
 }
 

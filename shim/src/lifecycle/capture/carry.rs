@@ -25,8 +25,8 @@ impl Phase<CaptureRun> for Carry {
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
         let t = Instant::now();
         let dir = run.staging().dir.clone();
-        let s = &run.snapshot;
-        if let Some(host_shm) = s.host_shm.clone() {
+        let s = &run.plan;
+        if let Some(host_shm) = s.common.host_shm.clone() {
             let to = dir.join(shm::ARTIFACT_DIR);
             blocking(PhaseName::Carry, move || shm::carry(&host_shm, &to)).await?;
         }

@@ -25,10 +25,10 @@ impl Phase<CaptureRun> for Checkpoint {
     }
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
-        let s = &run.snapshot;
-        ensure_root(&s.root).map_err(|e| artifact_error("capture", e))?;
-        let staging =
-            Staging::new(&s.root, s.artifact.as_str()).map_err(|e| artifact_error("capture", e))?;
+        let s = &run.plan;
+        ensure_root(&s.common.root).map_err(|e| artifact_error("capture", e))?;
+        let staging = Staging::new(&s.common.root, s.common.artifact.as_str())
+            .map_err(|e| artifact_error("capture", e))?;
         let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,
@@ -73,7 +73,7 @@ impl Phase<CaptureRun> for Checkpoint {
                 e => Error::Other(format!("capture: {e}{criu}")),
             });
         }
-        if !run.snapshot.gpus.is_empty() {
+        if !run.plan.common.gpus.is_empty() {
             let log = std::fs::read_to_string(&dump_log).unwrap_or_default();
             criu::check_cuda_plugin_ran(&log)
                 .map_err(|e| Error::FailedPrecondition(format!("capture: checkpoint: {e}")))?;
@@ -111,8 +111,11 @@ async fn thaw(run: &CaptureRun) {
             nix::sys::signal::Signal::SIGCONT,
         );
     }
-    if !run.snapshot.gpus.is_empty() {
-        let (tool, pids) = (run.snapshot.tools.cuda_checkpoint.clone(), run.pids.clone());
+    if !run.plan.common.gpus.is_empty() {
+        let (tool, pids) = (
+            run.plan.common.tools.cuda_checkpoint.clone(),
+            run.pids.clone(),
+        );
         if let Ok(done) =
             tokio::task::spawn_blocking(move || cuda::resume_gpu_best_effort(&tool, &pids)).await
         {

@@ -3,12 +3,11 @@
 //! carried layer, the digests), and what the driver does at its ends.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
-use vsnap_artifact::{ArtifactLock, Clocks, Contents, Staging};
+use vsnap_artifact::{Clocks, Contents, Staging};
 use vsnap_protocol::{CaptureReady, Oracle};
 
 use crate::deadline::Deadline;
@@ -16,7 +15,9 @@ use crate::error::Error;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::Runc;
-use crate::snapshot::{journal, keep_criu_log, record_error, Snapshot};
+use crate::snapshot::journal;
+use crate::snapshot::plan::{CapturePlan, WriteLock};
+use crate::snapshot::records::{keep_criu_log, record_error};
 use vsnap_artifact::journal::Op;
 
 /// What the engine said when it was capture-ready.
@@ -35,10 +36,11 @@ pub struct CaptureRun {
     pub(super) runc: Runc,
     pub(super) pid: i32,
     pub(super) terminal: bool,
-    pub(super) snapshot: Snapshot,
+    /// The capture's plan (without the lock: that is `lock`).
+    pub(super) plan: CapturePlan,
     pub(super) started: Instant,
     /// The capture's own hold on the artifact's exclusive lock.
-    pub(super) lock: Option<Arc<ArtifactLock>>,
+    pub(super) lock: Option<WriteLock>,
     pub(super) ready: Option<Ready>,
     pub(super) pids: Vec<i32>,
     pub(super) volume_files: Vec<OpenFile>,
@@ -65,7 +67,7 @@ impl CaptureRun {
         runc: Runc,
         pid: i32,
         terminal: bool,
-        s: &Snapshot,
+        plan: &CapturePlan,
     ) -> Self {
         Self {
             id: id.to_string(),
@@ -73,10 +75,10 @@ impl CaptureRun {
             runc,
             pid,
             terminal,
-            lock: s.lock.clone(),
-            snapshot: Snapshot {
+            lock: plan.lock.clone(),
+            plan: CapturePlan {
                 lock: None,
-                ..s.clone()
+                ..plan.clone()
             },
             started: Instant::now(),
             ready: None,
@@ -96,8 +98,8 @@ impl CaptureRun {
     /// the activation timeout for the donor); this one only ends a capture
     /// wedged past all of them.
     pub fn outer_deadline(&self) -> Deadline {
-        let s = &self.snapshot;
-        let total = s.capture_timeout + s.checkpoint_timeout + s.activation_timeout;
+        let s = &self.plan;
+        let total = s.capture_timeout + s.checkpoint_timeout + s.common.activation_timeout;
         Deadline::new(
             Instant::now() + total * 2,
             format!("twice the capture's own timeouts ({}s)", total.as_secs()),
@@ -111,19 +113,23 @@ impl CaptureRun {
     /// The capture's record in the metrics journal: its phases' times,
     /// the published artifact's size, or the phase that failed.
     pub(super) fn journal(&self, ran: &std::result::Result<Timings, Failed>) {
-        let s = &self.snapshot;
+        let s = &self.plan;
         let timings = match ran {
             Ok(t) => t,
             Err(f) => &f.timings,
         };
-        let mut record = journal::outcome(Op::Capture, s.artifact.as_str(), self.started.elapsed());
+        let mut record = journal::outcome(
+            Op::Capture,
+            s.common.artifact.as_str(),
+            self.started.elapsed(),
+        );
         for (phase, took) in timings.entries() {
             record = record.phase(phase.slug(), took.as_secs_f64());
         }
         if let Err(f) = ran {
             record = record.failed_in(f.phase.slug());
         }
-        let (root, published) = (s.root.clone(), self.published.clone());
+        let (root, published) = (s.common.root.clone(), self.published.clone());
         tokio::task::spawn_blocking(move || {
             let mut record = record;
             if let Some(dir) = published {
@@ -148,7 +154,7 @@ impl Run for CaptureRun {
         // CRIU's log is in the staging folder, which goes with the abort.
         let kept = self.staging.as_ref().and_then(|st| {
             keep_criu_log(
-                &self.snapshot,
+                &self.plan.common,
                 &self.id,
                 "dump",
                 &st.work().join("dump.log"),

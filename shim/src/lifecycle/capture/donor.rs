@@ -25,7 +25,7 @@ impl Phase<CaptureRun> for Donor {
     }
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
-        match run.snapshot.plan.after_capture {
+        match run.plan.after_capture {
             AfterCapture::Serve => serve(run).await,
             AfterCapture::Exit => stop_donor(run).await,
         }
@@ -34,17 +34,17 @@ impl Phase<CaptureRun> for Donor {
 
 /// `after-capture=serve`: the donor woken and its canary checked.
 async fn serve(run: &mut CaptureRun) -> Result<()> {
-    let s = &run.snapshot;
+    let s = &run.plan;
     let (dir, host, port, id, pid) = (
-        s.control_dir.clone(),
-        s.plan.host.clone(),
-        s.plan.port,
+        s.common.control_dir.clone(),
+        s.common.listen.host.clone(),
+        s.common.listen.port,
         run.id.clone(),
         run.pid,
     );
-    let owner = s.control_owner.0;
-    let deadline = s.activation_deadline();
-    let (profile, api_key) = (s.profile.clone(), s.api_key.clone());
+    let owner = s.common.control_owner.0;
+    let deadline = s.common.activation_deadline();
+    let (profile, api_key) = (s.common.profile.clone(), s.common.api_key.clone());
     let message = run.ready().message.clone();
     blocking(PhaseName::Donor, move || match message {
         Some(ready) => activate_and_probe(
@@ -84,9 +84,9 @@ async fn serve(run: &mut CaptureRun) -> Result<()> {
 /// every process gets SIGTERM; past `donor_stop_grace_s` after each step,
 /// SIGKILL. The task reports the donor's own exit.
 async fn stop_donor(run: &CaptureRun) -> Result<()> {
-    let s = &run.snapshot;
+    let s = &run.plan;
     let grace = s.donor_stop_grace;
-    if let Some(release) = s.profile.release_path(&s.control_dir) {
+    if let Some(release) = s.common.profile.release_path(&s.common.control_dir) {
         if let Err(e) = vsnap_protocol::abort_release(&release) {
             info!("{}: donor: abort marker: {e}", run.id);
         } else if exits_within(run.pid, grace).await {

@@ -27,15 +27,15 @@ impl Phase<CaptureRun> for Inventory {
         let pids = run.runc.ps(&run.id).await?;
         inventory::check_no_io_uring(&pids)?;
         inventory::check_no_outside_tcp(&pids)?;
-        let gpu = !run.snapshot.gpus.is_empty();
+        let gpu = !run.plan.common.gpus.is_empty();
         if gpu {
             cuda::check_single_gpu(&cuda::cuda_holders(&pids))
                 .map_err(|e| Error::FailedPrecondition(format!("capture: inventory: {e}")))?;
         }
         let (all, tool, spec) = (
             pids.clone(),
-            run.snapshot.tools.cuda_checkpoint.clone(),
-            run.snapshot.spec.clone(),
+            run.plan.common.tools.cuda_checkpoint.clone(),
+            run.plan.spec.clone(),
         );
         let (init, config) = (run.pid, run.bundle.join(criu::BUNDLE_CONFIG));
         run.volume_files = blocking(PhaseName::Inventory, move || {

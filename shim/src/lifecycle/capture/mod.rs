@@ -43,7 +43,7 @@ pub async fn run(mut capture: CaptureRun) {
     if let Some(path) = &capture.published {
         info!("{}: artifact published at {}", capture.id, path.display());
     }
-    if let Some(target) = capture.snapshot.push_to.clone() {
+    if let Some(target) = capture.plan.push_to.clone() {
         target.push_in_background(capture.id.clone(), capture.runc.exits.clone());
     }
 }

@@ -27,7 +27,7 @@ impl Phase<CaptureRun> for Digest {
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
         let t = Instant::now();
         let staging = run.staging();
-        layout::copy_files(&run.snapshot.control_dir, &staging.control())
+        layout::copy_files(&run.plan.common.control_dir, &staging.control())
             .map_err(|e| artifact_error("capture", e))?;
         let dir = staging.dir.clone();
         let contents = blocking(PhaseName::Digest, move || {
@@ -51,7 +51,7 @@ impl Phase<CaptureRun> for Publish {
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
         let t = Instant::now();
-        let root = run.snapshot.root.clone();
+        let root = run.plan.common.root.clone();
         let key =
             HostKey::load_or_create(&root).map_err(|e| artifact_error("capture: host key", e))?;
         let mut manifest = manifest(run);
@@ -74,12 +74,12 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
     let (contents, clocks) = (run.contents.take(), run.clocks.take());
     let layer = run.layer.take().expect("the carry phase ran");
     let open_files = std::mem::take(&mut run.volume_files);
-    let s = &run.snapshot;
+    let s = &run.plan;
     let staging = run.staging();
     let ready = run.ready();
     Manifest {
         schema_version: SCHEMA_VERSION,
-        name: s.artifact.to_string(),
+        name: s.common.artifact.to_string(),
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default(),
@@ -95,10 +95,14 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
             rootfs: ms(run.times.rootfs),
         },
         host: HostIdentity {
-            gpus: vsnap_artifact::gpu::entries(&s.gpus),
-            ..HostIdentity::probe_cached(&s.tools, env!("CARGO_PKG_VERSION"), Some(&s.root))
+            gpus: vsnap_artifact::gpu::entries(&s.common.gpus),
+            ..HostIdentity::probe_cached(
+                &s.common.tools,
+                env!("CARGO_PKG_VERSION"),
+                Some(&s.common.root),
+            )
         },
-        workload: s.workload.clone(),
+        workload: s.common.workload.clone(),
         clocks,
         origin: None,
         rootfs: Some(artifact_rootfs::Rootfs { layer, open_files }),
@@ -106,7 +110,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         memory: Some(memory::at_capture(
             &staging.images(),
             &staging.dir.join(shm::ARTIFACT_DIR),
-            s.host_shm.as_deref(),
+            s.common.host_shm.as_deref(),
             run.pid,
         )),
         mac: String::new(),

@@ -23,10 +23,14 @@ impl Phase<CaptureRun> for WaitReady {
     }
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
-        let s = &run.snapshot;
-        let (dir_path, owner, pid) = (s.control_dir.clone(), s.control_owner.0, run.pid);
+        let s = &run.plan;
+        let (dir_path, owner, pid) = (
+            s.common.control_dir.clone(),
+            s.common.control_owner.0,
+            run.pid,
+        );
         let deadline = Instant::now() + s.capture_timeout;
-        let profile = s.profile.clone();
+        let profile = s.common.profile.clone();
         let waiting = |what: &str, e: String| {
             Error::FailedPrecondition(format!("capture: waiting for {what}: {e}"))
         };

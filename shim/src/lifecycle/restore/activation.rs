@@ -21,19 +21,22 @@ impl Phase<RestoreRun> for Activation {
     }
 
     async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
-        let Some(s) = &run.snapshot else {
+        let Some(s) = &run.plan else {
             return Ok(());
         };
         let (dir, id, host, port, pid) = (
-            s.control_dir.clone(),
+            s.common.control_dir.clone(),
             run.id.clone(),
-            s.plan.host.clone(),
-            s.plan.port,
+            s.common.listen.host.clone(),
+            s.common.listen.port,
             run.pid,
         );
-        let (profile, deadline, oracle) =
-            (s.profile.clone(), stop.deadline().clone(), s.oracle.clone());
-        let (api_key, owner) = (s.api_key.clone(), s.control_owner.0);
+        let (profile, deadline, oracle) = (
+            s.common.profile.clone(),
+            stop.deadline().clone(),
+            Some(s.oracle.clone()),
+        );
+        let (api_key, owner) = (s.common.api_key.clone(), s.common.control_owner.0);
         let woken = Instant::now();
         let validated = tokio::task::spawn_blocking(move || -> Result<Duration> {
             match (profile.ready_path(&dir), profile.release_path(&dir)) {

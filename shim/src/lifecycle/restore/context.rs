@@ -4,12 +4,10 @@
 //! driver does at its ends.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use log::info;
-use vsnap_artifact::ArtifactLock;
 
 use super::job::{MemoryWatch, RestoreJob};
 use super::verify::Verify;
@@ -18,13 +16,13 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
 use crate::lifecycle::driver::{Failed, Run, Timings};
-use crate::lifecycle::init_start::InitStart;
+use crate::lifecycle::init_start::{InitStart, RestoreSource};
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::{
-    criu as criu_flags, journal, keep_criu_log, memory, record_error, RestoreTimings, Snapshot,
-};
+use crate::snapshot::plan::{ReadLock, RestorePlan};
+use crate::snapshot::records::{keep_criu_log, record_error, RestoreTimings};
+use crate::snapshot::{criu as criu_flags, journal, memory};
 use vsnap_artifact::journal::Op;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
@@ -58,10 +56,11 @@ pub struct RestoreRun {
     pub(super) id: String,
     pub(super) bundle: PathBuf,
     pub(super) job: RestoreJob,
-    /// The snapshot plan (without the lock: that is `lock`).
-    pub(super) snapshot: Option<Snapshot>,
+    /// The artifact's plan, for a snapshot restore (without the lock:
+    /// that is `lock`); None for containerd's checkpoint.
+    pub(super) plan: Option<RestorePlan>,
     /// The container's hold on the artifact lock, taken at begin.
-    pub(super) lock: Option<Arc<ArtifactLock>>,
+    pub(super) lock: Option<ReadLock>,
     /// The verification not yet started (beside CRIU or first).
     pub(super) verify: Option<Verify>,
     pub(super) stop: Stop,
@@ -85,23 +84,23 @@ impl RestoreRun {
         let image = c.start.images().ok_or_else(|| {
             Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
         })?;
-        let (snapshot, lock) = match &mut c.start {
+        let (plan, lock) = match &mut c.start {
             // The container's hold on the lock is the restore's from now.
-            InitStart::Restore(s) => {
-                let lock = s.lock.take();
-                (Some(s.as_ref().clone()), lock)
+            InitStart::Restore(RestoreSource::Artifact(r)) => {
+                let lock = r.lock.take();
+                (Some(r.as_ref().clone()), lock)
             }
             _ => (None, None),
         };
-        let deadline = match &snapshot {
-            Some(s) => s.activation_deadline(),
+        let deadline = match &plan {
+            Some(r) => r.common.activation_deadline(),
             None => Deadline::new(
                 Instant::now() + CHECKPOINT_RESTORE_LIMIT,
                 "the checkpoint restore limit of 3600s",
             ),
         };
-        let mut verify = snapshot.as_ref().and_then(Verify::of);
-        let job = restore_job(c, image, snapshot.as_ref(), verify.as_mut(), &deadline)?;
+        let mut verify = plan.as_ref().and_then(Verify::of);
+        let job = restore_job(c, image, plan.as_ref(), verify.as_mut(), &deadline)?;
         Ok(Self {
             shared,
             handle,
@@ -109,7 +108,7 @@ impl RestoreRun {
             id: c.id.clone(),
             bundle: c.bundle.clone(),
             job,
-            snapshot,
+            plan,
             lock,
             verify,
             stop: Stop::new(deadline),
@@ -122,9 +121,9 @@ impl RestoreRun {
 
     /// What decides the phases: a checkpoint, or a snapshot with or without GPUs.
     pub(super) fn kind(&self) -> Kind {
-        match &self.snapshot {
+        match &self.plan {
             Some(s) => Kind::Snapshot {
-                gpu: !s.gpus.is_empty(),
+                gpu: !s.common.gpus.is_empty(),
             },
             None => Kind::Checkpoint,
         }
@@ -133,7 +132,7 @@ impl RestoreRun {
     /// `vsnap-restore.json` in the bundle, and the restore's record in the
     /// metrics journal.
     pub(super) fn record_timings(&self, phases: &Timings) {
-        let Some(s) = &self.snapshot else { return };
+        let Some(s) = &self.plan else { return };
         let timings = RestoreTimings {
             create_began: s.create_began,
             preflight: s.preflight,
@@ -152,28 +151,28 @@ impl RestoreRun {
         let total =
             s.preflight + s.rootfs_unpack + phases.entries().map(|(_, d)| d).sum::<Duration>();
         let secs = |d: Duration| d.as_secs_f64();
-        let record = journal::outcome(Op::Restore, s.artifact.as_str(), total)
+        let record = journal::outcome(Op::Restore, s.common.artifact.as_str(), total)
             .phase("preflight", secs(timings.preflight))
             .phase("rootfs", secs(timings.rootfs))
             .phase("verify", secs(timings.verify))
             .phase("criu", secs(timings.criu_restore))
             .phase("activation", secs(timings.activation))
             .phase("listener", secs(timings.listener));
-        journal::record(&s.root, record);
+        journal::record(&s.common.root, record);
     }
 
     /// A failed restore's record in the metrics journal: the phase that
     /// failed and the times of those that ran.
     pub(super) fn journal_failure(&self, failed: &Failed) {
-        let Some(s) = &self.snapshot else { return };
+        let Some(s) = &self.plan else { return };
         let ran = failed.timings.entries();
         let total = s.preflight + s.rootfs_unpack + ran.map(|(_, d)| d).sum::<Duration>();
-        let mut record = journal::outcome(Op::Restore, s.artifact.as_str(), total)
+        let mut record = journal::outcome(Op::Restore, s.common.artifact.as_str(), total)
             .failed_in(failed.phase.slug());
         for (phase, took) in failed.timings.entries() {
             record = record.phase(phase.slug(), took.as_secs_f64());
         }
-        journal::record(&s.root, record);
+        journal::record(&s.common.root, record);
     }
 }
 
@@ -185,10 +184,13 @@ impl Run for RestoreRun {
 
     fn record_error(&mut self, phase: PhaseName, e: &Error) {
         // CRIU's log is in the bundle, which goes with the task.
-        let kept = match (&self.snapshot, self.criu_started) {
-            (Some(s), true) => {
-                keep_criu_log(s, &self.id, "restore", &self.job.work.join("restore.log"))
-            }
+        let kept = match (&self.plan, self.criu_started) {
+            (Some(s), true) => keep_criu_log(
+                &s.common,
+                &self.id,
+                "restore",
+                &self.job.work.join("restore.log"),
+            ),
             _ => None,
         };
         record_error(
@@ -223,11 +225,11 @@ impl Run for RestoreRun {
 fn restore_job(
     c: &mut Container,
     image: PathBuf,
-    snapshot: Option<&Snapshot>,
+    plan: Option<&RestorePlan>,
     verify: Option<&mut Verify>,
     deadline: &Deadline,
 ) -> Result<RestoreJob> {
-    let place_pages = snapshot.is_some_and(|s| s.place_pages);
+    let place_pages = plan.is_some_and(|r| r.place_pages);
     let page_verification = verify
         .filter(|_| place_pages)
         .and_then(Verify::hand_pages_to_the_page_server);
@@ -245,7 +247,7 @@ fn restore_job(
         work,
         pid_file: c.pid_file(),
         // A snapshot restore takes the options its capture used.
-        flags: match snapshot {
+        flags: match plan {
             Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
             None => CheckpointFlags {
                 shell_job: c.init.stdio.terminal,
@@ -256,7 +258,7 @@ fn restore_job(
             cgroup: memory::cgroup_of(&spec),
             may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup,
             limit: memory::limit_of(&spec),
-            need: snapshot.and_then(|s| s.memory),
+            need: plan.and_then(|r| r.memory),
         },
         cgroups_path,
         prepared: Some(prepared),

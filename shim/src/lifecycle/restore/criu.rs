@@ -32,7 +32,7 @@ impl Phase<RestoreRun> for CriuRestore {
         let ran = run.job.run().await;
         let verified = joined(verifying, stop.deadline()).await;
         run.times.criu_restore = t.elapsed();
-        if let Some(host_shm) = run.snapshot.as_ref().and_then(|s| s.host_shm.as_ref()) {
+        if let Some(host_shm) = run.plan.as_ref().and_then(|s| s.common.host_shm.as_ref()) {
             // CRIU has opened what it needed of them.
             shm::remove_link_remaps(host_shm);
         }

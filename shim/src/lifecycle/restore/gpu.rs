@@ -19,11 +19,11 @@ impl Phase<RestoreRun> for GpuResume {
     }
 
     async fn run(&self, run: &mut RestoreRun, _: &Stop) -> Result<()> {
-        let Some(s) = &run.snapshot else {
+        let Some(s) = &run.plan else {
             return Ok(());
         };
         let log = run.job.work.join("restore.log");
-        let (tool, pid) = (s.tools.cuda_checkpoint.clone(), run.pid);
+        let (tool, pid) = (s.common.tools.cuda_checkpoint.clone(), run.pid);
         tokio::task::spawn_blocking(move || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             criu::check_cuda_resume(&text).map_err(|e| {

@@ -23,7 +23,7 @@ impl Phase<RestoreRun> for Restored {
         let pid = c.finish_restore(prepared, Ok(())).await?;
         run.pid = pid;
         run.shared.watch(&c.id, "", pid, run.mark);
-        if run.snapshot.is_some() {
+        if run.plan.is_some() {
             resume(pid);
         }
         Ok(())

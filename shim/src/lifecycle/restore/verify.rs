@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::artifact_error;
-use crate::snapshot::{pages, Snapshot, DIGEST_THREADS};
+use crate::snapshot::plan::RestorePlan;
+use crate::snapshot::{pages, DIGEST_THREADS};
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.
@@ -33,9 +34,9 @@ pub type Verifying = JoinHandle<std::result::Result<Duration, ArtifactError>>;
 
 impl Verify {
     /// What a snapshot restore verifies; None without `verify_contents`.
-    pub fn of(s: &Snapshot) -> Option<Self> {
+    pub fn of(s: &RestorePlan) -> Option<Self> {
         Some(Verify {
-            dir: s.artifact_dir(),
+            dir: s.common.artifact_dir(),
             contents: s.contents.clone()?,
             beside_criu: s.holds_stopped(),
             hashed_elsewhere: s.verified_at_create.clone(),

@@ -1,0 +1,133 @@
+//! What both plans make of the container at create: the part they share
+//! ([`common_part`], with a fresh control dir owned by the engine's user)
+//! and the bundle's spec edited once and written ([`edit_spec`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use vsnap_artifact::ArtifactName;
+use vsnap_protocol::ControlDir;
+
+use super::capture::CapturePlan;
+use super::common::{self, Common, Listen};
+use super::engine::{tools_of, Engine, Inputs};
+use super::restore::RestorePlan;
+use crate::error::{Error, Result};
+use crate::snapshot::profile::Profile;
+use crate::snapshot::{canary, spec, vllm_command};
+
+/// A prepared plan: what the init's start runs.
+#[derive(Debug)]
+pub enum Prepared {
+    Capture(Box<CapturePlan>),
+    Restore(Box<RestorePlan>),
+}
+
+impl Prepared {
+    pub fn common(&self) -> &Common {
+        match self {
+            Prepared::Capture(c) => &c.common,
+            Prepared::Restore(r) => &r.common,
+        }
+    }
+
+    /// Removes what create prepared (the control dir).
+    pub fn cleanup(&self) {
+        self.common().cleanup();
+    }
+}
+
+/// The part of the plan both directions share, with a fresh control dir.
+pub(super) fn common_part(
+    inputs: &Inputs<'_>,
+    engine: &Engine,
+    artifact: ArtifactName,
+) -> Result<Common> {
+    let config = inputs.config;
+    let (control_dir, control_owner) = make_control_dir(inputs, &config.artifact_root)?;
+    let (activation_timeout, activation_source) =
+        common::activation_timeout(inputs.plan.activation_timeout, config, &engine.gpus);
+    Ok(Common {
+        artifact,
+        root: config.artifact_root.clone(),
+        workload: engine.workload.clone(),
+        tools: tools_of(config),
+        profile: engine.profile.clone(),
+        listen: Listen {
+            host: inputs.plan.host.clone(),
+            port: inputs.plan.port,
+        },
+        control_dir,
+        control_owner,
+        api_key: vllm_command::api_key(&engine.argv, &engine.env).map(canary::ApiKey::new),
+        gpus: engine.gpus.clone(),
+        host_shm: spec::host_dev_shm(&inputs.spec),
+        activation_timeout,
+        activation_source,
+    })
+}
+
+/// How long the engine may take to become capture-ready (and the timeout
+/// vLLM's snapshot config is given, for both directions).
+pub(super) fn capture_timeout(inputs: &Inputs<'_>) -> Duration {
+    inputs
+        .plan
+        .capture_timeout
+        .unwrap_or(Duration::from_secs(inputs.config.capture_timeout_s))
+}
+
+/// The spec's edits of either plan, written at once: the control dir, the
+/// snapshot config, CRIU's config, the preflight hooks. On failure the
+/// control dir goes.
+pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+    let edited = edit_spec_once(inputs, p, argv);
+    if edited.is_err() {
+        p.cleanup();
+    }
+    edited
+}
+
+fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+    let (bundle, config) = (inputs.bundle, inputs.config);
+    let timeout = capture_timeout(inputs).as_secs();
+    let common = p.common();
+    let spec = &mut inputs.spec;
+    let startup = common.profile == Profile::Startup;
+    spec::add_control_dir(spec, &common.control_dir, startup.then_some(timeout))?;
+    if startup && vllm_command::is_vllm_serve(argv) {
+        spec::add_snapshot_config_arg(spec, timeout)?;
+    }
+    let criu = match p {
+        Prepared::Capture(c) => spec::CriuSetup {
+            leave_stopped: false,
+            lazy_pages: false,
+            keep_link_remaps_in: c.common.host_shm.as_deref(),
+        },
+        Prepared::Restore(r) => spec::CriuSetup {
+            leave_stopped: r.holds_stopped(),
+            lazy_pages: r.place_pages,
+            keep_link_remaps_in: None,
+        },
+    };
+    spec::add_criu_config(
+        spec,
+        bundle,
+        &config.criu_config,
+        &config.cuda_plugin_dir,
+        criu,
+    )?;
+    spec::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)?;
+    spec::write(bundle, spec)
+}
+
+/// A fresh control dir for the container, owned by its engine's user.
+fn make_control_dir(inputs: &Inputs<'_>, root: &Path) -> Result<(std::path::PathBuf, (u32, u32))> {
+    let control_dir = root
+        .join(".control")
+        .join(format!("{}-{}", inputs.namespace, inputs.id));
+    crate::snapshot::remove_control_dir(&control_dir);
+    let owner = spec::process_owner(&inputs.spec)?;
+    ControlDir::create_owned_by(&control_dir, owner.0, Some(owner.1))
+        .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
+    Ok((control_dir, owner))
+}

@@ -1,0 +1,103 @@
+//! Which of the two plans a container gets: `create` always captures,
+//! `restore` always restores (and fails closed when it cannot), `auto`
+//! restores what can be restored and otherwise captures. A pure function
+//! of what was asked and what the artifact root holds, so that every case
+//! is a unit test.
+
+use std::path::Path;
+
+use vsnap_artifact::{ArtifactError, Manifest};
+
+use super::annotations::Mode;
+
+/// What the artifact root holds under the plan's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDisk {
+    /// A published artifact (its manifest is there; nothing checked yet).
+    Published,
+    Absent,
+}
+
+/// The plan a container's init starts with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Cold start, capture, publish.
+    Capture,
+    /// Restore the published artifact.
+    Restore,
+}
+
+/// The plan for `asked`; only `auto` looks at what is on disk (`look`),
+/// and what cannot be read there is its error.
+pub fn choose<E>(asked: Mode, look: impl FnOnce() -> Result<OnDisk, E>) -> Result<Choice, E> {
+    Ok(match asked {
+        Mode::Create => Choice::Capture,
+        // A missing artifact is the restore preflight's refusal, by name.
+        Mode::Restore => Choice::Restore,
+        Mode::Auto => match look()? {
+            OnDisk::Published => Choice::Restore,
+            OnDisk::Absent => Choice::Capture,
+        },
+    })
+}
+
+impl OnDisk {
+    /// What `root` holds under `name`: a manifest that can be read (its MAC
+    /// is the preflight's to check), none, or an error naming what could
+    /// not be read.
+    pub fn look(root: &Path, name: &str) -> Result<Self, ArtifactError> {
+        match Manifest::load_unverified(root, name) {
+            Ok(_) => Ok(OnDisk::Published),
+            Err(ArtifactError::NotFound(_)) => Ok(OnDisk::Absent),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn never_looked() -> Result<OnDisk, String> {
+        panic!("only auto looks at the artifact root")
+    }
+
+    #[test]
+    fn create_and_restore_never_look_at_the_root() {
+        assert_eq!(choose(Mode::Create, never_looked), Ok(Choice::Capture));
+        // A missing artifact is then the preflight's refusal, by name.
+        assert_eq!(choose(Mode::Restore, never_looked), Ok(Choice::Restore));
+    }
+
+    #[test]
+    fn auto_restores_what_is_published_and_captures_otherwise() {
+        let on = |d: OnDisk| move || Ok::<_, String>(d);
+        assert_eq!(
+            choose(Mode::Auto, on(OnDisk::Published)),
+            Ok(Choice::Restore)
+        );
+        assert_eq!(choose(Mode::Auto, on(OnDisk::Absent)), Ok(Choice::Capture));
+    }
+
+    #[test]
+    fn auto_fails_with_what_could_not_be_read() {
+        let unreadable = || Err::<OnDisk, _>("manifest.json: bad json".to_string());
+        assert_eq!(
+            choose(Mode::Auto, unreadable),
+            Err("manifest.json: bad json".to_string())
+        );
+    }
+
+    #[test]
+    fn an_empty_root_holds_nothing_and_a_manifest_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(OnDisk::look(dir.path(), "a").unwrap(), OnDisk::Absent);
+        let art = vsnap_artifact::path(dir.path(), "a");
+        std::fs::create_dir_all(&art).unwrap();
+        std::fs::write(art.join(vsnap_artifact::layout::MANIFEST), "{ not json").unwrap();
+        assert!(
+            OnDisk::look(dir.path(), "a").is_err(),
+            "unreadable is an error, not absent"
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! What create hands the preparation ([`Inputs`]) and what it reads of
+//! the engine from the spec ([`Engine`]): the workload's identity keyed
+//! with the host's or the fleet's key, the command line, the engine
+//! profile, the container's GPUs, the binaries an artifact depends on.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+use vsnap_artifact::{self as artifact, Tenant, Tools, Workload};
+use vsnap_config::RuntimeConfig;
+
+use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE};
+use crate::error::{Error, Result};
+use crate::snapshot::profile::Profile;
+use crate::snapshot::{artifact_error, cuda, rootfs, spec, vllm_command, CONTROL_MOUNT};
+
+/// What a create hands the preparation.
+pub struct Inputs<'a> {
+    pub bundle: &'a Path,
+    pub id: &'a str,
+    pub namespace: &'a str,
+    /// Whose container this is (tenant.rs).
+    pub tenant: &'a Tenant,
+    pub config: &'a RuntimeConfig,
+    /// The `vsnap.io/` annotations merged with the labels.
+    pub settings: &'a HashMap<String, String>,
+    /// The plan read from them (once, by the caller).
+    pub plan: Plan,
+    pub image_digest: Option<&'a str>,
+    pub layer: rootfs::WritableLayer,
+    /// The bundle's spec as read at create: edited here, written once.
+    pub spec: Value,
+    /// When the shim's Create began (reported with a restore's timings).
+    pub create_began: std::time::SystemTime,
+}
+
+/// What identifies the workload and how its engine speaks.
+pub(super) struct Engine {
+    pub(super) workload: Workload,
+    pub(super) argv: Vec<String>,
+    pub(super) env: Vec<String>,
+    pub(super) profile: Profile,
+    pub(super) gpus: Vec<cuda::Gpu>,
+    /// The plan's, or `exit` for a GPU engine that did not choose.
+    pub(super) after_capture: AfterCapture,
+}
+
+impl Engine {
+    /// The workload's identity (keyed with the host's or the fleet's key),
+    /// its command line, the engine profile and the container's GPUs.
+    pub(super) fn of(inputs: &Inputs<'_>, root: &Path) -> Result<Self> {
+        let plan = &inputs.plan;
+        let config = inputs.config;
+        let spec = &inputs.spec;
+        let key =
+            artifact::FingerprintKey::load_or_create(root, config.fleet_fingerprint_key.as_deref())
+                .map_err(|e| artifact_error("create: fingerprint key", e))?;
+        let workload = Workload {
+            image_digest: inputs.image_digest.unwrap_or_default().to_string(),
+            ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
+        }
+        .with_tenant(inputs.tenant);
+        let argv = spec::args(spec);
+        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
+        let gpus = gpus_of(spec, config)?;
+        // A donor that goes on serving keeps its GPU memory: a restore on
+        // the same GPU would run out of it.
+        let after_capture = if !gpus.is_empty() && !inputs.settings.contains_key(AFTER_CAPTURE) {
+            AfterCapture::Exit
+        } else {
+            plan.after_capture
+        };
+        let env: Vec<String> = spec["process"]["env"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        vllm_command::check_vllm_command(&argv)?;
+        for missing in vllm_command::check_vllm_env(&argv, &env)? {
+            log::warn!(
+                "{}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)",
+                inputs.id
+            );
+        }
+        Ok(Engine {
+            workload,
+            argv,
+            env,
+            profile,
+            gpus,
+            after_capture,
+        })
+    }
+}
+
+pub(super) fn tools_of(config: &RuntimeConfig) -> Tools {
+    Tools {
+        runc: config.runc_binary.clone(),
+        criu: config.criu_binary.clone(),
+        cuda_plugin: config.cuda_plugin_dir.join("cuda_plugin.so"),
+        cuda_checkpoint: config.cuda_checkpoint.clone(),
+    }
+}
+
+/// For a container with NVIDIA devices: the CUDA preflight (plugin,
+/// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it was
+/// given (not every GPU of the host). GPUs given by an OCI hook are refused.
+fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<cuda::Gpu>> {
+    cuda::check_no_gpu_hook(spec).map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
+    let devices = cuda::spec_nvidia_devices(spec);
+    if devices.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tools = cuda::CudaTools {
+        plugin_dir: config.cuda_plugin_dir.clone(),
+        cuda_checkpoint: config.cuda_checkpoint.clone(),
+        ..Default::default()
+    };
+    let identity = cuda::preflight(&tools, cuda::MIN_DRIVER_PROCESS_TREE)
+        .map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
+    cuda::container_gpus(&identity, &devices, Path::new("/proc"))
+        .map_err(|e| Error::FailedPrecondition(format!("create: preflight: {e}")))
+}

@@ -1,0 +1,28 @@
+//! A container's snapshot plan: what its annotations ask
+//! ([`annotations`]), and what create prepares from that, once, for the
+//! init's start: a [`CapturePlan`] (cold start, capture, publish) or a
+//! [`RestorePlan`] (restore, activation), each holding only what its
+//! direction uses, over a [`Common`] part (the artifact's name and the
+//! engine). `auto` is a choice between the two (choose.rs).
+
+pub mod annotations;
+mod bundle;
+mod capture;
+mod choose;
+mod common;
+mod engine;
+mod lock;
+mod preflight;
+mod prepare;
+mod restore;
+
+pub use annotations::{
+    from_annotations, AfterCapture, Mode, Plan, ARTIFACT_REF, CRI_CONTAINER_TYPE, PLAN,
+};
+pub use bundle::Prepared;
+pub use capture::CapturePlan;
+pub use common::Common;
+pub use engine::Inputs;
+pub use lock::{ReadLock, WriteLock};
+pub use prepare::prepare;
+pub use restore::RestorePlan;

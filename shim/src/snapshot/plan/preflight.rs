@@ -1,0 +1,248 @@
+//! A restore's plan, prepared at create under the artifact's shared lock:
+//! the preflight (the manifest's MAC, the tenant's right to the artifact,
+//! the host's compatibility and the workload's identity, the clocks, the
+//! memory limit, the file set and sizes, the volume files the capture
+//! recorded), then the control files of the capture copied in, the carried
+//! layer checked and unpacked, /dev/shm put back. Every byte's digest is
+//! checked at Start, beside CRIU.
+
+use std::path::Path;
+use std::time::Instant;
+
+use vsnap_artifact::rootfs::RootfsLayer;
+use vsnap_artifact::{
+    self as artifact, layout, ArtifactError, ArtifactName, Contents, HostIdentity, Manifest,
+    Memory, Tenant, Tools,
+};
+use vsnap_config::PagePlacement;
+use vsnap_protocol::Oracle;
+
+use super::bundle::{common_part, edit_spec, Prepared};
+use super::common::Common;
+use super::engine::{tools_of, Engine, Inputs};
+use super::lock::ReadLock;
+use super::restore::RestorePlan;
+use crate::error::{Error, Result};
+use crate::snapshot::{artifact_error, journal, rootfs, shm, tenant};
+
+/// What the restore preflight found in the artifact.
+struct Preflight {
+    oracle: Oracle,
+    /// Every byte's digest, for the verification at Start.
+    contents: Option<Contents>,
+    /// The carried writable layer, and the manifest's digests for it.
+    carried: Option<(RootfsLayer, Contents)>,
+    /// The artifact's owner (another tenant's where it is shared).
+    owner: Tenant,
+    /// What the artifact's tree held in memory at capture.
+    memory: Option<Memory>,
+}
+
+fn preflight_error(e: ArtifactError) -> Error {
+    artifact_error("restore: preflight", e)
+}
+
+/// The restore's plan of `name`: its preflight under the shared lock the
+/// container keeps, then the container made ready for it. A refusal is
+/// recorded in the metrics journal.
+pub(super) fn prepare_restore(
+    inputs: &mut Inputs<'_>,
+    engine: &Engine,
+    name: ArtifactName,
+    layer: rootfs::WritableLayer,
+    started: Instant,
+) -> Result<Box<RestorePlan>> {
+    let config = inputs.config;
+    let root = config.artifact_root.clone();
+    let tools = tools_of(config);
+    let checked = ReadLock::take(&root, name.as_str())
+        .map_err(preflight_error)
+        .and_then(|lock| {
+            Ok((
+                lock,
+                preflight(inputs, &root, name.as_str(), &tools, engine)?,
+            ))
+        });
+    let (lock, found) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            journal::preflight_failed(&root, name.as_str(), started.elapsed());
+            return Err(e);
+        }
+    };
+    let place_pages = engine.gpus.is_empty() && config.page_placement == PagePlacement::Parallel;
+    let mut plan = RestorePlan {
+        common: common_part(inputs, engine, name)?,
+        lock: Some(lock),
+        owner: found.owner,
+        fingerprint_key: config.fleet_fingerprint_key.clone(),
+        oracle: found.oracle,
+        contents: found.contents,
+        verified_at_create: Vec::new(),
+        // Only where the tree is held stopped: the page server does not
+        // follow a running tree's address space (pages/).
+        place_pages,
+        memory: found.memory,
+        create_began: inputs.create_began,
+        preflight: started.elapsed(),
+        rootfs_unpack: std::time::Duration::ZERO,
+    };
+    if let Err(e) = make_ready(&mut plan, found.carried, &layer) {
+        plan.common.cleanup();
+        return Err(e);
+    }
+    let prepared = Prepared::Restore(Box::new(plan));
+    edit_spec(inputs, &prepared, &engine.argv)?;
+    let Prepared::Restore(plan) = prepared else {
+        unreachable!("made above")
+    };
+    Ok(plan)
+}
+
+/// The container made ready for the restore: the control files of the
+/// capture copied in (as the engine's user's: the copy sees only what was
+/// there at capture time), the carried layer unpacked, /dev/shm put back.
+fn make_ready(
+    plan: &mut RestorePlan,
+    carried: Option<(RootfsLayer, Contents)>,
+    layer: &rootfs::WritableLayer,
+) -> Result<()> {
+    let c = &plan.common;
+    let owner = (c.control_owner.0 != vsnap_protocol::euid()).then_some(c.control_owner);
+    layout::copy_files_owned_by(&c.artifact_dir().join("control"), &c.control_dir, owner)
+        .map_err(|e| artifact_error("restore", e))?;
+    if let Some((carried, all)) = &carried {
+        let t = Instant::now();
+        plan.verified_at_create = put_back_layer(&plan.common, layer, carried, all)?;
+        plan.rootfs_unpack = t.elapsed();
+    }
+    if let Some(host_shm) = &plan.common.host_shm {
+        shm::put_back(
+            &plan.common.artifact_dir().join(shm::ARTIFACT_DIR),
+            host_shm,
+        )?;
+    }
+    Ok(())
+}
+
+/// The preflight proper (see the module's head).
+fn preflight(
+    inputs: &Inputs<'_>,
+    root: &Path,
+    name: &str,
+    tools: &Tools,
+    engine: &Engine,
+) -> Result<Preflight> {
+    let id = inputs.id;
+    let manifest = Manifest::load_verified(root, name).map_err(preflight_error)?;
+    let owner = manifest.workload.tenant();
+    tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
+    let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
+    live.gpus = artifact::gpu::entries(&engine.gpus);
+    // Compatibility, not identity (artifact/src/compat.rs): the MAC above
+    // already says whose artifact this is.
+    let host = artifact::compat::compare(&manifest.host, &live);
+    let mut diff = host.incompatible;
+    diff.extend(manifest.workload.diff(&engine.workload));
+    if !diff.is_empty() {
+        return Err(preflight_error(ArtifactError::Mismatch(diff.join("; "))));
+    }
+    if let Some(captured) = &manifest.clocks {
+        check_clocks(id, captured)?;
+    }
+    let memory = manifest.memory;
+    crate::snapshot::memory::preflight(
+        memory.as_ref(),
+        &inputs.spec,
+        inputs.config.memory_preflight,
+    )?;
+    if !host.tolerated.is_empty() {
+        log::info!(
+            "{id}: artifact {name}: host differences a restore allows: {}",
+            host.tolerated.join("; ")
+        );
+    }
+    // A truncated or missing file fails the create at once.
+    let dir = artifact::path(root, name);
+    artifact::content::verify_sizes(&dir, &manifest.contents).map_err(preflight_error)?;
+    let carried = match &manifest.rootfs {
+        Some(r) => {
+            rootfs::check_volume_files(&r.open_files, &inputs.spec)?;
+            Some((r.layer.clone(), manifest.contents.clone()))
+        }
+        None => None,
+    };
+    Ok(Preflight {
+        oracle: manifest.oracle,
+        contents: inputs.config.verify_contents.then_some(manifest.contents),
+        carried,
+        owner,
+        memory,
+    })
+}
+
+/// Before CRIU runs: a restore whose engine would wait for this host's
+/// clocks to catch up with the capture's is refused (artifact/src/clocks.rs).
+fn check_clocks(id: &str, captured: &artifact::Clocks) -> Result<()> {
+    let live = artifact::Clocks::now();
+    match artifact::clocks::check_restore(captured, &live, artifact::clocks::has_time_namespaces())
+    {
+        Ok(note) => {
+            if let Some(note) = note {
+                log::info!("{id}: {note}");
+            }
+            Ok(())
+        }
+        Err(e) => Err(Error::FailedPrecondition(format!(
+            "restore: preflight: {e}"
+        ))),
+    }
+}
+
+/// A restore: the carried writable layer, its bytes checked first,
+/// unpacked into the new container's upper dir. Returns the files it
+/// verified. A layer the new container cannot take is an error.
+fn put_back_layer(
+    c: &Common,
+    own: &rootfs::WritableLayer,
+    layer: &RootfsLayer,
+    contents: &Contents,
+) -> Result<Vec<String>> {
+    use vsnap_artifact::rootfs::{DIR, UPPER_TAR};
+    let RootfsLayer::OverlayUpper { .. } = layer else {
+        return Ok(Vec::new());
+    };
+    let Ok(upper) = own.to_carry() else {
+        return Err(Error::FailedPrecondition(format!(
+            "restore: rootfs: artifact {} carries the writable layer of an overlay snapshot, and this container has {}: restore it on an overlay snapshotter (containerd's default)",
+            c.artifact,
+            own.describe()
+        )));
+    };
+    let rel = format!("{DIR}/{UPPER_TAR}");
+    let dir = c.artifact_dir();
+    let tar = dir.join(&rel);
+    let digest = contents.get(&rel).ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "restore: rootfs: {}: {rel} is not part of the artifact as captured",
+            dir.display()
+        ))
+    })?;
+    // Read once: each chunk is checked against its digest as the tar is
+    // unpacked (into the new container's own snapshot, which a failed
+    // create leaves to containerd to remove); nothing runs before the
+    // last chunk matched.
+    let file = std::fs::File::open(&tar)
+        .map_err(|e| Error::io(format!("restore: rootfs: open {}", tar.display()), e))?;
+    let reader = vsnap_artifact::content::VerifyingReader::new(file, &dir, &rel, digest);
+    let unpack = |upper: &Path| {
+        rootfs::unpack(reader, &tar, upper)?
+            .finish()
+            .map_err(|e| Error::io(format!("restore: rootfs: read {}", tar.display()), e))
+    };
+    match own {
+        rootfs::WritableLayer::Mounted(overlay) => overlay.refill(unpack)?,
+        _ => unpack(upper)?,
+    }
+    Ok(vec![rel])
+}

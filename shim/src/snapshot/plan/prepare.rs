@@ -1,0 +1,144 @@
+//! A snapshot plan prepared at create, from the plan its annotations ask
+//! (read by the caller, once): the engine read from the spec (engine.rs),
+//! the artifact's name, the choice between a capture and a restore
+//! (choose.rs); then for a capture the tenant's right to create and the
+//! exclusive lock (here), for a restore its preflight (preflight.rs); the
+//! shared part and the bundle's spec edited once (bundle.rs).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vsnap_artifact::{self as artifact, ArtifactError, ArtifactName, Workload};
+
+use super::annotations::{Mode, Plan};
+use super::bundle::{capture_timeout, common_part, edit_spec, Prepared};
+use super::capture::CapturePlan;
+use super::choose::{choose, Choice, OnDisk};
+use super::engine::{Engine, Inputs};
+use super::lock::WriteLock;
+use crate::error::{Error, Result};
+use crate::snapshot::{artifact_error, fetch, rootfs, tenant};
+
+/// Prepares the container for its plan: the control dir, the spec edits
+/// and, for a restore, the validated artifact. `None`: the container
+/// starts cold without a capture (see [`prepare_capture`]).
+pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
+    let started = Instant::now();
+    let root = inputs.config.artifact_root.clone();
+    artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
+    let layer = resolve_layer(
+        std::mem::replace(&mut inputs.layer, rootfs::WritableLayer::Shared),
+        &inputs,
+    );
+    let mut engine = Engine::of(&inputs, &root)?;
+    if let rootfs::WritableLayer::Mounted(overlay) = &layer {
+        // dockerd's per-container merged path: the image's layers instead.
+        engine.workload.rootfs = overlay.image_identity();
+    }
+    let name = artifact_name(&inputs.plan, &engine.workload)?;
+    let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()))
+        .map_err(|e| artifact_error("restore: preflight", e))?;
+    match choice {
+        Choice::Restore => {
+            super::preflight::prepare_restore(&mut inputs, &engine, name, layer, started)
+                .map(|r| Some(Prepared::Restore(r)))
+        }
+        Choice::Capture => {
+            prepare_capture(&mut inputs, engine, name, layer).map(|c| c.map(Prepared::Capture))
+        }
+    }
+}
+
+/// A capture's plan, under the exclusive lock, once the tenant may create.
+/// None: the container starts cold without a capture (the name is being
+/// written, or `auto` in a tenant the policy lets create nothing).
+fn prepare_capture(
+    inputs: &mut Inputs<'_>,
+    engine: Engine,
+    name: ArtifactName,
+    layer: rootfs::WritableLayer,
+) -> Result<Option<Box<CapturePlan>>> {
+    let config = inputs.config;
+    if !tenant::may_create(&config.tenants, inputs.tenant) {
+        let refused = tenant::create_refused(inputs.tenant, name.as_str());
+        if inputs.plan.mode != Mode::Auto {
+            return Err(refused);
+        }
+        log::warn!("{}: auto: {refused}: starting cold", inputs.id);
+        return Ok(None);
+    }
+    let Some(lock) = lock_for_create(inputs, &config.artifact_root, name.as_str())? else {
+        return Ok(None);
+    };
+    let capture_timeout = capture_timeout(inputs);
+    let plan = CapturePlan {
+        common: common_part(inputs, &engine, name)?,
+        lock: Some(lock),
+        capture_timeout,
+        checkpoint_timeout: Duration::from_secs(config.checkpoint_timeout_s),
+        after_capture: engine.after_capture,
+        donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
+        layer,
+        layer_limit: config.rootfs_diff_limit_bytes,
+        push_to: fetch::PushTarget::of(config, &inputs.plan, Mode::Create),
+        spec: inputs.spec.clone(),
+    };
+    let prepared = Prepared::Capture(Box::new(plan));
+    edit_spec(inputs, &prepared, &engine.argv)?;
+    let Prepared::Capture(plan) = prepared else {
+        unreachable!("made above")
+    };
+    Ok(Some(plan))
+}
+
+/// The layer a capture carries: for a rootfs without mounts in the request,
+/// the overlay the caller mounted at the spec's root path (dockerd's
+/// overlay2), else a shared folder.
+fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::WritableLayer {
+    match layer {
+        rootfs::WritableLayer::Shared => match inputs.spec["root"]["path"].as_str() {
+            Some(root) => rootfs::WritableLayer::of_root_folder(
+                &inputs.bundle.join(root),
+                &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            ),
+            None => rootfs::WritableLayer::Shared,
+        },
+        other => other,
+    }
+}
+
+/// The plan's artifact; for `auto` without a name, the one the workload's
+/// identity names.
+fn artifact_name(plan: &Plan, workload: &Workload) -> Result<ArtifactName> {
+    match plan.artifact.clone() {
+        Some(name) => Ok(name),
+        None => ArtifactName::new(format!("auto-{}", workload.key()))
+            .map_err(|e| Error::Other(format!("create: {e}"))),
+    }
+}
+
+/// A create's exclusive lock on the artifact's name, and the check that it
+/// may replace what is there. None: another container is writing it, so
+/// this one starts cold and captures nothing.
+fn lock_for_create(inputs: &Inputs<'_>, root: &Path, name: &str) -> Result<Option<WriteLock>> {
+    match WriteLock::take(root, name) {
+        Ok(lock) => {
+            tenant::check_replace(
+                root,
+                name,
+                inputs.tenant,
+                inputs.config.allow_artifact_replace,
+            )?;
+            Ok(Some(lock))
+        }
+        Err(ArtifactError::Locked(name)) => {
+            // Never two writers.
+            log::warn!(
+                "{}: artifact {name} is being written by another container: starting cold without a capture",
+                inputs.id
+            );
+            Ok(None)
+        }
+        Err(e) => Err(artifact_error("create", e)),
+    }
+}

@@ -1,0 +1,62 @@
+//! A restore's plan: what the preflight found in the artifact and what
+//! CRIU's restore, the verification and the activation use, and nothing a
+//! capture needs.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use vsnap_artifact::{Contents, Memory, Tenant};
+use vsnap_protocol::Oracle;
+
+use super::common::Common;
+use super::lock::ReadLock;
+
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    pub common: Common,
+    /// The container's hold on the artifact's shared lock, from create
+    /// until the restore no longer reads the artifact.
+    pub lock: Option<ReadLock>,
+    /// Whose artifact this is: the container's tenant, or for an artifact
+    /// shared with it, the owner's (the fingerprint hook checks the
+    /// manifest's owner against it).
+    pub owner: Tenant,
+    /// The fleet's shared fingerprint key (`fleet_fingerprint_key`), which
+    /// keyed the workload's secret fingerprints instead of the host key.
+    pub fingerprint_key: Option<PathBuf>,
+    /// The canary answer from the MAC'd manifest, the only oracle a copy
+    /// is held to (never a file of the control dir).
+    pub oracle: Oracle,
+    /// With `verify_contents`: the digests every file of the artifact is
+    /// checked against while CRIU restores.
+    pub contents: Option<Contents>,
+    /// Files checked at create already (the carried layer, unpacked before
+    /// Start): Start's verification skips them.
+    pub verified_at_create: Vec<String>,
+    /// vsnap's page server places the memory (pages/).
+    pub place_pages: bool,
+    /// What the artifact's tree held in memory at capture (its manifest's,
+    /// when recorded), named when the restore runs out of memory.
+    pub memory: Option<Memory>,
+    /// When the shim's Create of the container began.
+    pub create_began: SystemTime,
+    /// Time spent validating the artifact at create (the preflight).
+    pub preflight: Duration,
+    /// How long checking and unpacking the carried layer took.
+    pub rootfs_unpack: Duration,
+}
+
+impl RestorePlan {
+    /// Whether CRIU leaves the restored tree stopped (`leave-stopped`)
+    /// until vsnap verified every byte beside it. Not with GPUs: CRIU stops
+    /// the tasks before its late device hook, in which the CUDA plugin must
+    /// run each process's restore thread; a GPU restore verifies first.
+    pub fn holds_stopped(&self) -> bool {
+        self.common.gpus.is_empty()
+    }
+
+    /// Where `runc restore` starts from.
+    pub fn images(&self) -> PathBuf {
+        self.common.artifact_dir().join("images")
+    }
+}

@@ -1,0 +1,117 @@
+//! What a capture or a restore leaves for people and benchmarks: a
+//! restore's timings in the bundle (`vsnap-restore.json`), a failure's
+//! record (`vsnap-error.json`), and CRIU's log of a failed dump or restore
+//! kept under the artifact root.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{pages, plan::Common};
+use crate::error::Error;
+
+/// Where a restore's Start spent its time, written to the bundle as
+/// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.
+#[derive(Debug)]
+pub struct RestoreTimings {
+    /// When the shim's Create began; the timings are recorded (now) just
+    /// before Start answers. A benchmark places them against `ctr`'s own
+    /// clock: what came before and after is ctr's and containerd's time.
+    pub create_began: std::time::SystemTime,
+    pub preflight: Duration,
+    /// Hashing every file, alongside CRIU's restore.
+    pub verify: Duration,
+    pub criu_restore: Duration,
+    pub activation: Duration,
+    pub listener: Duration,
+    /// Checking and unpacking the carried writable layer (at create).
+    pub rootfs: Duration,
+    /// What vsnap's page server placed (inside `criu_restore`).
+    pub pages: Option<pages::Placed>,
+}
+
+impl RestoreTimings {
+    pub fn record(&self, bundle: &Path) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let unix = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        };
+        let record = serde_json::json!({
+            "create_began_unix_s": unix(self.create_began),
+            "recorded_unix_s": unix(std::time::SystemTime::now()),
+            "preflight_ms": ms(self.preflight),
+            "verify_ms": ms(self.verify),
+            "criu_restore_ms": ms(self.criu_restore),
+            "activation_ms": ms(self.activation),
+            "listener_ms": ms(self.listener),
+            "rootfs_ms": ms(self.rootfs),
+            "page_fill_ms": self.pages.map(|p| ms(p.fill)),
+            "pages_placed_bytes": self.pages.map(|p| p.bytes),
+            "page_faults_served": self.pages.map(|p| p.faults),
+            "page_server_tasks": self.pages.map(|p| p.tasks),
+        });
+        let tmp = bundle.join(".vsnap-restore.json");
+        let _ = std::fs::write(&tmp, record.to_string())
+            .and_then(|_| std::fs::rename(&tmp, bundle.join("vsnap-restore.json")));
+    }
+}
+
+/// Leaves `vsnap-error.json` in the bundle: the container, the phase that
+/// failed (when known), the error of its failed capture or restore and,
+/// when CRIU ran, where its log was kept ([`keep_criu_log`]).
+/// Whole or absent: never half written.
+pub fn record_error(
+    bundle: &Path,
+    id: &str,
+    phase: Option<&str>,
+    e: &Error,
+    criu_log: Option<&Path>,
+) {
+    let mut record = serde_json::json!({"container": id, "error": e.to_string()});
+    if let Some(phase) = phase {
+        record["phase"] = phase.into();
+    }
+    if let Some(log) = criu_log {
+        record["criu_log"] = log.display().to_string().into();
+    }
+    let (tmp, path) = (
+        bundle.join(".vsnap-error.json.tmp"),
+        bundle.join("vsnap-error.json"),
+    );
+    if let Err(e) =
+        std::fs::write(&tmp, record.to_string()).and_then(|_| std::fs::rename(&tmp, &path))
+    {
+        log::error!("{id}: write {}: {e}", path.display());
+    }
+}
+
+/// Keeps CRIU's `log` of a failed `kind` ("dump" or "restore") of the
+/// plan's artifact by container `id` under the artifact root, where it
+/// outlives the task (vsnap_artifact::criu_logs); the kept file, or `None`
+/// (no log: CRIU never ran; a failure to keep it is logged).
+pub fn keep_criu_log(s: &Common, id: &str, kind: &str, log: &Path) -> Option<PathBuf> {
+    if !log.exists() {
+        return None;
+    }
+    let now = time::OffsetDateTime::now_utc();
+    let stamp = format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second(),
+        now.millisecond()
+    );
+    match vsnap_artifact::criu_logs::keep(&s.root, &stamp, s.artifact.as_str(), id, kind, log) {
+        Ok(kept) => {
+            log::warn!("{id}: CRIU's {kind} log kept as {}", kept.display());
+            Some(kept)
+        }
+        Err(e) => {
+            log::error!("{id}: keep CRIU's log {}: {e}", log.display());
+            None
+        }
+    }
+}
