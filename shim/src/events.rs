@@ -17,7 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::pack::{pack, Named};
+use crate::any::{pack, Named};
 use containerd_shim::event::Event;
 use containerd_shim::util::timestamp;
 use containerd_shim_protos::shim::event::Envelope;

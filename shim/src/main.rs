@@ -4,6 +4,8 @@
 //! API call maps onto the runc CLI. Stdio always goes through pipes the shim
 //! owns, so a container can later be checkpointed and restored by runc + CRIU.
 
+mod any;
+mod bootstrap;
 mod cleanup;
 mod confine;
 mod console;
@@ -22,7 +24,6 @@ mod metrics;
 mod mounts;
 mod oom;
 mod options;
-mod pack;
 mod prepared;
 mod process;
 mod runc;
@@ -30,7 +31,6 @@ mod server;
 mod service;
 mod shared;
 mod snapshot;
-mod start;
 mod stdio;
 mod task;
 mod vsnap_cli;
@@ -78,7 +78,7 @@ fn run(flags: containerd_shim::Flags, listener: Option<UnixListener>) -> error::
         return service::info(RUNTIME_ID);
     }
     match flags.action.as_str() {
-        "start" => start::run(&flags),
+        "start" => bootstrap::run(&flags),
         "delete" => {
             server::set_subreaper()?;
             runtime().block_on(service::delete(&flags))

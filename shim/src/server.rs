@@ -19,10 +19,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::bootstrap::{LISTENER_ENV, LISTENER_FD, TTRPC_ADDRESS};
 use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::exits::Exits;
-use crate::start::{LISTENER_ENV, LISTENER_FD, TTRPC_ADDRESS};
 use crate::task::TaskService;
 
 /// The listener `start` handed over as fd 3, taken before anything else

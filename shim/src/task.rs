@@ -230,7 +230,7 @@ impl TaskService {
                     ..Default::default()
                 };
                 info.info = MessageField::some(
-                    crate::pack::pack(&details).map_err(|e| Error::Other(format!("pids: {e}")))?,
+                    crate::any::pack(&details).map_err(|e| Error::Other(format!("pids: {e}")))?,
                 );
             }
             processes.push(info);

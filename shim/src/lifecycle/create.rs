@@ -19,7 +19,7 @@ use crate::labels;
 use crate::runc::{CriuTools, Runc};
 use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
-use crate::snapshot::{fetch, spec};
+use crate::snapshot::{plan::spec, store::fetch};
 
 /// A Create request, unwrapped from the wire.
 pub struct CreateRequest {
@@ -108,8 +108,8 @@ impl Creator<'_> {
         };
         // The tenant's right to the reference is checked before any
         // connection.
-        let tenant = crate::snapshot::tenant::resolve(self.namespace, &spec)?;
-        crate::snapshot::tenant::check_reference(config, &tenant, &plan)?;
+        let tenant = crate::snapshot::plan::tenant::resolve(self.namespace, &spec)?;
+        crate::snapshot::plan::tenant::check_reference(config, &tenant, &plan)?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
         fetch::ensure_local(&req.id, config, self.exits, &plan).await?;

@@ -51,8 +51,8 @@ impl Metrics {
     /// Packs the metrics into the `Any` that goes into `StatsResponse.stats`.
     pub fn to_any(&self) -> Result<Any> {
         let any = match self {
-            Metrics::V1(m) => crate::pack::pack(m),
-            Metrics::V2(m) => crate::pack::pack(m),
+            Metrics::V1(m) => crate::any::pack(m),
+            Metrics::V2(m) => crate::any::pack(m),
         };
         any.map_err(|e| Error::Other(format!("stats: encoding the metrics: {e}")))
     }

@@ -2,34 +2,29 @@
 //! with runc + CRIU once its engine is capture-ready, and published as an
 //! artifact; a container annotated for `restore` is restored from one and
 //! becomes visible only after its engine validated its canary and listens.
-//! What a container gets is prepared at create as a plan (plan/).
+//!
+//! A facade over rooms by concern, each with one job:
+//! - `plan/`: the annotations, the engine read from the spec, the choice
+//!   between a capture and a restore, the prepared plans, the restore
+//!   preflight and the bundle's edits;
+//! - `criu/`: CRIU's options and config, its images, the page server that
+//!   places a restore's memory, memory limits and out-of-memory;
+//! - `gpu/`: NVIDIA devices, the CUDA preflight, cuda-checkpoint;
+//! - `inventory/`: what a capture checks of the process tree (sockets,
+//!   inotify and fanotify watches, open descriptors);
+//! - `activation/`: waking a copy (control dir or barrier), its canary,
+//!   its listener;
+//! - `rootfs/`: the writable layer and /dev/shm a capture carries;
+//! - `store/`: registry fetch and push, the metrics journal, the records
+//!   a failure leaves.
 
-pub mod argparse;
-pub mod barrier;
-pub mod canary;
+pub mod activation;
 pub mod criu;
-pub mod criu_image;
-pub mod cuda;
-pub mod fetch;
-pub mod fsnotify;
+pub mod gpu;
 pub mod inventory;
-pub mod journal;
-pub mod listener;
-pub mod memory;
-pub mod pages;
 pub mod plan;
-pub mod proc_fds;
-pub mod profile;
-pub mod records;
-pub mod restore;
-pub mod restore_oom;
 pub mod rootfs;
-pub mod shm;
-pub mod sock_diag;
-pub mod spec;
-pub mod tcp_table;
-pub mod tenant;
-pub mod vllm_command;
+pub mod store;
 
 pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 

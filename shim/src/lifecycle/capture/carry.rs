@@ -12,7 +12,7 @@ use super::context::CaptureRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{rootfs, shm};
+use crate::snapshot::{rootfs, rootfs::shm};
 
 pub struct Carry;
 

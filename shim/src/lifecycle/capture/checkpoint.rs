@@ -14,7 +14,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::runc::CheckpointFlags;
-use crate::snapshot::{artifact_error, criu, cuda, fsnotify};
+use crate::snapshot::{artifact_error, criu, gpu, inventory::fsnotify};
 
 pub struct Checkpoint;
 
@@ -117,7 +117,7 @@ async fn thaw(run: &CaptureRun) {
             run.pids.clone(),
         );
         if let Ok(done) =
-            tokio::task::spawn_blocking(move || cuda::resume_gpu_best_effort(&tool, &pids)).await
+            tokio::task::spawn_blocking(move || gpu::resume_gpu_best_effort(&tool, &pids)).await
         {
             info!("{}: GPU after the killed dump: {done:?}", run.id);
         }

@@ -15,9 +15,9 @@ use crate::error::Error;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::Runc;
-use crate::snapshot::journal;
 use crate::snapshot::plan::{CapturePlan, WriteLock};
-use crate::snapshot::records::{keep_criu_log, record_error};
+use crate::snapshot::store::journal;
+use crate::snapshot::store::records::{keep_criu_log, record_error};
 use vsnap_artifact::journal::Op;
 
 /// What the engine said when it was capture-ready.

@@ -12,9 +12,9 @@ use super::context::CaptureRun;
 use crate::error::Result;
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::barrier;
+use crate::snapshot::activation::barrier;
+use crate::snapshot::activation::wake::{activate_and_probe, is_alive};
 use crate::snapshot::plan::AfterCapture;
-use crate::snapshot::restore::{activate_and_probe, is_alive};
 
 pub struct Donor;
 

@@ -12,7 +12,7 @@ use super::context::CaptureRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{criu, cuda, fsnotify, inventory, rootfs, CONTROL_MOUNT};
+use crate::snapshot::{criu, gpu, inventory, inventory::fsnotify, rootfs, CONTROL_MOUNT};
 
 pub struct Inventory;
 
@@ -29,7 +29,7 @@ impl Phase<CaptureRun> for Inventory {
         inventory::check_no_outside_tcp(&pids)?;
         let gpu = !run.plan.common.gpus.is_empty();
         if gpu {
-            cuda::check_single_gpu(&cuda::cuda_holders(&pids))
+            gpu::check_single_gpu(&gpu::cuda_holders(&pids))
                 .map_err(|e| Error::FailedPrecondition(format!("capture: inventory: {e}")))?;
         }
         let (all, tool, spec) = (
@@ -39,7 +39,7 @@ impl Phase<CaptureRun> for Inventory {
         );
         let (init, config) = (run.pid, run.bundle.join(criu::BUNDLE_CONFIG));
         run.volume_files = blocking(PhaseName::Inventory, move || {
-            let is_cuda = |pid: i32| cuda::cuda_restore_tid(&tool, pid).map(drop);
+            let is_cuda = |pid: i32| gpu::cuda_restore_tid(&tool, pid).map(drop);
             let cuda_process: Option<&dyn Fn(i32) -> std::result::Result<(), String>> =
                 gpu.then_some(&is_cuda);
             inventory::check_dumpable_devices(&all, cuda_process)?;

@@ -14,7 +14,7 @@ use super::context::CaptureRun;
 use crate::error::Result;
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{artifact_error, memory, shm, DIGEST_THREADS};
+use crate::snapshot::{artifact_error, criu::memory, rootfs::shm, DIGEST_THREADS};
 
 pub struct Digest;
 

@@ -12,7 +12,7 @@ use super::context::{CaptureRun, Ready};
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::restore::is_alive;
+use crate::snapshot::activation::wake::is_alive;
 
 pub struct WaitReady;
 

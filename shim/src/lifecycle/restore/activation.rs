@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use super::context::RestoreRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::barrier;
-use crate::snapshot::restore::activate_copy;
+use crate::snapshot::activation::barrier;
+use crate::snapshot::activation::wake::activate_copy;
 
 pub struct Activation;
 

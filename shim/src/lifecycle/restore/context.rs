@@ -21,8 +21,8 @@ use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::plan::{ReadLock, RestorePlan};
-use crate::snapshot::records::{keep_criu_log, record_error, RestoreTimings};
-use crate::snapshot::{criu as criu_flags, journal, memory};
+use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
+use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
 use vsnap_artifact::journal::Op;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no

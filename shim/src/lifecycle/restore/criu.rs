@@ -12,7 +12,7 @@ use super::context::RestoreRun;
 use super::verify::joined;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::shm;
+use crate::snapshot::rootfs::shm;
 
 pub struct CriuRestore;
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::context::RestoreRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{criu, cuda, listener};
+use crate::snapshot::{activation::listener, criu, gpu};
 
 pub struct GpuResume;
 
@@ -31,7 +31,7 @@ impl Phase<RestoreRun> for GpuResume {
             })?;
             let members = listener::container_pids(pid).unwrap_or_else(|_| vec![pid]);
             for p in members {
-                if let Ok(state) = cuda::cuda_state(&tool, p) {
+                if let Ok(state) = gpu::cuda_state(&tool, p) {
                     if !state.starts_with("running") {
                         return Err(Error::FailedPrecondition(format!(
                             "restore: GPU resume: pid {p} is {state} after the restore (cuda-checkpoint --get-state)"

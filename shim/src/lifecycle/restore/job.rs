@@ -13,9 +13,9 @@ use crate::prepared::Prepared;
 use crate::runc::{CheckpointFlags, Runc};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
-use crate::snapshot::memory::{self, Limit};
-use crate::snapshot::pages::{PageServer, PlaceError, Placed, Verification};
-use crate::snapshot::restore_oom::RestoreOom;
+use crate::snapshot::criu::memory::{self, Limit};
+use crate::snapshot::criu::pages::{PageServer, PlaceError, Placed, Verification};
+use crate::snapshot::criu::restore_oom::RestoreOom;
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.

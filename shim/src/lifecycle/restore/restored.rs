@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::context::RestoreRun;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::listener;
+use crate::snapshot::activation::listener;
 
 pub struct Restored;
 

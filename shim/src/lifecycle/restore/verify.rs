@@ -15,7 +15,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::artifact_error;
 use crate::snapshot::plan::RestorePlan;
-use crate::snapshot::{pages, DIGEST_THREADS};
+use crate::snapshot::{criu::pages, DIGEST_THREADS};
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.

@@ -13,8 +13,8 @@ use super::common::{self, Common, Listen};
 use super::engine::{tools_of, Engine, Inputs};
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
-use crate::snapshot::profile::Profile;
-use crate::snapshot::{canary, spec, vllm_command};
+use crate::snapshot::plan::profile::Profile;
+use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
 
 /// A prepared plan: what the init's start runs.
 #[derive(Debug)]

@@ -10,9 +10,9 @@ use vsnap_artifact::{self as artifact, ArtifactName, Tools, Workload};
 
 use super::annotations::ACTIVATION_TIMEOUT;
 use crate::deadline::Deadline;
-use crate::snapshot::canary::ApiKey;
-use crate::snapshot::cuda::Gpu;
-use crate::snapshot::profile::Profile;
+use crate::snapshot::activation::canary::ApiKey;
+use crate::snapshot::gpu::Gpu;
+use crate::snapshot::plan::profile::Profile;
 
 /// Where the engine listens (`vsnap.io/listen`).
 #[derive(Clone, Debug, PartialEq, Eq)]

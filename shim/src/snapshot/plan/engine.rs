@@ -12,8 +12,8 @@ use vsnap_config::RuntimeConfig;
 
 use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE};
 use crate::error::{Error, Result};
-use crate::snapshot::profile::Profile;
-use crate::snapshot::{artifact_error, cuda, rootfs, spec, vllm_command, CONTROL_MOUNT};
+use crate::snapshot::plan::profile::Profile;
+use crate::snapshot::{artifact_error, gpu, plan::spec, plan::vllm_command, rootfs, CONTROL_MOUNT};
 
 /// What a create hands the preparation.
 pub struct Inputs<'a> {
@@ -41,7 +41,7 @@ pub(super) struct Engine {
     pub(super) argv: Vec<String>,
     pub(super) env: Vec<String>,
     pub(super) profile: Profile,
-    pub(super) gpus: Vec<cuda::Gpu>,
+    pub(super) gpus: Vec<gpu::Gpu>,
     /// The plan's, or `exit` for a GPU engine that did not choose.
     pub(super) after_capture: AfterCapture,
 }
@@ -109,19 +109,19 @@ pub(super) fn tools_of(config: &RuntimeConfig) -> Tools {
 /// For a container with NVIDIA devices: the CUDA preflight (plugin,
 /// cuda-checkpoint, driver >= 570 for process trees) and the GPUs it was
 /// given (not every GPU of the host). GPUs given by an OCI hook are refused.
-fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<cuda::Gpu>> {
-    cuda::check_no_gpu_hook(spec).map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
-    let devices = cuda::spec_nvidia_devices(spec);
+fn gpus_of(spec: &serde_json::Value, config: &RuntimeConfig) -> Result<Vec<gpu::Gpu>> {
+    gpu::check_no_gpu_hook(spec).map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
+    let devices = gpu::spec_nvidia_devices(spec);
     if devices.is_empty() {
         return Ok(Vec::new());
     }
-    let tools = cuda::CudaTools {
+    let tools = gpu::CudaTools {
         plugin_dir: config.cuda_plugin_dir.clone(),
         cuda_checkpoint: config.cuda_checkpoint.clone(),
         ..Default::default()
     };
-    let identity = cuda::preflight(&tools, cuda::MIN_DRIVER_PROCESS_TREE)
+    let identity = gpu::preflight(&tools, gpu::MIN_DRIVER_PROCESS_TREE)
         .map_err(|e| Error::FailedPrecondition(format!("create: {e}")))?;
-    cuda::container_gpus(&identity, &devices, Path::new("/proc"))
+    gpu::container_gpus(&identity, &devices, Path::new("/proc"))
         .map_err(|e| Error::FailedPrecondition(format!("create: preflight: {e}")))
 }

@@ -6,6 +6,7 @@
 //! engine). `auto` is a choice between the two (choose.rs).
 
 pub mod annotations;
+pub(crate) mod argparse;
 mod bundle;
 mod capture;
 mod choose;
@@ -14,7 +15,11 @@ mod engine;
 mod lock;
 mod preflight;
 mod prepare;
+pub(crate) mod profile;
 mod restore;
+pub(crate) mod spec;
+pub(crate) mod tenant;
+pub(crate) mod vllm_command;
 
 pub use annotations::{
     from_annotations, AfterCapture, Mode, Plan, ARTIFACT_REF, CRI_CONTAINER_TYPE, PLAN,

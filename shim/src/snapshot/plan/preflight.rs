@@ -23,7 +23,7 @@ use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, journal, rootfs, shm, tenant};
+use crate::snapshot::{artifact_error, plan::tenant, rootfs, rootfs::shm, store::journal};
 
 /// What the restore preflight found in the artifact.
 struct Preflight {
@@ -151,7 +151,7 @@ fn preflight(
         check_clocks(id, captured)?;
     }
     let memory = manifest.memory;
-    crate::snapshot::memory::preflight(
+    crate::snapshot::criu::memory::preflight(
         memory.as_ref(),
         &inputs.spec,
         inputs.config.memory_preflight,

@@ -17,7 +17,7 @@ use super::choose::{choose, Choice, OnDisk};
 use super::engine::{Engine, Inputs};
 use super::lock::WriteLock;
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, fetch, rootfs, tenant};
+use crate::snapshot::{artifact_error, plan::tenant, rootfs, store::fetch};
 
 /// Prepares the container for its plan: the control dir, the spec edits
 /// and, for a restore, the validated artifact. `None`: the container

@@ -21,6 +21,7 @@ mod caller_overlay;
 #[cfg(test)]
 mod layer_tests;
 mod pack;
+pub(crate) mod shm;
 mod unpack;
 mod volumes;
 

@@ -92,7 +92,7 @@ pub fn parse_marks(fdinfo: &str) -> Vec<(Api, Inode)> {
 pub fn watches(pids: &[i32]) -> Vec<Watch> {
     let mut out = Vec::new();
     for &pid in pids {
-        for f in super::proc_fds::open_fds(pid) {
+        for f in crate::snapshot::inventory::proc_fds::open_fds(pid) {
             let t = f.target.to_string_lossy();
             if t != "anon_inode:inotify" && t != "anon_inode:[fanotify]" {
                 continue;

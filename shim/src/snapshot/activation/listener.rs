@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::tcp_table::{self, TcpEntry, TcpState};
+use crate::snapshot::inventory::tcp_table::{self, TcpEntry, TcpState};
 
 /// Ok when a socket listening on `addr` in the network namespace of `pid`
 /// is held by a process of `pid`'s container; else what holds it. Called
@@ -18,7 +18,7 @@ use super::tcp_table::{self, TcpEntry, TcpState};
 /// already (an engine that failed to bind this very port), the thread's
 /// own reading of the namespace still names who holds it.
 pub fn check_owned(pid: i32, addr: SocketAddr) -> Result<(), String> {
-    let entries = super::sock_diag::listening().unwrap_or_else(|e| {
+    let entries = crate::snapshot::inventory::sock_diag::listening().unwrap_or_else(|e| {
         log::debug!("{e}: reading /proc's TCP tables instead");
         let entries = tcp_table::read(pid);
         match entries.is_empty() {
@@ -144,7 +144,7 @@ mod tests {
     use std::net::TcpListener;
 
     fn fixture_rows() -> Vec<TcpEntry> {
-        use super::super::tcp_table::fixtures;
+        use crate::snapshot::inventory::tcp_table::fixtures;
         let mut rows = tcp_table::parse(fixtures::TCP);
         rows.extend(tcp_table::parse(fixtures::TCP6));
         rows

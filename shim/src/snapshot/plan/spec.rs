@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::criu;
-use super::plan::{Prepared, RestorePlan};
-use super::profile::Profile;
-use super::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 use crate::error::{Error, Result};
+use crate::snapshot::criu;
+use crate::snapshot::plan::profile::Profile;
+use crate::snapshot::plan::{Prepared, RestorePlan};
+use crate::snapshot::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 
 /// The spec's annotations (empty when it has none).
 pub fn annotations(spec: &Value) -> HashMap<String, String> {
@@ -351,7 +351,7 @@ fn restore_checks(
     .to_vec();
     // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
     // captured workload was taken before that edit.
-    if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
+    if s.profile == Profile::Startup && crate::snapshot::plan::vllm_command::is_vllm_serve(argv) {
         fingerprint.push("--strip-snapshot-config-arg".into());
     }
     // Whose container this is, and whose artifact it may restore: the

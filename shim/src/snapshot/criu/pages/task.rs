@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::snapshot::criu_image::{self, LazyPages};
+use crate::snapshot::criu::images::{self, LazyPages};
 
 /// One restored task: its userfaultfd, pages file and lazy ranges.
 pub(super) struct Task {
@@ -21,7 +21,7 @@ pub(super) struct Task {
 
 impl Task {
     pub(super) fn open(images: &Path, pid: i32, uffd: OwnedFd) -> Result<Self, String> {
-        let lazy = criu_image::lazy_pages(images, pid)?;
+        let lazy = images::lazy_pages(images, pid)?;
         let name = format!("pages-{}.img", lazy.pages_id);
         let path = images.join(&name);
         let pages = File::options()
@@ -59,8 +59,8 @@ pub fn task_pages_files(images: &Path) -> Result<Vec<String>, String> {
             let path = images.join(&*name);
             let bytes =
                 std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-            let (id, _) = criu_image::parse_pagemap(&bytes)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let (id, _) =
+                images::parse_pagemap(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
             out.push(format!("images/pages-{id}.img"));
         }
     }

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use super::memory::{is_v2, memory_dir, OomSeen};
 use crate::oom::{eventfd, parse_oom_kills, readable};
+use crate::snapshot::criu::memory::{is_v2, memory_dir, OomSeen};
 
 /// How long a restore whose cgroup was removed waits for the removal's
 /// signal, when the host counted an OOM kill meanwhile.

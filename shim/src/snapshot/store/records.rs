@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{pages, plan::Common};
 use crate::error::Error;
+use crate::snapshot::{criu::pages, plan::Common};
 
 /// Where a restore's Start spent its time, written to the bundle as
 /// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.

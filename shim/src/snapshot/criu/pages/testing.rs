@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::snapshot::criu_image::testing::{entry, image, mm};
-use crate::snapshot::criu_image::{self, PAGE_SIZE};
+use crate::snapshot::criu::images::testing::{entry, image, mm};
+use crate::snapshot::criu::images::{self, PAGE_SIZE};
 
 use super::protocol::SOCKET_NAME;
 use super::task::task_pages_files;
@@ -76,14 +76,14 @@ pub fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
     let data: Vec<u8> = (0..r.len).map(|i| (i * 7 + i / 4096) as u8).collect();
     let start = r.addr as u64;
     let pagemap = image(
-        criu_image::PAGEMAP_MAGIC,
+        images::PAGEMAP_MAGIC,
         &[
             vec![8, 1],
-            entry(0x1000, 1, Some(criu_image::PE_PRESENT)),
+            entry(0x1000, 1, Some(images::PE_PRESENT)),
             entry(
                 start,
                 (r.len as u64) / PAGE_SIZE,
-                Some(criu_image::PE_PRESENT | criu_image::PE_LAZY),
+                Some(images::PE_PRESENT | images::PE_LAZY),
             ),
         ],
     );
@@ -91,7 +91,7 @@ pub fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
     let mm = mm(start, start + r.len as u64);
     std::fs::write(
         dir.join(format!("mm-{pid}.img")),
-        image(criu_image::MM_MAGIC, &[mm]),
+        image(images::MM_MAGIC, &[mm]),
     )
     .unwrap();
     let mut pages = vec![0xEEu8; PAGE_SIZE as usize];

@@ -57,7 +57,7 @@ pub(super) fn parse_gpus(output: &str) -> Result<GpuIdentity, CudaError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::driver::MIN_DRIVER_SINGLE_PROCESS;
+    use super::super::driver_version::MIN_DRIVER_SINGLE_PROCESS;
     use super::super::preflight::{preflight, preflight_with_timeout};
     use super::super::testutil::{fake_host, write_script, H200};
     use super::*;

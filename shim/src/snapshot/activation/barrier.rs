@@ -6,10 +6,10 @@ use std::path::Path;
 
 use vsnap_protocol::{abort_release_for, read_json, release_for, Oracle, ReadyFile};
 
-use super::canary::{self, ApiKey};
-use super::restore::{in_netns, probe_listener};
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::snapshot::activation::canary::{self, ApiKey};
+use crate::snapshot::activation::wake::{in_netns, probe_listener};
 
 /// Releases the engine waiting behind `ready`/`release_file` and returns once
 /// it listens and reproduced its canary (asked with `api_key` when its API

@@ -24,10 +24,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::argparse::{self, Arg};
-use super::CONTROL_MOUNT;
 use crate::error::{Error, Result};
 use crate::snapshot::plan::annotations::ENGINE_PROTOCOL;
+use crate::snapshot::plan::argparse::{self, Arg};
+use crate::snapshot::CONTROL_MOUNT;
 
 /// The module of released vLLM's barrier server.
 pub const SNAPSHOT_SERVER: &str = "vllm.snapshot.server";

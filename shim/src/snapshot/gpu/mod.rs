@@ -14,7 +14,7 @@
 //!   vsnap refuses (multi-process NCCL cannot be checkpointed).
 //!
 //! Driver requirements (NVIDIA's cuda-checkpoint): a driver of major version
-//! [`MIN_DRIVER_SINGLE_PROCESS`](driver::MIN_DRIVER_SINGLE_PROCESS) (555) or
+//! [`MIN_DRIVER_SINGLE_PROCESS`](driver_version::MIN_DRIVER_SINGLE_PROCESS) (555) or
 //! newer checkpoints one CUDA process; a tree of several CUDA processes (an
 //! engine with worker processes) needs [`MIN_DRIVER_PROCESS_TREE`] (570). The
 //! caller picks the minimum.
@@ -34,7 +34,7 @@
 
 mod checkpoint;
 mod devices;
-mod driver;
+mod driver_version;
 mod error;
 mod holders;
 mod hook;
@@ -45,7 +45,7 @@ mod testutil;
 
 pub use checkpoint::{cuda_restore_tid, cuda_state, resume_gpu_best_effort};
 pub use devices::{container_gpus, spec_nvidia_devices};
-pub use driver::MIN_DRIVER_PROCESS_TREE;
+pub use driver_version::MIN_DRIVER_PROCESS_TREE;
 pub use holders::{check_single_gpu, cuda_holders};
 pub use hook::check_no_gpu_hook;
 pub use preflight::{preflight, CudaTools};

@@ -17,9 +17,9 @@ use serde_json::Value;
 use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
 use vsnap_config::RuntimeConfig;
 
-use super::plan::{self, Mode, Plan};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
+use crate::snapshot::plan::{self, Mode, Plan};
 use crate::vsnap_cli::{self, CliError};
 
 /// Chunks transferred at once, as before the transfers moved to the CLI.

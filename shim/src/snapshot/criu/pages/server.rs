@@ -226,7 +226,7 @@ mod tests {
         artifact, connect, deadline, region, send_task, write_images, UFFD_FEATURE_EVENT_UNMAP,
     };
     use super::*;
-    use crate::snapshot::criu_image::PAGE_SIZE;
+    use crate::snapshot::criu::images::PAGE_SIZE;
     use std::io::Write;
 
     #[tokio::test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::driver::{MIN_DRIVER_PROCESS_TREE, MIN_DRIVER_SINGLE_PROCESS};
+use super::driver_version::{MIN_DRIVER_PROCESS_TREE, MIN_DRIVER_SINGLE_PROCESS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

@@ -9,7 +9,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::tcp_table::{normalize, TcpEntry, TcpState};
+use crate::snapshot::inventory::tcp_table::{normalize, TcpEntry, TcpState};
 
 // <linux/netlink.h>, <linux/sock_diag.h>, <linux/inet_diag.h>
 const NETLINK_SOCK_DIAG: libc::c_int = 4;

@@ -19,6 +19,11 @@
 //! * Errors of the plugin's late resume hook are not failures of the
 //!   restore: CRIU reports success and the copy hangs on its GPU.
 
+pub(crate) mod images;
+pub(crate) mod memory;
+pub(crate) mod pages;
+pub(crate) mod restore_oom;
+
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -125,8 +130,8 @@ pub fn post_dump_script(host_shm: &Path) -> Result<String> {
          cd '{dir}' || exit 0\n\
          for f in {prefix}*; do [ -f \"$f\" ] && ln -f \"$f\" \"{kept}$f\"; done\n\
          exit 0\n",
-        prefix = super::shm::LINK_REMAP_PREFIX,
-        kept = super::shm::KEPT_PREFIX,
+        prefix = crate::snapshot::rootfs::shm::LINK_REMAP_PREFIX,
+        kept = crate::snapshot::rootfs::shm::KEPT_PREFIX,
     ))
 }
 
@@ -389,7 +394,7 @@ mod tests {
     fn a_failed_gpu_resume_fails_the_restore() {
         let good = "(00.50) cuda_plugin: resuming devices on pid 12\n(00.90) Restore finished successfully. Tasks resumed.\n";
         check_cuda_resume(good).unwrap();
-        let bad = include_str!("../../tests/fixtures/restore-cuda-resume-failed.log");
+        let bad = include_str!("../../../tests/fixtures/restore-cuda-resume-failed.log");
         let e = check_cuda_resume(bad).unwrap_err();
         assert_eq!(
             e,

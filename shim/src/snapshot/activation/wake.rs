@@ -106,7 +106,8 @@ pub fn probe_listener(
             for a in &addrs {
                 if TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok() {
                     // Something listens: it must be the engine's container.
-                    return super::listener::check_owned(pid, *a).map(|()| *a);
+                    return crate::snapshot::activation::listener::check_owned(pid, *a)
+                        .map(|()| *a);
                 }
             }
             if !is_alive(pid) {

@@ -38,9 +38,9 @@ impl Default for CudaTools {
 
 /// Checks that the CUDA plugin, cuda-checkpoint and a driver of at least
 /// `min_driver_major` are there, and returns the GPUs nvidia-smi lists.
-/// Pass [`MIN_DRIVER_SINGLE_PROCESS`](super::driver::MIN_DRIVER_SINGLE_PROCESS)
+/// Pass [`MIN_DRIVER_SINGLE_PROCESS`](super::driver_version::MIN_DRIVER_SINGLE_PROCESS)
 /// for a single CUDA process and
-/// [`MIN_DRIVER_PROCESS_TREE`](super::driver::MIN_DRIVER_PROCESS_TREE) when
+/// [`MIN_DRIVER_PROCESS_TREE`](super::driver_version::MIN_DRIVER_PROCESS_TREE) when
 /// several processes of the tree use CUDA.
 pub fn preflight(tools: &CudaTools, min_driver_major: u32) -> Result<GpuIdentity, CudaError> {
     preflight_with_timeout(tools, min_driver_major, NVIDIA_SMI_TIMEOUT)
@@ -118,7 +118,7 @@ fn check_cuda_checkpoint(path: &Path) -> Result<(), CudaError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::driver::{MIN_DRIVER_PROCESS_TREE, MIN_DRIVER_SINGLE_PROCESS};
+    use super::super::driver_version::{MIN_DRIVER_PROCESS_TREE, MIN_DRIVER_SINGLE_PROCESS};
     use super::super::testutil::{fake_host, H200};
     use super::*;
     use std::fs;
