@@ -25,6 +25,7 @@ mod options;
 mod pack;
 mod prepared;
 mod process;
+mod requests;
 mod runc;
 mod server;
 mod service;

@@ -15,7 +15,7 @@ use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
-use crate::runc::Runc;
+use crate::runc::RuncVerbs;
 use crate::snapshot::{journal, keep_criu_log, record_error, Snapshot};
 use vsnap_artifact::journal::Op;
 
@@ -32,7 +32,7 @@ pub(super) struct Ready {
 pub struct CaptureRun {
     pub(super) id: String,
     pub(super) bundle: PathBuf,
-    pub(super) runc: Runc,
+    pub(super) runc: Arc<dyn RuncVerbs>,
     pub(super) pid: i32,
     pub(super) terminal: bool,
     pub(super) snapshot: Snapshot,
@@ -62,7 +62,7 @@ impl CaptureRun {
     pub fn new(
         id: &str,
         bundle: PathBuf,
-        runc: Runc,
+        runc: Arc<dyn RuncVerbs>,
         pid: i32,
         terminal: bool,
         s: &Snapshot,
