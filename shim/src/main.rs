@@ -12,6 +12,8 @@ mod deadline;
 mod error;
 mod events;
 mod exits;
+#[cfg(test)]
+mod fakes;
 mod grpc;
 mod inflight;
 mod info;

@@ -546,3 +546,7 @@ fn is_cri_sandbox(bundle: &Path) -> bool {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .is_some_and(|spec| spec["annotations"]["io.kubernetes.cri.container-type"] == "sandbox")
 }
+
+#[cfg(test)]
+#[path = "task_tests.rs"]
+mod tests;
