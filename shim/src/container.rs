@@ -547,3 +547,7 @@ mod tests {
         assert!(exec_spec_with_terminal(b"[1]", true).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "container_kill_tests.rs"]
+mod kill_tests;
