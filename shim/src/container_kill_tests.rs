@@ -43,8 +43,8 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         });
     }
     assert_eq!(init.status(), status);
-    let starting = matches!(status, Status::Restoring | Status::Activating)
-        .then(CancellationToken::new);
+    let starting =
+        matches!(status, Status::Restoring | Status::Activating).then(CancellationToken::new);
     Container {
         id: "c1".into(),
         bundle: PathBuf::from("/nonexistent-bundle"),

@@ -171,7 +171,11 @@ async fn a_restored_init_without_a_pid_file_fails_the_restored_phase() {
     r.runc.restore_without_pid(ID);
     let failed = drive(&mut run, &[&criu::CriuRestore, &restored::Restored]).await;
     assert_eq!(failed.phase, PhaseName::Restored);
-    assert!(failed.error.to_string().contains("pid file"), "{}", failed.error);
+    assert!(
+        failed.error.to_string().contains("pid file"),
+        "{}",
+        failed.error
+    );
     assert_eq!(r.runc.calls(), ["restore c1", "delete c1 --force"]);
     assert_eq!(r.events.topics(), [EXIT]);
 }
@@ -189,7 +193,10 @@ async fn a_failure_once_the_copy_exists_kills_it_and_leaves_its_exit_to_the_reap
     // Killed through runc; runc's state stays for the task's delete.
     assert_eq!(r.runc.calls(), ["restore c1", "kill c1 9 --all"]);
     assert!(r.runc.state_dir(ID).exists());
-    assert!(r.events.topics().is_empty(), "no synthetic exit, no TaskStart");
+    assert!(
+        r.events.topics().is_empty(),
+        "no synthetic exit, no TaskStart"
+    );
     assert_eq!(r.status().await, Status::Activating);
     // The copy's own exit, when the reaper reports it, is the TaskExit.
     let pid = r.runc.pid(ID);
@@ -214,7 +221,11 @@ async fn a_copy_that_exited_before_it_was_visible_is_never_started() {
     )
     .await;
     assert_eq!(failed.phase, PhaseName::Visible);
-    assert!(failed.error.to_string().contains("exited"), "{}", failed.error);
+    assert!(
+        failed.error.to_string().contains("exited"),
+        "{}",
+        failed.error
+    );
     assert_eq!(r.events.topics(), [EXIT], "no TaskStart");
     assert_eq!(r.status().await, Status::Stopped);
 }
