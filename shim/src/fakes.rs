@@ -42,6 +42,9 @@ pub struct FakeRunc {
     /// A restore waits for its cancel (a kill of the task), then fails as
     /// runc killed by it does.
     restore_hangs: Mutex<bool>,
+    /// A checkpoint runs until its deadline passes, then fails as runc
+    /// killed at it does.
+    checkpoint_hangs: Mutex<bool>,
     /// Verbs after which the container's process exits at once, with
     /// this code (delivered to `exits` as the reaper would).
     exit_after: Mutex<HashMap<&'static str, i32>>,
@@ -62,6 +65,7 @@ impl FakeRunc {
             rx: tokio::sync::Mutex::new(rx),
             failing: Mutex::default(),
             restore_hangs: Mutex::new(false),
+            checkpoint_hangs: Mutex::new(false),
             exit_after: Mutex::default(),
             exits: exits.clone(),
             next_pid: AtomicI32::new(FIRST_PID),
@@ -77,6 +81,10 @@ impl FakeRunc {
 
     pub fn hang_restores(&self) {
         *self.restore_hangs.lock().unwrap() = true;
+    }
+
+    pub fn hang_checkpoints(&self) {
+        *self.checkpoint_hangs.lock().unwrap() = true;
     }
 
     /// The container's process exits with `code` right after `verb`.
@@ -232,9 +240,15 @@ impl RuncVerbs for FakeRunc {
         _image: &Path,
         _work: &Path,
         _flags: &CheckpointFlags,
-        _deadline: Option<&Deadline>,
+        deadline: Option<&Deadline>,
     ) -> Result<()> {
-        self.record("checkpoint", format!("checkpoint {id}"))
+        self.record("checkpoint", format!("checkpoint {id}"))?;
+        if *self.checkpoint_hangs.lock().unwrap() {
+            let deadline = deadline.expect("a capture's dump runs under a deadline");
+            tokio::time::sleep_until(deadline.at.into()).await;
+            return Err(deadline.fail(format!("checkpoint: runc checkpoint of {id} killed")));
+        }
+        Ok(())
     }
 
     async fn restore(

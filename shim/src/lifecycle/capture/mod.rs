@@ -13,6 +13,8 @@ mod donor;
 mod inventory;
 mod publish;
 mod ready;
+#[cfg(test)]
+mod undo_tests;
 
 use log::info;
 
