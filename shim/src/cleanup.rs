@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::exits::Exits;
 use crate::inflight::{in_flight_pids, is_dead, IN_FLIGHT};
 use crate::mounts;
-use crate::runc::{kill_tree, Runc};
+use crate::runc::{kill_tree, Runc, RuncVerbs};
 
 /// The record's file name in the bundle.
 pub const RECORD: &str = "vsnap-shim.json";
@@ -157,7 +157,7 @@ pub fn rootfs_path(bundle: &Path) -> Option<PathBuf> {
 /// them only when its restore returns, which a killed runc never does); the
 /// rootfs's own mount (at `rootfs`, not below it) stays for the delete.
 pub async fn undo_runc_state(
-    runc: &Runc,
+    runc: &dyn RuncVerbs,
     id: &str,
     work: &Path,
     rootfs: Option<&Path>,
@@ -170,7 +170,7 @@ pub async fn undo_runc_state(
     // No state folder: runc does not know the container (the live shim
     // deleted it, or runc was killed before it made one). Asking it would
     // cost a runc run on every container's dead-shim delete.
-    if runc.root.join(id).exists() {
+    if runc.state_dir(id).exists() {
         if let Err(e @ Error::FailedPrecondition(_)) = runc.delete(id, true).await {
             warn!("{id}: {e}");
             return;
@@ -178,7 +178,7 @@ pub async fn undo_runc_state(
     }
     // Killed before it recorded its state, runc cannot find the container's
     // cgroups to remove them: remove them here.
-    if !runc.systemd_cgroup {
+    if !runc.systemd_cgroup() {
         if let Some(path) = cgroups {
             remove_cgroups(path).await;
         }

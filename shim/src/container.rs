@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim::mount::mount_rootfs;
@@ -14,13 +15,13 @@ use crate::error::{Error, Result};
 use crate::lifecycle::init_start::InitStart;
 use crate::prepared::Prepared;
 use crate::process::{Process, Status, Transition};
-use crate::runc::{CheckpointFlags, Runc};
+use crate::runc::{CheckpointFlags, RuncVerbs};
 use crate::snapshot::rootfs::RootMount;
 
 pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
-    pub runc: Runc,
+    pub runc: Arc<dyn RuncVerbs>,
     pub no_pivot: bool,
     pub init: Process,
     pub execs: HashMap<String, Process>,
@@ -45,7 +46,7 @@ pub struct CreateConfig {
     pub bundle: PathBuf,
     pub rootfs: Vec<RootMount>,
     pub stdio: Stdio,
-    pub runc: Runc,
+    pub runc: Arc<dyn RuncVerbs>,
     pub no_pivot: bool,
     pub start: InitStart,
 }
@@ -546,3 +547,7 @@ mod tests {
         assert!(exec_spec_with_terminal(b"[1]", true).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "container_kill_tests.rs"]
+mod kill_tests;

@@ -12,14 +12,20 @@
 //! retries the same event, for as long as the shim lives. Only an event that
 //! containerd itself rejects as invalid is given up on, since retrying it
 //! could never succeed and would hold back every event behind it.
+//!
+//! The shim sends through [`Events`], a handle on an [`EventSender`]: the
+//! publisher here, or in unit tests a fake that records each event (the
+//! order of TaskCreate, TaskStart and TaskExit is then a unit's to prove).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::any::{pack, Named};
+use async_trait::async_trait;
 use containerd_shim::event::Event;
 use containerd_shim::util::timestamp;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::shim::event::Envelope;
 use containerd_shim_protos::shim::events::ForwardRequest;
 use containerd_shim_protos::shim_async::{Client, EventsClient};
@@ -45,11 +51,17 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// (about once a minute at the capped backoff); debug in between.
 const WARN_EVERY: u32 = 30;
 
-#[derive(Clone)]
-pub struct Events {
-    queue: mpsc::Sender<Envelope>,
-    namespace: Arc<str>,
+/// Where the shim's events go, each packed, in the order they are sent.
+#[async_trait]
+pub trait EventSender: Send + Sync {
+    /// Queues `event`, published under `topic` after every event sent
+    /// before it.
+    async fn send_packed(&self, topic: String, event: Any);
 }
+
+/// The shim's handle on its event sender.
+#[derive(Clone)]
+pub struct Events(Arc<dyn EventSender>);
 
 impl Events {
     /// Publishes to containerd's ttrpc `address` (its `TTRPC_ADDRESS`),
@@ -61,20 +73,42 @@ impl Events {
             Containerd::new(address),
             Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
         ));
-        Self {
+        Self::through(Arc::new(Publisher {
             queue,
             namespace: namespace.into(),
-        }
+        }))
     }
 
-    /// Queues an event and returns; the sender task delivers it after every
-    /// event queued before it, retrying until containerd takes it.
+    /// Events sent through `sender`.
+    pub fn through(sender: Arc<dyn EventSender>) -> Self {
+        Self(sender)
+    }
+
+    /// Queues an event and returns; it is delivered after every event
+    /// queued before it.
     pub async fn send<E: Event + Named>(&self, event: E) {
         let topic = event.topic();
-        let envelope = match envelope(&topic, &self.namespace, &event) {
+        match pack(&event) {
+            Ok(packed) => self.0.send_packed(topic, packed).await,
+            Err(e) => error!("dropped event {topic}: cannot encode it: {e}"),
+        }
+    }
+}
+
+/// The publisher: one bounded queue, drained by one sender task that
+/// retries each event until containerd takes it.
+struct Publisher {
+    queue: mpsc::Sender<Envelope>,
+    namespace: Arc<str>,
+}
+
+#[async_trait]
+impl EventSender for Publisher {
+    async fn send_packed(&self, topic: String, event: Any) {
+        let envelope = match envelope(&topic, &self.namespace, event) {
             Ok(envelope) => envelope,
             Err(e) => {
-                error!("dropped event {topic}: cannot encode it: {e}");
+                error!("dropped event {topic}: cannot stamp it: {e}");
                 return;
             }
         };
@@ -92,16 +126,12 @@ impl Events {
 
 /// The envelope containerd's `Events.Forward` takes, as `RemotePublisher`
 /// builds it: stamped when queued, not when delivered.
-fn envelope<E: Named>(
-    topic: &str,
-    namespace: &str,
-    event: &E,
-) -> containerd_shim::error::Result<Envelope> {
+fn envelope(topic: &str, namespace: &str, event: Any) -> containerd_shim::error::Result<Envelope> {
     let mut envelope = Envelope::new();
     envelope.set_topic(topic.to_owned());
     envelope.set_namespace(namespace.to_owned());
     envelope.set_timestamp(timestamp()?);
-    envelope.set_event(pack(event)?);
+    envelope.set_event(event);
     Ok(envelope)
 }
 
@@ -375,7 +405,7 @@ mod tests {
             exit_status: 137,
             ..Default::default()
         };
-        let e = envelope("/tasks/exit", "k8s.io", &exit).unwrap();
+        let e = envelope("/tasks/exit", "k8s.io", pack(&exit).unwrap()).unwrap();
         assert_eq!(e.topic(), "/tasks/exit");
         assert_eq!(e.namespace(), "k8s.io");
         assert!(e.timestamp().seconds > 0);

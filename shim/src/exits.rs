@@ -78,7 +78,7 @@ impl Exits {
         rx
     }
 
-    fn deliver(&self, pid: i32, code: i32) {
+    pub(crate) fn deliver(&self, pid: i32, code: i32) {
         let exit = Exit {
             code,
             at: OffsetDateTime::now_utc(),

@@ -14,6 +14,8 @@ mod deadline;
 mod error;
 mod events;
 mod exits;
+#[cfg(test)]
+mod fakes;
 mod grpc;
 mod inflight;
 mod info;
@@ -26,6 +28,7 @@ mod oom;
 mod options;
 mod prepared;
 mod process;
+mod requests;
 mod runc;
 mod server;
 mod service;

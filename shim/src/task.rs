@@ -1,18 +1,17 @@
 //! The containerd task API (v3) served over ttrpc. This is the wire edge:
-//! requests are unwrapped here and handed to [`Container`] (and to
-//! [`crate::start`] for the init's start). Each container has its own lock;
+//! every request is converted into its domain request (requests.rs) and
+//! handed to [`Container`] (and to the lifecycle for the init's start). Each container has its own lock;
 //! the map of containers is locked only to look one up, never across an
 //! await, so a long call on one container (a restore, a checkpoint) never
 //! holds up another. Events go out in the order containerd expects (create,
 //! start, exit, delete; exec added, exec started, exit): each is queued while
 //! its container's lock is held.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::util::convert_to_timestamp;
 use containerd_shim::{api, Task, TtrpcContext, TtrpcResult};
@@ -20,23 +19,20 @@ use containerd_shim_protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
-use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::MessageField;
-use containerd_shim_protos::shim::oci::{CheckpointOptions, ProcessDetails};
+use containerd_shim_protos::shim::oci::ProcessDetails;
 use log::info;
 use tokio::sync::Mutex;
 
 use crate::console;
-use crate::container::{CheckpointRequest, Container};
+use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::exits::Exits;
-use crate::lifecycle::create::{CreateRequest, Creator};
-use crate::options;
+use crate::lifecycle::create::{runc_cli, CreateRequest, Creator, MakeRunc};
 use crate::process::{wait_exit, Status};
-use crate::runc::CheckpointFlags;
+use crate::requests::{Checkpoint, Exec, Kill, ProcessRef, Resize, Shutdown, TaskId, Update};
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::rootfs::RootMount;
 
 pub struct TaskService {
     shared: Shared,
@@ -50,6 +46,8 @@ pub struct TaskService {
     namespace: String,
     /// containerd's socket, for its API (labels).
     containerd_address: String,
+    /// What drives each container's runc.
+    make_runc: MakeRunc,
 }
 
 impl TaskService {
@@ -70,14 +68,27 @@ impl TaskService {
             shutdown_pending: Default::default(),
             namespace: namespace.to_string(),
             containerd_address: containerd_address.to_string(),
+            make_runc: runc_cli(),
         }
+    }
+
+    /// The service with every container's runc driven by `make_runc`.
+    #[cfg(test)]
+    pub fn with_runc(self, make_runc: MakeRunc) -> Self {
+        Self { make_runc, ..self }
     }
 
     fn container(&self, id: &str) -> Result<ContainerRef> {
         self.shared.get(id)
     }
 
-    async fn do_create(&self, req: api::CreateTaskRequest) -> Result<api::CreateTaskResponse> {
+    /// Creates the container of `req`; `event` is its TaskCreate, sent
+    /// with the init's pid.
+    async fn do_create(
+        &self,
+        req: CreateRequest,
+        mut event: TaskCreate,
+    ) -> Result<api::CreateTaskResponse> {
         if self.container(&req.id).is_ok() {
             return Err(already_exists(&req.id));
         }
@@ -85,26 +96,29 @@ impl TaskService {
             namespace: &self.namespace,
             containerd_address: &self.containerd_address,
             exits: &self.shared.exits,
+            make_runc: &self.make_runc,
         };
         let mark = self.shared.exits.mark();
-        let c = creator.create(CreateRequest::try_from(&req)?).await?;
+        let id = req.id.clone();
+        let c = creator.create(req).await?;
         let pid = c.init.pid;
         let handle = Arc::new(Mutex::new(c));
         // Queued under the container's lock: TaskCreate before its exit.
         let guard = handle.lock().await;
         {
             let mut map = self.shared.containers.lock().expect("containers lock");
-            if map.contains_key(&req.id) {
-                return Err(already_exists(&req.id));
+            if map.contains_key(&id) {
+                return Err(already_exists(&id));
             }
-            map.insert(req.id.clone(), handle.clone());
+            map.insert(id.clone(), handle.clone());
             self.shutdown_pending.store(false, Ordering::SeqCst);
         }
         if pid != 0 {
-            self.shared.watch(&req.id, "", pid, mark);
+            self.shared.watch(&id, "", pid, mark);
         }
-        info!("created {} (pid {pid})", req.id);
-        self.shared.events.send(task_create(req, pid)).await;
+        info!("created {id} (pid {pid})");
+        event.pid = pid as u32;
+        self.shared.events.send(event).await;
         drop(guard);
         Ok(api::CreateTaskResponse {
             pid: pid as u32,
@@ -112,10 +126,10 @@ impl TaskService {
         })
     }
 
-    async fn do_start(&self, req: api::StartRequest) -> Result<api::StartResponse> {
+    async fn do_start(&self, req: ProcessRef) -> Result<api::StartResponse> {
         let handle = self.container(&req.id)?;
         let mark = self.shared.exits.mark();
-        let pid = if req.exec_id.is_empty() {
+        let pid = if req.is_init() {
             crate::lifecycle::start_init(self.shared.clone(), handle, mark).await?
         } else {
             let mut c = handle.lock().await;
@@ -138,10 +152,10 @@ impl TaskService {
         })
     }
 
-    async fn do_delete(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse> {
+    async fn do_delete(&self, req: ProcessRef) -> Result<api::DeleteResponse> {
         let handle = self.container(&req.id)?;
         let mut c = handle.lock().await;
-        if !req.exec_id.is_empty() {
+        if !req.is_init() {
             let mut p = c.delete_exec(&req.exec_id)?;
             drop(c);
             p.shutdown_io().await;
@@ -194,7 +208,7 @@ impl TaskService {
         })
     }
 
-    async fn do_state(&self, req: api::StateRequest) -> Result<api::StateResponse> {
+    async fn do_state(&self, req: ProcessRef) -> Result<api::StateResponse> {
         let handle = self.container(&req.id)?;
         let c = handle.lock().await;
         let p = c.process(&req.exec_id)?;
@@ -215,8 +229,8 @@ impl TaskService {
         })
     }
 
-    async fn do_pids(&self, req: api::PidsRequest) -> Result<api::PidsResponse> {
-        let handle = self.container(&req.id)?;
+    async fn do_pids(&self, TaskId(id): TaskId) -> Result<api::PidsResponse> {
+        let handle = self.container(&id)?;
         let pids = Container::pids(&handle).await?;
         let mut processes = Vec::with_capacity(pids.len());
         for (pid, exec_id) in pids {
@@ -265,257 +279,41 @@ impl TaskService {
         Ok(())
     }
 
-    async fn do_checkpoint(&self, req: api::CheckpointTaskRequest) -> Result<()> {
-        let checkpoint = CheckpointRequest::try_from(&req)?;
+    async fn do_checkpoint(&self, req: Checkpoint) -> Result<()> {
         let handle = self.container(&req.id)?;
         let c = handle.lock().await;
-        c.checkpoint(checkpoint).await
-    }
-}
-
-impl TryFrom<&api::CheckpointTaskRequest> for CheckpointRequest {
-    type Error = Error;
-
-    fn try_from(req: &api::CheckpointTaskRequest) -> Result<Self> {
-        let opts = match req.options.as_ref() {
-            Some(any) if !any.value.is_empty() => CheckpointOptions::parse_from_bytes(&any.value)
-                .map_err(|e| {
-                Error::InvalidArgument(format!("checkpoint: malformed options: {e}"))
-            })?,
-            _ => CheckpointOptions::default(),
-        };
-        let image = PathBuf::from(if opts.image_path.is_empty() {
-            &req.path
-        } else {
-            &opts.image_path
-        });
-        if image.as_os_str().is_empty() {
-            return Err(Error::InvalidArgument(
-                "checkpoint: no image path given".into(),
-            ));
-        }
-        Ok(CheckpointRequest {
-            image,
-            work: (!opts.work_path.is_empty()).then(|| PathBuf::from(&opts.work_path)),
-            flags: CheckpointFlags {
-                leave_running: !opts.exit,
-                tcp_established: opts.open_tcp,
-                ext_unix_sk: opts.external_unix_sockets,
-                file_locks: opts.file_locks,
-                shell_job: opts.terminal,
-                manage_cgroups_mode: (!opts.cgroups_mode.is_empty())
-                    .then(|| opts.cgroups_mode.clone()),
-            },
-        })
-    }
-}
-
-impl TryFrom<&api::CreateTaskRequest> for CreateRequest {
-    type Error = Error;
-
-    fn try_from(req: &api::CreateTaskRequest) -> Result<Self> {
-        Ok(CreateRequest {
-            id: req.id.clone(),
-            bundle: PathBuf::from(&req.bundle),
-            rootfs: req
-                .rootfs
-                .iter()
-                .map(|m| RootMount {
-                    kind: m.type_.clone(),
-                    source: m.source.clone(),
-                    options: m.options.to_vec(),
-                })
-                .collect(),
-            stdio: Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
-            checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
-            config: options::from_any(req.options.as_ref())?,
-        })
-    }
-}
-
-/// The TaskCreate event of `req`, whose init has `pid`.
-fn task_create(req: api::CreateTaskRequest, pid: i32) -> TaskCreate {
-    TaskCreate {
-        container_id: req.id,
-        bundle: req.bundle,
-        rootfs: req.rootfs,
-        io: MessageField::some(TaskIO {
-            stdin: req.stdin,
-            stdout: req.stdout,
-            stderr: req.stderr,
-            terminal: req.terminal,
-            ..Default::default()
-        }),
-        checkpoint: req.checkpoint,
-        pid: pid as u32,
-        ..Default::default()
-    }
-}
-
-fn already_exists(id: &str) -> Error {
-    Error::AlreadyExists(format!("create: container {id} already exists"))
-}
-
-#[async_trait]
-impl Task for TaskService {
-    async fn create(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::CreateTaskRequest,
-    ) -> TtrpcResult<api::CreateTaskResponse> {
-        Ok(self.do_create(req).await?)
+        c.checkpoint(req.request).await
     }
 
-    async fn start(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StartRequest,
-    ) -> TtrpcResult<api::StartResponse> {
-        Ok(self.do_start(req).await?)
-    }
-
-    async fn delete(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::DeleteRequest,
-    ) -> TtrpcResult<api::DeleteResponse> {
-        Ok(self.do_delete(req).await?)
-    }
-
-    async fn state(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StateRequest,
-    ) -> TtrpcResult<api::StateResponse> {
-        Ok(self.do_state(req).await?)
-    }
-
-    async fn pids(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::PidsRequest,
-    ) -> TtrpcResult<api::PidsResponse> {
-        Ok(self.do_pids(req).await?)
-    }
-
-    async fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<Empty> {
-        self.do_pause(&req.id, true).await?;
-        Ok(Empty::new())
-    }
-
-    async fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<Empty> {
-        self.do_pause(&req.id, false).await?;
-        Ok(Empty::new())
-    }
-
-    async fn checkpoint(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::CheckpointTaskRequest,
-    ) -> TtrpcResult<Empty> {
-        self.do_checkpoint(req).await?;
-        Ok(Empty::new())
-    }
-
-    async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<Empty> {
-        let handle = self.container(&req.id)?;
+    async fn do_kill(&self, req: Kill) -> Result<()> {
+        let handle = self.container(&req.process.id)?;
         let bundle = handle.lock().await.bundle.clone();
-        if req.exec_id.is_empty() && req.signal != 0 && is_cri_sandbox(&bundle) {
-            self.shared.cancel_restores_beside(&req.id).await;
+        if req.process.is_init() && req.signal != 0 && is_cri_sandbox(&bundle) {
+            self.shared.cancel_restores_beside(&req.process.id).await;
         }
         let c = handle.lock().await;
-        c.kill(&req.exec_id, req.signal, req.all).await?;
-        Ok(Empty::new())
+        c.kill(&req.process.exec_id, req.signal, req.all).await
     }
 
-    async fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<Empty> {
-        let handle = self.container(&req.id)?;
+    async fn do_exec(&self, req: Exec) -> Result<()> {
+        let ProcessRef { id, exec_id } = req.process;
+        let handle = self.container(&id)?;
         let mut c = handle.lock().await;
-        let spec = req
-            .spec
-            .as_ref()
-            .map(|a| a.value.as_slice())
-            .unwrap_or_default();
-        let stdio = Stdio::new(&req.stdin, &req.stdout, &req.stderr, req.terminal);
-        c.add_exec(&req.exec_id, stdio, spec)?;
+        c.add_exec(&exec_id, req.stdio, &req.spec)?;
         self.shared
             .events
             .send(TaskExecAdded {
-                container_id: req.id,
-                exec_id: req.exec_id,
+                container_id: id,
+                exec_id,
                 ..Default::default()
             })
             .await;
-        Ok(Empty::new())
+        Ok(())
     }
 
-    async fn resize_pty(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::ResizePtyRequest,
-    ) -> TtrpcResult<Empty> {
-        let handle = self.container(&req.id)?;
-        let c = handle.lock().await;
-        let p = c.process(&req.exec_id)?;
-        if let Some(pty) = &p.pty {
-            console::resize(pty, req.width, req.height)?;
-        }
-        Ok(Empty::new())
-    }
-
-    async fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<Empty> {
-        let handle = self.container(&req.id)?;
-        let c = handle.lock().await;
-        c.process(&req.exec_id)?.io.close_input();
-        Ok(Empty::new())
-    }
-
-    async fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<Empty> {
-        let handle = self.container(&req.id)?;
-        let c = handle.lock().await;
-        let resources = req
-            .resources
-            .as_ref()
-            .map(|a| a.value.clone())
-            .unwrap_or_default();
-        match serde_json::from_slice::<serde_json::Value>(&resources) {
-            Ok(serde_json::Value::Object(_)) => {}
-            Ok(_) => {
-                return Err(
-                    Error::InvalidArgument("update: resources: not an object".into()).into(),
-                )
-            }
-            Err(e) => return Err(Error::InvalidArgument(format!("update: resources: {e}")).into()),
-        }
-        c.runc.update(&req.id, resources).await?;
-        Ok(Empty::new())
-    }
-
-    async fn wait(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::WaitRequest,
-    ) -> TtrpcResult<api::WaitResponse> {
-        let rx = {
-            let handle = self.container(&req.id)?;
-            let c = handle.lock().await;
-            c.process(&req.exec_id)?.exit_watch()
-        };
-        let exit = wait_exit(rx).await;
-        Ok(api::WaitResponse {
-            exit_status: exit.code as u32,
-            exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
-            ..Default::default()
-        })
-    }
-
-    async fn stats(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StatsRequest,
-    ) -> TtrpcResult<api::StatsResponse> {
+    async fn do_stats(&self, TaskId(id): TaskId) -> Result<api::StatsResponse> {
         let pid = {
-            let handle = self.container(&req.id)?;
+            let handle = self.container(&id)?;
             let c = handle.lock().await;
             if c.init.status() == Status::Restoring {
                 // CRIU is restoring: no process of the container exists yet.
@@ -539,13 +337,169 @@ impl Task for TaskService {
             ..Default::default()
         })
     }
+}
+
+/// The TaskCreate event of `req` (its init's pid set once created).
+fn task_create(req: api::CreateTaskRequest) -> TaskCreate {
+    TaskCreate {
+        container_id: req.id,
+        bundle: req.bundle,
+        rootfs: req.rootfs,
+        io: MessageField::some(TaskIO {
+            stdin: req.stdin,
+            stdout: req.stdout,
+            stderr: req.stderr,
+            terminal: req.terminal,
+            ..Default::default()
+        }),
+        checkpoint: req.checkpoint,
+        ..Default::default()
+    }
+}
+
+fn already_exists(id: &str) -> Error {
+    Error::AlreadyExists(format!("create: container {id} already exists"))
+}
+
+#[async_trait]
+impl Task for TaskService {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateTaskRequest,
+    ) -> TtrpcResult<api::CreateTaskResponse> {
+        let create = CreateRequest::try_from(&req)?;
+        Ok(self.do_create(create, task_create(req)).await?)
+    }
+
+    async fn start(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StartRequest,
+    ) -> TtrpcResult<api::StartResponse> {
+        Ok(self.do_start(ProcessRef::try_from(&req)?).await?)
+    }
+
+    async fn delete(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::DeleteRequest,
+    ) -> TtrpcResult<api::DeleteResponse> {
+        Ok(self.do_delete(ProcessRef::try_from(&req)?).await?)
+    }
+
+    async fn state(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StateRequest,
+    ) -> TtrpcResult<api::StateResponse> {
+        Ok(self.do_state(ProcessRef::try_from(&req)?).await?)
+    }
+
+    async fn pids(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PidsRequest,
+    ) -> TtrpcResult<api::PidsResponse> {
+        Ok(self.do_pids(TaskId::try_from(&req)?).await?)
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<Empty> {
+        let TaskId(id) = TaskId::try_from(&req)?;
+        self.do_pause(&id, true).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<Empty> {
+        let TaskId(id) = TaskId::try_from(&req)?;
+        self.do_pause(&id, false).await?;
+        Ok(Empty::new())
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        self.do_checkpoint(Checkpoint::try_from(&req)?).await?;
+        Ok(Empty::new())
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<Empty> {
+        self.do_kill(Kill::try_from(&req)?).await?;
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.do_exec(Exec::try_from(&req)?).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ResizePtyRequest,
+    ) -> TtrpcResult<Empty> {
+        let req = Resize::try_from(&req)?;
+        let handle = self.container(&req.process.id)?;
+        let c = handle.lock().await;
+        let p = c.process(&req.process.exec_id)?;
+        if let Some(pty) = &p.pty {
+            console::resize(pty, req.width, req.height)?;
+        }
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<Empty> {
+        let req = ProcessRef::try_from(&req)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
+        c.process(&req.exec_id)?.io.close_input();
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<Empty> {
+        let req = Update::try_from(&req)?;
+        let handle = self.container(&req.id)?;
+        let c = handle.lock().await;
+        c.runc.update(&req.id, req.resources).await?;
+        Ok(Empty::new())
+    }
+
+    async fn wait(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::WaitRequest,
+    ) -> TtrpcResult<api::WaitResponse> {
+        let req = ProcessRef::try_from(&req)?;
+        let rx = {
+            let handle = self.container(&req.id)?;
+            let c = handle.lock().await;
+            c.process(&req.exec_id)?.exit_watch()
+        };
+        let exit = wait_exit(rx).await;
+        Ok(api::WaitResponse {
+            exit_status: exit.code as u32,
+            exited_at: MessageField::some(convert_to_timestamp(Some(exit.at))),
+            ..Default::default()
+        })
+    }
+
+    async fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        Ok(self.do_stats(TaskId::try_from(&req)?).await?)
+    }
 
     async fn connect(
         &self,
         _ctx: &TtrpcContext,
         req: api::ConnectRequest,
     ) -> TtrpcResult<api::ConnectResponse> {
-        let task_pid = match self.container(&req.id) {
+        let TaskId(id) = TaskId::try_from(&req)?;
+        let task_pid = match self.container(&id) {
             Ok(handle) => handle.lock().await.init.pid as u32,
             Err(_) => 0,
         };
@@ -558,13 +512,14 @@ impl Task for TaskService {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<Empty> {
+        let Shutdown { now } = Shutdown::try_from(&req)?;
         let empty = self
             .shared
             .containers
             .lock()
             .expect("containers lock")
             .is_empty();
-        if req.now || empty {
+        if now || empty {
             self.exit_signal.signal();
         } else {
             self.shutdown_pending.store(true, Ordering::SeqCst);
@@ -591,3 +546,7 @@ fn is_cri_sandbox(bundle: &Path) -> bool {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .is_some_and(|spec| spec["annotations"]["io.kubernetes.cri.container-type"] == "sandbox")
 }
+
+#[cfg(test)]
+#[path = "task_tests.rs"]
+mod tests;

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use containerd_shim::asynchronous::io::Stdio;
 use log::warn;
@@ -16,7 +17,7 @@ use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::labels;
-use crate::runc::{CriuTools, Runc};
+use crate::runc::{CriuTools, Runc, RuncVerbs};
 use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
 use crate::snapshot::{plan::spec, store::fetch};
@@ -32,12 +33,23 @@ pub struct CreateRequest {
     pub config: RuntimeConfig,
 }
 
+/// What drives the runc a container's config names: the runc CLI itself
+/// ([`runc_cli`]), or in unit tests a fake that records the calls.
+pub type MakeRunc = Arc<dyn Fn(Runc) -> Arc<dyn RuncVerbs> + Send + Sync>;
+
+/// The runc CLI, as configured.
+pub fn runc_cli() -> MakeRunc {
+    Arc::new(|runc| Arc::new(runc))
+}
+
 /// Where a create happens: the shim's namespace, containerd's socket (for
-/// labels and the image's digest) and the exit reaper runc reports to.
+/// labels and the image's digest), the exit reaper runc reports to and
+/// what drives runc.
 pub struct Creator<'a> {
     pub namespace: &'a str,
     pub containerd_address: &'a str,
     pub exits: &'a Exits,
+    pub make_runc: &'a MakeRunc,
 }
 
 impl Creator<'_> {
@@ -83,7 +95,7 @@ impl Creator<'_> {
             bundle: req.bundle,
             rootfs: req.rootfs,
             stdio: req.stdio,
-            runc,
+            runc: (self.make_runc)(runc),
             no_pivot: config.no_pivot_root,
             start,
         })

@@ -22,7 +22,7 @@ pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
                 c.init.stdio.terminal,
                 plan,
             );
-            tokio::spawn(super::capture::run(capture));
+            tokio::spawn(super::capture::run(capture, shared.exits.clone()));
         }
     }
     c.start.release_lock();

@@ -1,7 +1,11 @@
 //! runc's verbs as the shim calls them: create, start, exec, kill, delete,
-//! pause, resume, ps, update, checkpoint, restore.
+//! pause, resume, ps, update, checkpoint, restore. The container and the
+//! lifecycle's phases see them through [`RuncVerbs`]: the runc CLI here,
+//! a recording fake in unit tests (fakes.rs).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
 
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
@@ -11,8 +15,74 @@ use super::invocation::{CheckpointFlags, ChildStdio, Invocation};
 use super::native;
 use super::run::Runc;
 
-impl Runc {
-    pub async fn create(
+/// The runc verbs the container and the lifecycle use, and the two facts
+/// of its configuration they read. One call is one runc process (or the
+/// shim's native start or delete): a trait object's call costs nothing
+/// beside it.
+#[async_trait]
+pub trait RuncVerbs: Send + Sync {
+    /// runc's state folder of container `id` (under its root).
+    fn state_dir(&self, id: &str) -> PathBuf;
+    /// Whether runc drives cgroups through systemd (not cgroupfs).
+    fn systemd_cgroup(&self) -> bool;
+    async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        no_pivot: bool,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()>;
+    async fn start(&self, id: &str) -> Result<()>;
+    async fn exec(
+        &self,
+        id: &str,
+        process_json: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Option<ChildStdio>,
+    ) -> Result<()>;
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()>;
+    async fn delete(&self, id: &str, force: bool) -> Result<()>;
+    async fn pause(&self, id: &str) -> Result<()>;
+    async fn resume(&self, id: &str) -> Result<()>;
+    async fn ps(&self, id: &str) -> Result<Vec<i32>>;
+    async fn update(&self, id: &str, resources_json: Vec<u8>) -> Result<()>;
+    async fn checkpoint(
+        &self,
+        id: &str,
+        image: &Path,
+        work: &Path,
+        flags: &CheckpointFlags,
+        deadline: Option<&Deadline>,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    async fn restore(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image: &Path,
+        work: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        flags: &CheckpointFlags,
+        stdio: Option<ChildStdio>,
+        deadline: Option<&Deadline>,
+    ) -> Result<()>;
+}
+
+#[async_trait]
+impl RuncVerbs for Runc {
+    fn state_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    fn systemd_cgroup(&self) -> bool {
+        self.systemd_cgroup
+    }
+
+    async fn create(
         &self,
         id: &str,
         bundle: &Path,
@@ -35,7 +105,7 @@ impl Runc {
 
     /// Starts the created container: the shim lets its init exec itself
     /// where it can (native.rs), else `runc start`.
-    pub async fn start(&self, id: &str) -> Result<()> {
+    async fn start(&self, id: &str) -> Result<()> {
         let dir = self.root.join(id);
         let native = tokio::task::spawn_blocking(move || {
             native::start(&dir, std::time::Duration::from_secs(10))
@@ -51,7 +121,7 @@ impl Runc {
             .map(drop)
     }
 
-    pub async fn exec(
+    async fn exec(
         &self,
         id: &str,
         process_json: &Path,
@@ -71,7 +141,7 @@ impl Runc {
         self.run(inv).await.map(drop)
     }
 
-    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
         let inv = Invocation::new("kill", "kill")
             .arg_if(all, "--all")
             .arg(id)
@@ -83,7 +153,7 @@ impl Runc {
     /// recursively, and a restore bind-mounts the rootfs under it
     /// (`criu-root`). What is mounted there comes off first; if anything
     /// stays, runc's state is kept and the error says why.
-    pub async fn delete(&self, id: &str, force: bool) -> Result<()> {
+    async fn delete(&self, id: &str, force: bool) -> Result<()> {
         let state = self.root.join(id);
         mounts::unmount_under(&state);
         if mounts::has_mounts_under(&state) {
@@ -107,20 +177,20 @@ impl Runc {
         self.run(inv).await.map(drop)
     }
 
-    pub async fn pause(&self, id: &str) -> Result<()> {
+    async fn pause(&self, id: &str) -> Result<()> {
         self.run(Invocation::new("pause", "pause").arg(id))
             .await
             .map(drop)
     }
 
-    pub async fn resume(&self, id: &str) -> Result<()> {
+    async fn resume(&self, id: &str) -> Result<()> {
         self.run(Invocation::new("resume", "resume").arg(id))
             .await
             .map(drop)
     }
 
     /// The pids of every process in the container.
-    pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
+    async fn ps(&self, id: &str) -> Result<Vec<i32>> {
         let out = self
             .run(
                 Invocation::new("pids", "ps")
@@ -138,7 +208,7 @@ impl Runc {
     }
 
     /// `runc update --resources -`, with the OCI LinuxResources JSON on stdin.
-    pub async fn update(&self, id: &str, resources_json: Vec<u8>) -> Result<()> {
+    async fn update(&self, id: &str, resources_json: Vec<u8>) -> Result<()> {
         let mut inv = Invocation::new("update", "update")
             .arg("--resources")
             .arg("-")
@@ -147,7 +217,7 @@ impl Runc {
         self.run(inv).await.map(drop)
     }
 
-    pub async fn checkpoint(
+    async fn checkpoint(
         &self,
         id: &str,
         image: &Path,
@@ -168,7 +238,7 @@ impl Runc {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub async fn restore(
+    async fn restore(
         &self,
         id: &str,
         bundle: &Path,

@@ -3,6 +3,7 @@
 //! carried layer, the digests), and what the driver does at its ends.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -14,7 +15,7 @@ use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
-use crate::runc::Runc;
+use crate::runc::RuncVerbs;
 use crate::snapshot::plan::{CapturePlan, WriteLock};
 use crate::snapshot::store::journal;
 use crate::snapshot::store::records::{keep_criu_log, record_error};
@@ -33,7 +34,7 @@ pub(super) struct Ready {
 pub struct CaptureRun {
     pub(super) id: String,
     pub(super) bundle: PathBuf,
-    pub(super) runc: Runc,
+    pub(super) runc: Arc<dyn RuncVerbs>,
     pub(super) pid: i32,
     pub(super) terminal: bool,
     /// The capture's plan (without the lock: that is `lock`).
@@ -64,7 +65,7 @@ impl CaptureRun {
     pub fn new(
         id: &str,
         bundle: PathBuf,
-        runc: Runc,
+        runc: Arc<dyn RuncVerbs>,
         pid: i32,
         terminal: bool,
         plan: &CapturePlan,

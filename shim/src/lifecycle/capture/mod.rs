@@ -13,11 +13,14 @@ mod donor;
 mod inventory;
 mod publish;
 mod ready;
+#[cfg(test)]
+mod undo_tests;
 
 use log::info;
 
 use super::driver;
 use super::phase::{Phase, Stop};
+use crate::exits::Exits;
 pub use context::CaptureRun;
 
 /// The phases of a capture, in order.
@@ -32,8 +35,9 @@ pub const PHASES: [&dyn Phase<CaptureRun>; 7] = [
 ];
 
 /// Runs the capture to the end; then pushes the artifact where the plan
-/// says (after the lock is gone), or, on failure, the task is killed.
-pub async fn run(mut capture: CaptureRun) {
+/// says (after the lock is gone, its tools spawned under `exits`), or,
+/// on failure, the task is killed.
+pub async fn run(mut capture: CaptureRun, exits: Exits) {
     let stop = Stop::new(capture.outer_deadline());
     let ran = driver::drive(&mut capture, &PHASES, &stop, driver::GRACE).await;
     capture.journal(&ran);
@@ -44,7 +48,7 @@ pub async fn run(mut capture: CaptureRun) {
         info!("{}: artifact published at {}", capture.id, path.display());
     }
     if let Some(target) = capture.plan.push_to.clone() {
-        target.push_in_background(capture.id.clone(), capture.runc.exits.clone());
+        target.push_in_background(capture.id.clone(), exits);
     }
 }
 

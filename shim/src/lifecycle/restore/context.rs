@@ -256,7 +256,7 @@ fn restore_job(
         },
         memory: MemoryWatch {
             cgroup: memory::cgroup_of(&spec),
-            may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup,
+            may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup(),
             limit: memory::limit_of(&spec),
             need: plan.and_then(|r| r.memory),
         },

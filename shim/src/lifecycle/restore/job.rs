@@ -5,12 +5,13 @@
 //! the undo of runc's and CRIU's leftovers on failure.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::cleanup::undo_runc_state;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::prepared::Prepared;
-use crate::runc::{CheckpointFlags, Runc};
+use crate::runc::{CheckpointFlags, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
@@ -22,7 +23,7 @@ use crate::snapshot::criu::restore_oom::RestoreOom;
 pub struct RestoreJob {
     pub id: String,
     pub bundle: PathBuf,
-    pub runc: Runc,
+    pub runc: Arc<dyn RuncVerbs>,
     pub image: PathBuf,
     pub work: PathBuf,
     pub pid_file: PathBuf,
@@ -157,7 +158,7 @@ impl RestoreJob {
     pub async fn undo(&self) {
         let rootfs = crate::cleanup::rootfs_path(&self.bundle);
         undo_runc_state(
-            &self.runc,
+            self.runc.as_ref(),
             &self.id,
             &self.work,
             rootfs.as_deref(),

@@ -13,6 +13,8 @@ mod criu;
 mod gpu;
 pub mod job;
 mod restored;
+#[cfg(test)]
+mod undo_tests;
 mod verify;
 mod verify_first;
 mod visible;

@@ -10,7 +10,7 @@ pub(crate) mod argparse;
 mod bundle;
 mod capture;
 mod choose;
-mod common;
+pub(crate) mod common;
 mod engine;
 mod lock;
 mod preflight;

@@ -1,0 +1,204 @@
+//! The undo of a failed capture, phase by phase: the real checkpoint
+//! phase run by the driver over a real [`CaptureRun`] with runc faked
+//! (fakes.rs), and failing phases before and after it. Whatever failed,
+//! nothing is staged or published and the task is killed so it exits
+//! non-zero; a dump killed at its deadline thaws the tree first.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use vsnap_artifact::{ArtifactName, Tools, Workload};
+
+use super::checkpoint::Checkpoint;
+use super::context::CaptureRun;
+use crate::error::{Error, Result};
+use crate::exits::Exits;
+use crate::fakes::FakeRunc;
+use crate::lifecycle::driver::{self, Failed};
+use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::snapshot::plan::common::Listen;
+use crate::snapshot::plan::profile::Profile;
+use crate::snapshot::plan::{AfterCapture, CapturePlan, Common};
+use crate::snapshot::rootfs::WritableLayer;
+
+const ID: &str = "c1";
+const PID: i32 = 5_999_999;
+const ARTIFACT: &str = "undo-test";
+
+/// A create plan of artifact [`ARTIFACT`] under `root`. The one place
+/// these tests build the plan's struct.
+fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
+    CapturePlan {
+        common: Common {
+            artifact: ArtifactName::new(ARTIFACT).unwrap(),
+            root: root.to_path_buf(),
+            workload: Workload {
+                argv: vec!["/engine".into()],
+                env: Default::default(),
+                rootfs: String::new(),
+                image: String::new(),
+                image_digest: String::new(),
+                namespace: "default".into(),
+                kubernetes_namespace: None,
+                security: Default::default(),
+                fingerprint_key: "host".into(),
+            },
+            tools: Tools::default(),
+            profile: Profile::Startup,
+            listen: Listen {
+                host: None,
+                port: 8000,
+            },
+            control_dir: root.join("control"),
+            control_owner: (0, 0),
+            api_key: None,
+            gpus: Vec::new(),
+            host_shm: None,
+            activation_timeout: Duration::from_secs(60),
+            activation_source: "activation_timeout_s",
+        },
+        lock: None,
+        capture_timeout: Duration::from_secs(60),
+        checkpoint_timeout,
+        after_capture: AfterCapture::Exit,
+        donor_stop_grace: Duration::from_secs(1),
+        layer: WritableLayer::Shared,
+        layer_limit: 0,
+        push_to: None,
+        spec: serde_json::json!({}),
+    }
+}
+
+struct Capture {
+    dir: tempfile::TempDir,
+    runc: Arc<FakeRunc>,
+}
+
+impl Capture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(ID)).unwrap();
+        let runc = FakeRunc::new(&dir.path().join("runc-root"), &Exits::default());
+        Self { dir, runc }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("artifacts")
+    }
+
+    fn run(&self, checkpoint_timeout: Duration) -> CaptureRun {
+        let plan = create_plan(&self.root(), checkpoint_timeout);
+        let bundle = self.dir.path().join(ID);
+        CaptureRun::new(ID, bundle, self.runc.clone(), PID, false, &plan)
+    }
+
+    /// What is under the artifact root: nothing staged, nothing published.
+    fn under_root(&self) -> Vec<String> {
+        match std::fs::read_dir(self.root()) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn error_record(&self) -> serde_json::Value {
+        let path = self.dir.path().join(ID).join("vsnap-error.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+}
+
+/// A phase that fails; it notes the staging dir when there is one.
+struct Fails(PhaseName, Arc<Mutex<Option<PathBuf>>>);
+
+impl Fails {
+    fn at(name: PhaseName) -> Self {
+        Self(name, Arc::default())
+    }
+}
+
+#[async_trait]
+impl Phase<CaptureRun> for Fails {
+    fn name(&self) -> PhaseName {
+        self.0
+    }
+
+    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+        let staged = run.staging.as_ref().map(|s| s.images());
+        *self.1.lock().unwrap() = staged;
+        Err(Error::FailedPrecondition(format!("{}: broken", self.0)))
+    }
+}
+
+async fn drive(run: &mut CaptureRun, phases: &[&dyn Phase<CaptureRun>]) -> Failed {
+    let stop = Stop::new(run.outer_deadline());
+    let driven = driver::drive(run, phases, &stop, driver::GRACE);
+    tokio::time::timeout(Duration::from_secs(10), driven)
+        .await
+        .expect("the capture ends")
+        .expect_err("the capture fails")
+}
+
+#[tokio::test]
+async fn a_capture_failing_before_the_dump_kills_the_task_and_stages_nothing() {
+    let c = Capture::new();
+    let mut run = c.run(Duration::from_secs(60));
+    let failed = drive(&mut run, &[&Fails::at(PhaseName::WaitReady), &Checkpoint]).await;
+    assert_eq!(failed.phase, PhaseName::WaitReady);
+    assert_eq!(c.runc.calls(), ["kill c1 9 --all"]);
+    assert!(c.under_root().is_empty(), "{:?}", c.under_root());
+    assert_eq!(c.error_record()["phase"], "capture: waiting");
+}
+
+#[tokio::test]
+async fn a_failed_dump_leaves_no_staging_dir_and_kills_the_task() {
+    let c = Capture::new();
+    c.runc.fail("checkpoint", "criu failed: type DUMP errno 0");
+    let mut run = c.run(Duration::from_secs(60));
+    let failed = drive(&mut run, &[&Checkpoint, &Fails::at(PhaseName::Carry)]).await;
+    assert_eq!(failed.phase, PhaseName::Checkpoint);
+    assert!(
+        failed.error.to_string().starts_with("capture: "),
+        "{}",
+        failed.error
+    );
+    // Not a dump killed at its deadline: nothing to thaw.
+    assert_eq!(c.runc.calls(), ["checkpoint c1", "kill c1 9 --all"]);
+    assert!(c.under_root().is_empty(), "{:?}", c.under_root());
+    assert_eq!(c.error_record()["phase"], "capture: checkpoint");
+}
+
+#[tokio::test]
+async fn a_dump_killed_at_its_deadline_thaws_the_tree_before_the_task_is_killed() {
+    let c = Capture::new();
+    c.runc.hang_checkpoints();
+    let mut run = c.run(Duration::from_millis(50));
+    let failed = drive(&mut run, &[&Checkpoint]).await;
+    assert_eq!(failed.phase, PhaseName::Checkpoint);
+    assert!(
+        matches!(failed.error, Error::DeadlineExceeded(_)),
+        "{:?}",
+        failed.error
+    );
+    assert_eq!(
+        c.runc.calls(),
+        ["checkpoint c1", "resume c1", "kill c1 9 --all"]
+    );
+    assert!(c.under_root().is_empty(), "{:?}", c.under_root());
+}
+
+#[tokio::test]
+async fn a_failure_after_the_dump_removes_the_staged_images_and_publishes_nothing() {
+    let c = Capture::new();
+    let mut run = c.run(Duration::from_secs(60));
+    let carry = Fails::at(PhaseName::Carry);
+    let failed = drive(&mut run, &[&Checkpoint, &carry]).await;
+    assert_eq!(failed.phase, PhaseName::Carry);
+    let staged = carry.1.lock().unwrap().clone().expect("the dump staged");
+    assert!(!staged.exists(), "{} is left", staged.display());
+    assert!(c.under_root().is_empty(), "{:?}", c.under_root());
+    assert_eq!(c.runc.calls(), ["checkpoint c1", "kill c1 9 --all"]);
+    assert_eq!(c.error_record()["phase"], "capture: carry");
+}
