@@ -29,6 +29,9 @@ pub struct Container {
     pub start: InitStart,
     /// While the init is restoring or activating: what a kill cancels.
     pub starting: Option<CancellationToken>,
+    /// The spec's cgroup and memory settings (`linux.cgroupsPath`,
+    /// `linux.resources.memory`), from the spec read once at create.
+    pub cgroup_spec: serde_json::Value,
     rootfs_mounted: bool,
 }
 
@@ -49,6 +52,8 @@ pub struct CreateConfig {
     pub runc: Arc<dyn RuncVerbs>,
     pub no_pivot: bool,
     pub start: InitStart,
+    /// The bundle's spec as create read it (once).
+    pub spec: serde_json::Value,
 }
 
 impl Container {
@@ -56,12 +61,7 @@ impl Container {
     /// checkpoint, prepares the restore that `start` will run). On failure
     /// nothing is left behind.
     pub async fn create(cfg: CreateConfig) -> Result<Self> {
-        let spec_path = cfg.bundle.join("config.json");
-        // Read as JSON: the shim needs one flag of it (a typed spec would
-        // bring a regex engine into every shim).
-        let spec = crate::cleanup::read_spec(&cfg.bundle).map_err(|e| {
-            Error::InvalidArgument(format!("create: bundle {}: {e}", spec_path.display()))
-        })?;
+        let spec = &cfg.spec;
         let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
         if terminal != cfg.stdio.terminal {
             return Err(Error::InvalidArgument(format!(
@@ -78,6 +78,7 @@ impl Container {
             execs: HashMap::new(),
             start: cfg.start,
             starting: None,
+            cgroup_spec: cgroup_spec(spec),
             rootfs_mounted: false,
         };
         if let Err(e) = c.mount_rootfs(&cfg.rootfs) {
@@ -226,7 +227,8 @@ impl Container {
 
     /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
     pub fn cgroups_path(&self) -> Option<PathBuf> {
-        crate::cleanup::cgroups_path(&self.bundle)
+        let path = PathBuf::from(self.cgroup_spec["linux"]["cgroupsPath"].as_str()?);
+        path.is_absolute().then_some(path)
     }
 
     /// Registers an exec process (not started yet).
@@ -551,3 +553,15 @@ mod tests {
 #[cfg(test)]
 #[path = "container_kill_tests.rs"]
 mod kill_tests;
+
+/// What the shim keeps of a spec after create: its cgroup and memory
+/// settings, which a restore reads at Start.
+fn cgroup_spec(spec: &serde_json::Value) -> serde_json::Value {
+    let linux = &spec["linux"];
+    serde_json::json!({
+        "linux": {
+            "cgroupsPath": linux["cgroupsPath"],
+            "resources": {"memory": linux["resources"]["memory"]},
+        }
+    })
+}

@@ -54,6 +54,7 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         execs: HashMap::new(),
         start: InitStart::Plain,
         starting,
+        cgroup_spec: serde_json::Value::Null,
         rootfs_mounted: false,
     }
 }

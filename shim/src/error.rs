@@ -57,6 +57,45 @@ impl Error {
         }
     }
 
+    /// The error as phase `phase` ("restore: CRIU") reports it, naming its
+    /// phase once: a message that names its operation already ("restore:
+    /// ...", "capture: ...": a deeper step said where it was) is kept as
+    /// it is; any other gets the phase in front. The driver applies it to
+    /// every phase's error, so phases do not write their own name.
+    pub fn in_phase(self, phase: &str) -> Self {
+        let op = phase.split(':').next().unwrap_or(phase);
+        let named = |m: String| {
+            if m.starts_with(op) && m[op.len()..].starts_with(": ") {
+                m
+            } else {
+                format!("{phase}: {m}")
+            }
+        };
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(named(m)),
+            Error::NotFound(m) => Error::NotFound(named(m)),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(named(m)),
+            Error::AlreadyExists(m) => Error::AlreadyExists(named(m)),
+            Error::DeadlineExceeded(m) => Error::DeadlineExceeded(named(m)),
+            Error::Cancelled(m) => Error::Cancelled(named(m)),
+            Error::OutOfMemory(m) => Error::OutOfMemory(named(m)),
+            Error::Other(m) => Error::Other(named(m)),
+            Error::Io { context, source } => Error::Io {
+                context: named(context),
+                source,
+            },
+            Error::Runc {
+                phase: p,
+                verb,
+                detail,
+            } => Error::Runc {
+                phase: if p.is_empty() { phase.to_string() } else { p },
+                verb,
+                detail,
+            },
+        }
+    }
+
     fn code(&self) -> Code {
         match self {
             Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
@@ -95,5 +134,55 @@ fn runc_message(phase: &str, verb: &str, detail: &str) -> String {
         format!("OCI runtime create failed: runc create failed: {detail}")
     } else {
         format!("{phase}: runc {verb} failed: {detail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_names_itself_once() {
+        let e =
+            Error::FailedPrecondition("pid 7 holds two GPUs".into()).in_phase("capture: inventory");
+        assert_eq!(e.to_string(), "capture: inventory: pid 7 holds two GPUs");
+        // Applied twice (a phase inside a phase), still once.
+        let again = e.in_phase("capture: inventory");
+        assert_eq!(
+            again.to_string(),
+            "capture: inventory: pid 7 holds two GPUs"
+        );
+    }
+
+    #[test]
+    fn a_message_that_names_its_operation_is_kept() {
+        let e = Error::DeadlineExceeded("restore: preflight: too late".into())
+            .in_phase("restore: CRIU");
+        assert_eq!(e.to_string(), "restore: preflight: too late");
+        // "restored" is not the operation "restore".
+        let e = Error::Other("restored init gone".into()).in_phase("restore: visible");
+        assert_eq!(e.to_string(), "restore: visible: restored init gone");
+    }
+
+    #[test]
+    fn the_kind_of_error_and_its_source_are_kept() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = Error::io("write x", io).in_phase("capture: publish");
+        assert_eq!(e.code(), Code::NOT_FOUND);
+        assert!(e.to_string().starts_with("capture: publish: write x: "));
+        let e = Error::Runc {
+            phase: String::new(),
+            verb: "checkpoint",
+            detail: "criu failed".into(),
+        }
+        .in_phase("capture: checkpoint");
+        assert_eq!(
+            e.to_string(),
+            "capture: checkpoint: runc checkpoint failed: criu failed"
+        );
+        assert!(matches!(
+            Error::Cancelled("killed".into()).in_phase("restore: CRIU"),
+            Error::Cancelled(m) if m == "restore: CRIU: killed"
+        ));
     }
 }

@@ -69,7 +69,10 @@ impl Creator<'_> {
             exits: self.exits.clone(),
             criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
         };
-        let snapshot = self.snapshot_plan(&req, began).await?;
+        // Read once: the plan's edits are made to a copy, written once; the
+        // container keeps what it needs of it.
+        let spec = spec::read(&req.bundle)?;
+        let snapshot = self.snapshot_plan(&req, spec.clone(), began).await?;
         // What a delete after this shim's death needs (cleanup.rs).
         let record = cleanup::Record {
             runc_binary: runc.binary.clone(),
@@ -98,6 +101,7 @@ impl Creator<'_> {
             runc: (self.make_runc)(runc),
             no_pivot: config.no_pivot_root,
             start,
+            spec,
         })
         .await
     }
@@ -106,11 +110,10 @@ impl Creator<'_> {
     async fn snapshot_plan(
         &self,
         req: &CreateRequest,
+        spec: serde_json::Value,
         began: std::time::SystemTime,
     ) -> Result<Option<Prepared>> {
         let config = &req.config;
-        // Read once: the plan's edits are made to this copy, written once.
-        let spec = spec::read(&req.bundle)?;
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A container without a plan runs plain: its tenant is never read,
         // nothing is prepared, and no blocking thread lingers in its idle

@@ -81,7 +81,7 @@ pub async fn drive<Cx: Run>(
         };
         timings.0.push((name, started.elapsed()));
         if let Err(e) = ran {
-            failed = Some((name, e));
+            failed = Some((name, e.in_phase(name.as_str())));
             break;
         }
     }

@@ -67,16 +67,14 @@ impl Phase<CaptureRun> for Checkpoint {
             criu.push_str(&criu::dump_hint(&criu));
             criu.push_str(&watches_not_dumped(run, &dump_log).await);
             return Err(match e {
-                Error::DeadlineExceeded(m) => {
-                    Error::DeadlineExceeded(format!("capture: {m}{criu}"))
-                }
-                e => Error::Other(format!("capture: {e}{criu}")),
+                Error::DeadlineExceeded(m) => Error::DeadlineExceeded(format!("{m}{criu}")),
+                e => Error::Other(format!("{e}{criu}")),
             });
         }
         if !run.plan.common.gpus.is_empty() {
             let log = std::fs::read_to_string(&dump_log).unwrap_or_default();
             criu::check_cuda_plugin_ran(&log)
-                .map_err(|e| Error::FailedPrecondition(format!("capture: checkpoint: {e}")))?;
+                .map_err(|e| Error::FailedPrecondition(e.to_string()))?;
         }
         run.times.checkpoint = t.elapsed();
         Ok(())

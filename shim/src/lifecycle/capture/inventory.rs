@@ -30,7 +30,7 @@ impl Phase<CaptureRun> for Inventory {
         let gpu = !run.plan.common.gpus.is_empty();
         if gpu {
             gpu::check_single_gpu(&gpu::cuda_holders(&pids))
-                .map_err(|e| Error::FailedPrecondition(format!("capture: inventory: {e}")))?;
+                .map_err(|e| Error::FailedPrecondition(e.to_string()))?;
         }
         let (all, tool, spec) = (
             pids.clone(),
@@ -65,11 +65,11 @@ fn watched_paths_to_criu(pids: &[i32], init: i32, config: &std::path::Path) -> R
     let mountinfo = std::fs::read_to_string(format!("/proc/{init}/mountinfo")).unwrap_or_default();
     let root = std::path::PathBuf::from(format!("/proc/{init}/root"));
     let paths = fsnotify::scan_paths(&watches, &root, &|dev| fsnotify::fs_type(&mountinfo, dev))
-        .map_err(|m| Error::FailedPrecondition(format!("capture: inventory: {m}")))?;
+        .map_err(Error::FailedPrecondition)?;
     log::info!(
         "capture: inventory: {} watches, paths for CRIU: {paths:?}",
         watches.len()
     );
     criu::add_irmap_scan_paths(config, &paths)
-        .map_err(|e| Error::io(format!("capture: inventory: write {}", config.display()), e))
+        .map_err(|e| Error::io(format!("write {}", config.display()), e))
 }

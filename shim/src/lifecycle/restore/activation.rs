@@ -51,7 +51,7 @@ impl Phase<RestoreRun> for Activation {
             }
         })
         .await
-        .map_err(|e| Error::Other(format!("restore: activation: {e}")))??;
+        .map_err(|e| Error::Other(e.to_string()))??;
         run.times.activation = validated;
         run.times.listener = woken.elapsed().saturating_sub(validated);
         Ok(())

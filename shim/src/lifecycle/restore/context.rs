@@ -237,7 +237,7 @@ fn restore_job(
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
     let prepared = c.begin_restore(deadline.cancel.clone())?;
-    let spec = crate::cleanup::read_spec(&c.bundle).unwrap_or_default();
+    let spec = &c.cgroup_spec;
     let cgroups_path = c.cgroups_path();
     Ok(RestoreJob {
         id: c.id.clone(),
@@ -255,9 +255,9 @@ fn restore_job(
             },
         },
         memory: MemoryWatch {
-            cgroup: memory::cgroup_of(&spec),
+            cgroup: memory::cgroup_of(spec),
             may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup(),
-            limit: memory::limit_of(&spec),
+            limit: memory::limit_of(spec),
             need: plan.and_then(|r| r.memory),
         },
         cgroups_path,

@@ -26,15 +26,14 @@ impl Phase<RestoreRun> for GpuResume {
         let (tool, pid) = (s.common.tools.cuda_checkpoint.clone(), run.pid);
         tokio::task::spawn_blocking(move || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            criu::check_cuda_resume(&text).map_err(|e| {
-                Error::FailedPrecondition(format!("restore: GPU resume: {e} ({})", log.display()))
-            })?;
+            criu::check_cuda_resume(&text)
+                .map_err(|e| Error::FailedPrecondition(format!("{e} ({})", log.display())))?;
             let members = listener::container_pids(pid).unwrap_or_else(|_| vec![pid]);
             for p in members {
                 if let Ok(state) = gpu::cuda_state(&tool, p) {
                     if !state.starts_with("running") {
                         return Err(Error::FailedPrecondition(format!(
-                            "restore: GPU resume: pid {p} is {state} after the restore (cuda-checkpoint --get-state)"
+                            "pid {p} is {state} after the restore (cuda-checkpoint --get-state)"
                         )));
                     }
                 }
@@ -42,6 +41,6 @@ impl Phase<RestoreRun> for GpuResume {
             Ok(())
         })
         .await
-        .map_err(|e| Error::Other(format!("restore: GPU resume: {e}")))?
+        .map_err(|e| Error::Other(e.to_string()))?
     }
 }

@@ -102,7 +102,7 @@ pub async fn joined(verifying: Option<Verifying>, deadline: &Deadline) -> Result
         return Ok(Duration::ZERO);
     };
     h.await
-        .map_err(|e| Error::Other(format!("restore: verify: {e}")))?
+        .map_err(|e| Error::Other(e.to_string()))?
         .map_err(|e| match e {
             // A kill or the deadline stopped it: that is the error.
             ArtifactError::Stopped(m) => deadline.fail(format!("restore: verify: {m}")),
