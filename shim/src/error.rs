@@ -60,13 +60,18 @@ impl Error {
     /// The error as phase `phase` ("restore: CRIU") reports it, naming its
     /// phase once: a message that names its operation already ("restore:
     /// ...", "capture: ...": a deeper step said where it was) is kept as
-    /// it is; any other gets the phase in front. The driver applies it to
+    /// it is, one that names the step only ("checkpoint: runc ...") gets
+    /// the operation in front, any other the whole phase. The driver applies it to
     /// every phase's error, so phases do not write their own name.
     pub fn in_phase(self, phase: &str) -> Self {
-        let op = phase.split(':').next().unwrap_or(phase);
+        let (op, step) = phase.split_once(": ").unwrap_or((phase, ""));
+        let says = |m: &str, word: &str| !word.is_empty() && m.starts_with(&format!("{word}: "));
         let named = |m: String| {
-            if m.starts_with(op) && m[op.len()..].starts_with(": ") {
+            if says(&m, op) {
                 m
+            } else if says(&m, step) {
+                // runc's verbs name their step ("checkpoint: runc ...").
+                format!("{op}: {m}")
             } else {
                 format!("{phase}: {m}")
             }
@@ -170,6 +175,12 @@ mod tests {
         let e = Error::io("write x", io).in_phase("capture: publish");
         assert_eq!(e.code(), Code::NOT_FOUND);
         assert!(e.to_string().starts_with("capture: publish: write x: "));
+        let e = Error::Other("checkpoint: runc checkpoint failed: x".into())
+            .in_phase("capture: checkpoint");
+        assert_eq!(
+            e.to_string(),
+            "capture: checkpoint: runc checkpoint failed: x"
+        );
         let e = Error::Runc {
             phase: String::new(),
             verb: "checkpoint",
