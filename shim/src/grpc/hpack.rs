@@ -305,7 +305,7 @@ mod tests {
             let len = CODE_LENGTHS[b as usize];
             bits.extend((0..len).rev().map(|i| (codes[b as usize] >> i) as u8 & 1));
         }
-        while bits.len() % 8 != 0 {
+        while !bits.len().is_multiple_of(8) {
             bits.push(1);
         }
         bits.chunks(8)
