@@ -5,8 +5,10 @@
 //! `GET /watch`, so a test can tell that a watch made before a capture
 //! still fires in a restored copy.
 
-use std::ffi::CString;
 use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static DIR: Mutex<Option<String>> = Mutex::new(None);
@@ -14,58 +16,36 @@ static DIR: Mutex<Option<String>> = Mutex::new(None);
 /// Starts watching `dir` on a thread of its own; fails naming the folder.
 pub fn start(dir: &str) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("watch: create {dir}: {e}"))?;
-    let path = CString::new(dir).map_err(|_| format!("watch: {dir:?} holds a NUL"))?;
-    // SAFETY: plain syscalls on a descriptor this function owns.
-    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!(
-            "watch: inotify_init1: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let mask = libc::IN_CREATE | libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO;
-    // SAFETY: `path` is a valid C string.
-    if unsafe { libc::inotify_add_watch(fd, path.as_ptr(), mask) } < 0 {
-        return Err(format!("watch: {dir}: {}", std::io::Error::last_os_error()));
-    }
+    let inotify =
+        Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| format!("watch: inotify_init1: {e}"))?;
+    let mask =
+        AddWatchFlags::IN_CREATE | AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO;
+    inotify
+        .add_watch(dir, mask)
+        .map_err(|e| format!("watch: {dir}: {e}"))?;
     *DIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_string());
-    std::thread::spawn(move || read_events(fd));
+    std::thread::spawn(move || read_events(inotify));
     Ok(())
 }
 
-fn read_events(fd: i32) {
-    let mut buf = vec![0u8; 64 * 1024];
+fn read_events(inotify: Inotify) {
     loop {
-        // SAFETY: reads into a buffer of the length given.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
-        let names = parse(&buf[..n as usize]);
+        let events = match inotify.read_events() {
+            Ok(events) => events,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return,
+        };
+        // An event of the folder itself carries no name: an empty one.
+        let names = events.into_iter().map(|e| {
+            e.name
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
         EVENTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(names);
     }
-}
-
-/// The names of the events in one read of an inotify descriptor.
-fn parse(mut bytes: &[u8]) -> Vec<String> {
-    const HEADER: usize = std::mem::size_of::<libc::inotify_event>();
-    let mut names = Vec::new();
-    while bytes.len() >= HEADER {
-        let len = u32::from_ne_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]) as usize;
-        let Some(name) = bytes.get(HEADER..HEADER + len) else {
-            break;
-        };
-        let end = name.iter().position(|b| *b == 0).unwrap_or(len);
-        names.push(String::from_utf8_lossy(&name[..end]).into_owned());
-        bytes = &bytes[HEADER + len..];
-    }
-    names
 }
 
 /// `{"dir": DIR or null, "events": [names...]}`.

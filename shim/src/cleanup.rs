@@ -33,11 +33,10 @@ pub struct Record {
 }
 
 impl Record {
-    /// Written whole (temporary file, then rename) or not at all.
+    /// Written whole or not at all (`write_atomic`).
     pub fn write(&self, bundle: &Path) -> std::io::Result<()> {
-        let tmp = bundle.join(format!(".{RECORD}.tmp"));
-        std::fs::write(&tmp, serde_json::to_vec(self)?)?;
-        std::fs::rename(&tmp, bundle.join(RECORD))
+        vsnap_protocol::write_atomic(&bundle.join(RECORD), &serde_json::to_vec(self)?)
+            .map_err(std::io::Error::other)
     }
 
     pub fn read(bundle: &Path) -> Option<Self> {
@@ -238,7 +237,14 @@ mod tests {
             control_dir: Some("/var/lib/vsnap/.control/default-x".into()),
         };
         r.write(dir.path()).unwrap();
-        assert_eq!(Record::read(dir.path()), Some(r));
+        assert_eq!(Record::read(dir.path()), Some(r.clone()));
+        // Written again, whole, with nothing left beside it.
+        r.write(dir.path()).unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [RECORD]);
         std::fs::write(dir.path().join(RECORD), br#"{"runc_binary":"/r","x":1}"#).unwrap();
         assert_eq!(Record::read(dir.path()), None);
     }

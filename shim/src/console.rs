@@ -2,12 +2,13 @@
 
 use std::fs::File;
 use std::io::IoSliceMut;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use nix::pty::Winsize;
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 
 use crate::error::{Error, Result};
@@ -99,24 +100,44 @@ impl Drop for ConsoleSocket {
     }
 }
 
+nix::ioctl_write_ptr_bad!(set_window_size, libc::TIOCSWINSZ, Winsize);
+
 /// Sets a terminal's window size.
 pub fn resize(pty: &impl std::os::fd::AsFd, width: u32, height: u32) -> Result<()> {
-    let ws = libc::winsize {
+    let ws = Winsize {
         ws_row: height as u16,
         ws_col: width as u16,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads a winsize from the pointer we pass.
-    let rc = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(&pty.as_fd()),
-            libc::TIOCSWINSZ,
-            &ws,
-        )
-    };
-    if rc < 0 {
-        return Err(Error::io("resize pty", std::io::Error::last_os_error()));
-    }
+    // SAFETY: TIOCSWINSZ reads a winsize from the pointer passed, which
+    // points at `ws` for the call.
+    unsafe { set_window_size(pty.as_fd().as_raw_fd(), &ws) }
+        .map_err(|e| Error::io("resize pty", e.into()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    nix::ioctl_read_bad!(window_size, libc::TIOCGWINSZ, Winsize);
+
+    #[test]
+    fn a_resized_terminal_reports_its_new_size() {
+        let pty = nix::pty::openpty(None, None).unwrap();
+        resize(&pty.master, 132, 43).unwrap();
+        let mut ws = Winsize {
+            ws_row: 0,
+            ws_col: 0,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCGWINSZ writes a winsize to the pointer passed.
+        unsafe { window_size(pty.slave.as_raw_fd(), &mut ws) }.unwrap();
+        assert_eq!((ws.ws_col, ws.ws_row), (132, 43));
+        let file = File::open("/dev/null").unwrap();
+        let e = resize(&file, 1, 1).unwrap_err();
+        assert!(e.to_string().contains("resize pty"), "{e}");
+    }
 }

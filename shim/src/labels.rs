@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
+use sha2::{Digest, Sha256, Sha512};
 
 use crate::grpc::Connection;
 
@@ -223,7 +224,31 @@ async fn read_json(conn: &mut Connection, ns: &str, digest: &str) -> Result<Valu
             return Err(format!("{digest} is larger than {MAX_BLOB} bytes"));
         }
     }
+    verify(digest, &bytes)?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{digest} is not JSON: {e}"))
+}
+
+/// Whether `bytes` are the content `digest` (`sha256:<hex>` or
+/// `sha512:<hex>`) names: what containerd's content store answered is
+/// taken on its digest only after it is checked.
+fn verify(digest: &str, bytes: &[u8]) -> Result<(), String> {
+    let (algorithm, _) = digest
+        .split_once(':')
+        .ok_or_else(|| format!("{digest}: not a digest"))?;
+    let sum = match algorithm {
+        "sha256" => Sha256::digest(bytes).to_vec(),
+        "sha512" => Sha512::digest(bytes).to_vec(),
+        _ => return Err(format!("{digest}: cannot check a {algorithm} digest")),
+    };
+    let actual: String = sum.iter().map(|b| format!("{b:02x}")).collect();
+    let actual = format!("{algorithm}:{actual}");
+    if actual != digest {
+        return Err(format!(
+            "content {digest}: the {} bytes read have digest {actual}",
+            bytes.len()
+        ));
+    }
+    Ok(())
 }
 
 fn vsnap_only(labels: HashMap<String, String>) -> HashMap<String, String> {
@@ -258,6 +283,23 @@ mod tests {
         let m = merge(a, l);
         assert_eq!(m["vsnap.io/plan"], "restore");
         assert_eq!(m["vsnap.io/artifact"], "x");
+    }
+
+    #[test]
+    fn content_is_checked_against_its_digest() {
+        // sha256 of "abc" (FIPS 180-2's example).
+        let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert!(verify(abc, b"abc").is_ok());
+        let e = verify(abc, b"abd").unwrap_err();
+        assert!(
+            e.starts_with(&format!("content {abc}: the 3 bytes read")),
+            "{e}"
+        );
+        assert!(verify(&abc.to_uppercase(), b"abc").is_err());
+        assert!(verify("md5:900150983cd24fb0d6963f7d28e17f72", b"abc")
+            .unwrap_err()
+            .contains("cannot check"));
+        assert!(verify("abc", b"abc").is_err());
     }
 
     #[test]

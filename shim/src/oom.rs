@@ -16,14 +16,14 @@
 //! When the watcher ends, the channel closes. A dropped receiver stops the
 //! watcher. Call [`watch`] inside the runtime.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -119,13 +119,8 @@ async fn read_when_ready(
 /// A new close-on-exec, non-blocking eventfd, as a `File` to read its
 /// counter from.
 pub(crate) fn eventfd() -> std::io::Result<File> {
-    // SAFETY: eventfd takes no pointers.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: eventfd just returned this descriptor and nothing else owns it.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    let fd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
+    Ok(File::from(OwnedFd::from(fd)))
 }
 
 /// Starts watching `memory.events` and `cgroup.events` of the v2 cgroup
@@ -171,24 +166,11 @@ async fn v2_loop(inotify: AsyncFd<File>, dir: &Path, mut kills: u64, tx: Unbound
 /// A new close-on-exec, non-blocking inotify instance with an `IN_MODIFY` watch on each of
 /// `paths`, as a `File` to read events from.
 fn inotify_watching(paths: &[PathBuf]) -> std::io::Result<File> {
-    // SAFETY: inotify_init1 takes no pointers.
-    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: inotify_init1 just returned this descriptor and nothing else owns it.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)?;
     for path in paths {
-        let c_path = CString::new(path.as_os_str().as_bytes())
-            .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
-        // SAFETY: c_path is a NUL-terminated string that outlives the call.
-        let wd =
-            unsafe { libc::inotify_add_watch(file.as_raw_fd(), c_path.as_ptr(), libc::IN_MODIFY) };
-        if wd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        inotify.add_watch(path.as_path(), AddWatchFlags::IN_MODIFY)?;
     }
-    Ok(file)
+    Ok(File::from(OwnedFd::from(inotify)))
 }
 
 /// The `oom_kill` count of a v2 `memory.events` (or v1 `memory.oom_control`),

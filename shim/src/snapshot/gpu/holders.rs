@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::devices::{gpu_device_index, is_nvidia_path};
 use super::error::CudaError;
+use crate::snapshot::proc_fds::open_fds_under;
 
 /// The processes of `pids` that hold `/dev/nvidia*` files open (read from
 /// `/proc/PID/fd`), each with its sorted device paths as the process sees
@@ -16,14 +17,10 @@ pub fn cuda_holders(pids: &[i32]) -> Vec<(i32, Vec<String>)> {
 fn holders_in(proc_root: &Path, pids: &[i32]) -> Vec<(i32, Vec<String>)> {
     let mut out = Vec::new();
     for &pid in pids {
-        let Ok(entries) = std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")) else {
-            continue;
-        };
-        let mut devices: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| {
-                let target = std::fs::read_link(e.path()).ok()?;
-                let target = target.to_str()?;
+        let mut devices: Vec<String> = open_fds_under(proc_root, pid)
+            .into_iter()
+            .filter_map(|f| {
+                let target = f.target.to_str()?;
                 is_nvidia_path(target).then(|| target.to_string())
             })
             .collect();

@@ -396,14 +396,16 @@ pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool
     add_hooks(spec, &hook, &checks)
 }
 
-/// Replaces the bundle's config.json (write a temporary file, rename).
+/// Replaces the bundle's config.json whole (`write_atomic`).
 pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
     let path = bundle.join("config.json");
-    let tmp = bundle.join(".config.json.vsnap");
     let bytes = serde_json::to_vec(spec).map_err(|e| Error::Other(format!("create: spec: {e}")))?;
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .map_err(|e| Error::io(format!("create: write {}", path.display()), e))
+    vsnap_protocol::write_atomic(&path, &bytes).map_err(|e| {
+        Error::io(
+            format!("create: write {}", path.display()),
+            std::io::Error::other(e),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -435,6 +437,11 @@ mod tests {
             .unwrap()
             .contains("\"control_dir\":\"/run/vsnap/control\""));
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["config.json"], "no temporary file is left");
     }
 
     #[test]
@@ -492,6 +499,11 @@ mod tests {
         assert_eq!(hooks[2]["args"], json!(["vsnap-hook", "io-uring"]));
         assert_eq!(spec["hooks"]["poststop"].as_array().unwrap().len(), 1);
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["config.json"], "no temporary file is left");
     }
 
     #[test]

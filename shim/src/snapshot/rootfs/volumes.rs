@@ -10,6 +10,7 @@ use serde_json::Value;
 use vsnap_artifact::rootfs::{self as record, OpenFile};
 
 use crate::error::{Error, Result};
+use crate::snapshot::proc_fds::open_fds;
 
 /// The bind mounts of a spec: (destination inside, source on the host).
 fn volumes(spec: &Value) -> Vec<(String, String)> {
@@ -57,14 +58,10 @@ pub fn open_volume_files(pids: &[i32], spec: &Value, control_mount: &str) -> Res
     let volumes = volumes(spec);
     let mut seen: HashMap<String, i32> = HashMap::new();
     for pid in pids {
-        let mut paths = Vec::new();
-        if let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) {
-            for fd in fds.flatten() {
-                if let Ok(t) = fs::read_link(fd.path()) {
-                    paths.push(t.to_string_lossy().to_string());
-                }
-            }
-        }
+        let mut paths: Vec<String> = open_fds(*pid)
+            .into_iter()
+            .map(|f| f.target.to_string_lossy().into_owned())
+            .collect();
         if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
             for line in maps.lines() {
                 // address perms offset dev inode pathname
@@ -212,6 +209,30 @@ mod tests {
             err.contains("no volume of this container holds it"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn files_a_process_holds_open_on_a_volume_are_found() {
+        // This process's root is the host's: a volume's destination is its
+        // source's path.
+        let dir = tempfile::tempdir().unwrap();
+        let held = dir.path().join("held.bin");
+        fs::write(&held, b"weights").unwrap();
+        fs::write(dir.path().join("closed.bin"), b"x").unwrap();
+        let _open = fs::File::open(&held).unwrap();
+        let at = dir.path().to_str().unwrap();
+        let spec = serde_json::json!({"mounts": [
+            {"destination": at, "type": "bind", "source": at, "options": ["rbind"]}
+        ]});
+        let files = open_volume_files(&[std::process::id() as i32], &spec, "/run/vsnap").unwrap();
+        assert_eq!(
+            files.len(),
+            1,
+            "{:?}",
+            files.iter().map(|f| &f.path).collect::<Vec<_>>()
+        );
+        assert_eq!(files[0].path, held.to_str().unwrap());
+        assert_eq!((files[0].volume.as_str(), files[0].size), (at, 7));
     }
 
     #[test]

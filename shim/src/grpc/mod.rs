@@ -3,11 +3,15 @@
 //! connection per lookup, calls one after another on it.
 //!
 //! It replaces tonic, hyper and tower (containerd-client), which every
-//! plain container's shim mapped for three reads (labels.rs). What it
-//! leaves out, knowingly: response headers are never decoded (HPACK), so a
-//! call succeeded when its stream carried messages and ended, and failed
-//! (naming the method) when it ended without one or was reset. Flow
-//! control: the client opens its windows wide once; responses are small.
+//! plain container's shim mapped for three reads (labels.rs). A call
+//! succeeds when its trailers carry `grpc-status` 0 and fails, naming the
+//! method, when they carry another status (with `grpc-message`), when the
+//! stream ends without them or is reset. What it leaves out, knowingly:
+//! the response's leading headers are not read, and the header table is
+//! static only (hpack.rs). Flow control: the client opens its windows wide
+//! once; responses are small.
+
+mod hpack;
 
 use std::path::Path;
 
@@ -23,10 +27,12 @@ const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const WINDOW_UPDATE: u8 = 0x8;
+const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
 /// The receive window, stream and connection: larger than any answer read.
 const WINDOW: u32 = 16 << 20;
 /// The largest frame a server may send us by default (SETTINGS_MAX_FRAME_SIZE).
@@ -89,7 +95,7 @@ impl Connection {
             ("te", "trailers"),
             ("containerd-namespace", ns),
         ] {
-            literal(&mut block, name, value);
+            hpack::literal(&mut block, name, value);
         }
         frame(&mut out, HEADERS, END_HEADERS, id, &block);
         let body = request.encode_to_vec();
@@ -102,7 +108,8 @@ impl Connection {
             .write_all(&out)
             .await
             .map_err(|e| format!("{path}: send: {e}"))?;
-        let data = self.answer(id, path).await?;
+        let (data, trailers) = self.answer(id, path).await?;
+        status(&trailers).map_err(|e| format!("{path}: {e}"))?;
         let messages = messages(&data).map_err(|e| format!("{path}: {e}"))?;
         if messages.is_empty() {
             return Err(format!("{path}: containerd answered with an error"));
@@ -113,8 +120,9 @@ impl Connection {
             .collect()
     }
 
-    /// The DATA of stream `id` until it ends; answers SETTINGS and PING.
-    async fn answer(&mut self, id: u32, path: &str) -> Result<Vec<u8>, String> {
+    /// The DATA of stream `id` and the header block of its trailers (empty
+    /// when the stream ended on DATA); answers SETTINGS and PING.
+    async fn answer(&mut self, id: u32, path: &str) -> Result<(Vec<u8>, Vec<u8>), String> {
         let mut data = Vec::new();
         loop {
             let (kind, flags, stream, payload) = self
@@ -131,13 +139,38 @@ impl Connection {
                 DATA if stream == id => {
                     data.extend_from_slice(unpadded(flags, &payload)?);
                     if flags & END_STREAM != 0 {
-                        return Ok(data);
+                        return Ok((data, Vec::new()));
                     }
                 }
-                HEADERS if stream == id && flags & END_STREAM != 0 => return Ok(data),
+                HEADERS if stream == id && flags & END_STREAM != 0 => {
+                    let block = self.header_block(id, flags, &payload).await;
+                    return Ok((data, block.map_err(|e| format!("{path}: trailers: {e}"))?));
+                }
                 _ => {}
             }
         }
+    }
+
+    /// A HEADERS frame's header block, with the CONTINUATION frames that
+    /// follow it until END_HEADERS.
+    async fn header_block(
+        &mut self,
+        id: u32,
+        flags: u8,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let mut block = fragment(flags, payload)?.to_vec();
+        let mut done = flags & END_HEADERS != 0;
+        while !done {
+            let (kind, flags, stream, payload) =
+                self.read_frame().await.map_err(|e| e.to_string())?;
+            if kind != CONTINUATION || stream != id {
+                return Err(format!("frame type {kind} inside a header block"));
+            }
+            block.extend_from_slice(&payload);
+            done = flags & END_HEADERS != 0;
+        }
+        Ok(block)
     }
 
     async fn send(
@@ -177,29 +210,84 @@ fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
-/// An HPACK literal header field without indexing, new name, no Huffman.
-fn literal(block: &mut Vec<u8>, name: &str, value: &str) {
-    block.push(0);
-    for s in [name, value] {
-        integer(block, s.len(), 7, 0);
-        block.extend_from_slice(s.as_bytes());
+/// The header block fragment of a HEADERS frame: without its padding
+/// and its priority fields.
+fn fragment(flags: u8, payload: &[u8]) -> Result<&[u8], String> {
+    let rest = unpadded(flags, payload)?;
+    if flags & PRIORITY == 0 {
+        return Ok(rest);
     }
+    rest.get(5..)
+        .ok_or_else(|| "a HEADERS frame shorter than its priority".into())
 }
 
-/// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1).
-fn integer(block: &mut Vec<u8>, mut value: usize, n: u32, first: u8) {
-    let max = (1usize << n) - 1;
-    if value < max {
-        block.push(first | value as u8);
-        return;
+/// Whether trailers (`block`, HPACK) carry `grpc-status` 0; the status,
+/// its name and `grpc-message` when not.
+fn status(block: &[u8]) -> Result<(), String> {
+    if block.is_empty() {
+        return Err("the answer ended without its trailers (grpc-status)".into());
     }
-    block.push(first | max as u8);
-    value -= max;
-    while value >= 128 {
-        block.push((value % 128 + 128) as u8);
-        value /= 128;
+    let fields = hpack::decode(block).map_err(|e| format!("trailers: {e}"))?;
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let code = field("grpc-status").ok_or("trailers without grpc-status")?;
+    if code == "0" {
+        return Ok(());
     }
-    block.push(value as u8);
+    let name = code
+        .parse::<usize>()
+        .ok()
+        .and_then(|c| CODES.get(c))
+        .unwrap_or(&"UNKNOWN");
+    let message = percent_decoded(field("grpc-message").unwrap_or_default());
+    Err(format!(
+        "containerd answered grpc-status {code} ({name}): {message}"
+    ))
+}
+
+/// gRPC's status codes by number.
+const CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// `grpc-message` is percent-encoded (gRPC over HTTP/2, "Responses").
+fn percent_decoded(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.as_bytes();
+    while let Some((&b, rest)) = bytes.split_first() {
+        let hex = rest.get(..2).and_then(|h| std::str::from_utf8(h).ok());
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(v) if b == b'%' => {
+                out.push(v);
+                bytes = &rest[2..];
+            }
+            _ => {
+                out.push(b);
+                bytes = rest;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn unpadded(flags: u8, payload: &[u8]) -> Result<&[u8], String> {
@@ -235,18 +323,49 @@ fn messages(mut data: &[u8]) -> Result<Vec<&[u8]>, String> {
 mod tests {
     use super::*;
 
+    fn trailers(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut block = Vec::new();
+        for (name, value) in fields {
+            hpack::literal(&mut block, name, value);
+        }
+        block
+    }
+
     #[test]
-    fn hpack_integers_follow_rfc_7541() {
-        // C.1.1 and C.1.2 of RFC 7541.
-        let mut b = Vec::new();
-        integer(&mut b, 10, 5, 0);
-        assert_eq!(b, [10]);
-        let mut b = Vec::new();
-        integer(&mut b, 1337, 5, 0);
-        assert_eq!(b, [31, 154, 10]);
-        let mut b = Vec::new();
-        literal(&mut b, "te", "trailers");
-        assert_eq!(b, b"\x00\x02te\x08trailers");
+    fn a_non_zero_grpc_status_in_the_trailers_fails_the_call() {
+        assert!(status(&trailers(&[("grpc-status", "0")])).is_ok());
+        let e = status(&trailers(&[
+            ("grpc-status", "5"),
+            ("grpc-message", "container%20%22x%22: not found"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "containerd answered grpc-status 5 (NOT_FOUND): container \"x\": not found"
+        );
+        let e = status(&trailers(&[("grpc-status", "99")])).unwrap_err();
+        assert!(e.contains("grpc-status 99 (UNKNOWN)"), "{e}");
+        let e = status(&trailers(&[("content-type", "application/grpc")])).unwrap_err();
+        assert!(e.contains("without grpc-status"), "{e}");
+        assert!(status(&[]).unwrap_err().contains("without its trailers"));
+        assert!(status(&[0x80 | 70]).unwrap_err().contains("static table"));
+    }
+
+    #[test]
+    fn percent_encoded_messages_are_decoded() {
+        assert_eq!(percent_decoded("a%20b%zz%"), "a b%zz%");
+        assert_eq!(percent_decoded("%E2%9C%93"), "\u{2713}");
+    }
+
+    #[test]
+    fn header_fragments_lose_padding_and_priority() {
+        assert_eq!(fragment(0, b"ab").unwrap(), b"ab");
+        assert_eq!(fragment(PRIORITY, b"\0\0\0\x01\x10ab").unwrap(), b"ab");
+        assert_eq!(
+            fragment(PADDED | PRIORITY, b"\x01\0\0\0\x01\x10abX").unwrap(),
+            b"ab"
+        );
+        assert!(fragment(PRIORITY, b"\0\0").is_err());
     }
 
     #[test]
