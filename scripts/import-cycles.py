@@ -66,10 +66,6 @@ FL = _function_lengths()
 # while mod.rs names the child. Their files are being split (snapshot/,
 # lifecycle/); remove an entry with its circle.
 KNOWN = {
-    "shim": [
-        {"snapshot", "snapshot::profile"},
-        {"lifecycle", "lifecycle::plain", "lifecycle::restore", "lifecycle::restore::visible"},
-    ],
     "artifact": [
         {"content", "content::check", "content::files", "content::hash", "content::stream"},
     ],

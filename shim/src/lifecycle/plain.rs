@@ -4,7 +4,7 @@
 use containerd_shim_protos::events::task::TaskStart;
 
 use super::capture::CaptureRun;
-use super::InitStart;
+use super::init_start::InitStart;
 use crate::container::Container;
 use crate::error::Result;
 use crate::shared::Shared;

@@ -8,34 +8,12 @@ use std::time::Duration;
 use vsnap_artifact::ArtifactName;
 use vsnap_protocol::ControlDir;
 
-use super::capture::CapturePlan;
 use super::common::{self, Common, Listen};
 use super::engine::{tools_of, Engine, Inputs};
-use super::restore::RestorePlan;
+use super::prepared_plan::Prepared;
 use crate::error::{Error, Result};
 use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
-
-/// A prepared plan: what the init's start runs.
-#[derive(Debug)]
-pub enum Prepared {
-    Capture(Box<CapturePlan>),
-    Restore(Box<RestorePlan>),
-}
-
-impl Prepared {
-    pub fn common(&self) -> &Common {
-        match self {
-            Prepared::Capture(c) => &c.common,
-            Prepared::Restore(r) => &r.common,
-        }
-    }
-
-    /// Removes what create prepared (the control dir).
-    pub fn cleanup(&self) {
-        self.common().cleanup();
-    }
-}
 
 /// The part of the plan both directions share, with a fresh control dir.
 pub(super) fn common_part(
@@ -116,7 +94,7 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Res
         &config.cuda_plugin_dir,
         criu,
     )?;
-    spec::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)?;
+    super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)?;
     spec::write(bundle, spec)
 }
 

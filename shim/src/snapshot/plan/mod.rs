@@ -12,22 +12,22 @@ mod capture;
 mod choose;
 pub(crate) mod common;
 mod engine;
+mod hooks;
 mod lock;
 mod preflight;
 mod prepare;
+mod prepared_plan;
 pub(crate) mod profile;
 mod restore;
 pub(crate) mod spec;
 pub(crate) mod tenant;
 pub(crate) mod vllm_command;
 
-pub use annotations::{
-    from_annotations, AfterCapture, Mode, Plan, ARTIFACT_REF, CRI_CONTAINER_TYPE, PLAN,
-};
-pub use bundle::Prepared;
+pub use annotations::{from_annotations, AfterCapture, CRI_CONTAINER_TYPE, PLAN};
 pub use capture::CapturePlan;
 pub use common::Common;
 pub use engine::Inputs;
 pub use lock::{ReadLock, WriteLock};
 pub use prepare::prepare;
+pub use prepared_plan::Prepared;
 pub use restore::RestorePlan;

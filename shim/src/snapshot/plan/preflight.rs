@@ -17,10 +17,11 @@ use vsnap_artifact::{
 use vsnap_config::PagePlacement;
 use vsnap_protocol::Oracle;
 
-use super::bundle::{common_part, edit_spec, Prepared};
+use super::bundle::{common_part, edit_spec};
 use super::common::Common;
 use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
+use super::prepared_plan::Prepared;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs, rootfs::shm, store::journal};

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use vsnap_artifact::{self as artifact, ArtifactError, ArtifactName, Workload};
 
 use super::annotations::{Mode, Plan};
-use super::bundle::{capture_timeout, common_part, edit_spec, Prepared};
+use super::bundle::{capture_timeout, common_part, edit_spec};
 use super::capture::CapturePlan;
 use super::choose::{choose, Choice, OnDisk};
 use super::engine::{Engine, Inputs};
 use super::lock::WriteLock;
+use super::prepared_plan::Prepared;
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs, store::fetch};
 

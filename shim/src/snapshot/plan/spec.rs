@@ -12,8 +12,6 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::snapshot::criu;
-use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::plan::{Prepared, RestorePlan};
 use crate::snapshot::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 
 /// The spec's annotations (empty when it has none).
@@ -271,129 +269,6 @@ pub fn add_hooks(spec: &mut Value, hook: &Path, checks: &[Vec<String>]) -> Resul
         }
     }
     Ok(())
-}
-
-/// The checks for a snapshot container. Restore: `ownership` of the
-/// artifact and the copy's control dir, and `fingerprint` (manifest MAC, host
-/// and workload) with the shim's tools and version. Create: `ownership` of
-/// the control dir. Both add `io-uring` when `enforce_io_uring` (the
-/// container's user against `kernel.io_uring_disabled`).
-pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
-    let c = p.common();
-    let control = c.control_dir.display().to_string();
-    // The control dir is the engine's user's (the folders above it root's).
-    let owner = c.control_owner.0;
-    let control_owner: Vec<String> = if owner == 0 {
-        Vec::new()
-    } else {
-        vec!["--control-owner".into(), owner.to_string()]
-    };
-    let mut checks = match p {
-        Prepared::Restore(r) => restore_checks(r, argv, control, control_owner),
-        Prepared::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
-            .into_iter()
-            .chain(control_owner)
-            .collect()],
-    };
-    if enforce_io_uring {
-        checks.push(vec!["io-uring".into()]);
-    }
-    checks
-}
-
-/// A restore's checks: the artifact's and the control dir's ownership, and
-/// its fingerprint (manifest MAC, host, workload) with the shim's tools.
-fn restore_checks(
-    r: &RestorePlan,
-    argv: &[String],
-    control: String,
-    control_owner: Vec<String>,
-) -> Vec<Vec<String>> {
-    let s = &r.common;
-    let text = |p: &Path| p.display().to_string();
-    let dir = s.artifact_dir();
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let root = text(&s.root);
-    let ownership = [
-        "ownership",
-        "--artifact-root",
-        &root,
-        "--artifact",
-        &name,
-        "--control-dir",
-        &control,
-    ]
-    .map(String::from)
-    .into_iter()
-    .chain(control_owner)
-    .collect();
-    let mut fingerprint: Vec<String> = [
-        "fingerprint",
-        "--artifact-root",
-        &root,
-        "--artifact",
-        &name,
-        "--runc",
-        &text(&s.tools.runc),
-        "--criu",
-        &text(&s.tools.criu),
-        "--cuda-plugin",
-        &text(&s.tools.cuda_plugin),
-        "--cuda-checkpoint",
-        &text(&s.tools.cuda_checkpoint),
-        "--shim-version",
-        env!("CARGO_PKG_VERSION"),
-    ]
-    .map(String::from)
-    .to_vec();
-    // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
-    // captured workload was taken before that edit.
-    if s.profile == Profile::Startup && crate::snapshot::plan::vllm_command::is_vllm_serve(argv) {
-        fingerprint.push("--strip-snapshot-config-arg".into());
-    }
-    // Whose container this is, and whose artifact it may restore: the
-    // hook checks the spec's Kubernetes namespace and the manifest's owner.
-    fingerprint.extend([
-        "--tenant".to_string(),
-        s.workload.tenant().to_string(),
-        "--owner".to_string(),
-        r.owner.to_string(),
-    ]);
-    // The workload's secrets were keyed with the fleet's key.
-    if let Some(key) = &r.fingerprint_key {
-        fingerprint.push("--fingerprint-key".into());
-        fingerprint.push(text(key));
-    }
-    // The container's own GPUs, not the host's.
-    let uuids: Vec<&str> = s.gpus.iter().map(|g| g.uuid.as_str()).collect();
-    if !uuids.is_empty() {
-        fingerprint.push("--gpu-uuids".into());
-        fingerprint.push(uuids.join(","));
-    }
-    vec![ownership, fingerprint]
-}
-
-/// Installs [`snapshot_checks`] as `createRuntime` hooks in the bundle, so
-/// that runc runs them at `runc create` and again at `runc restore` (runc
-/// runs createRuntime hooks when CRIU reports "setup-namespaces"), after the
-/// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
-/// left out with a warning (the shim's own preflight still runs), unless the
-/// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool) -> Result<()> {
-    let Some(hook) = hook_binary() else {
-        if enforce_io_uring {
-            return Err(Error::FailedPrecondition(format!(
-                "create: the io_uring sysctl is enforced but {HOOK_BINARY} is not installed beside the shim"
-            )));
-        }
-        log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
-        return Ok(());
-    };
-    let checks = snapshot_checks(p, &args(spec), enforce_io_uring);
-    add_hooks(spec, &hook, &checks)
 }
 
 /// Replaces the bundle's config.json whole (`write_atomic`).

@@ -11,8 +11,8 @@ use vsnap_artifact::{Manifest, Tenant};
 use vsnap_config::tenants::ref_allowed;
 use vsnap_config::{RuntimeConfig, TenantPolicy};
 
+use super::annotations as plan;
 use crate::error::{Error, Result};
-use crate::snapshot::plan;
 
 /// The container's tenant: its containerd namespace and, for a pod's
 /// container, the pod's Kubernetes namespace, from the annotation CRI sets

@@ -19,7 +19,7 @@ use vsnap_config::RuntimeConfig;
 
 use crate::error::{Error, Result};
 use crate::exits::Exits;
-use crate::snapshot::plan::{self, Mode, Plan};
+use crate::snapshot::plan::annotations::{self as plan, Mode, Plan};
 use crate::vsnap_cli::{self, CliError};
 
 /// Chunks transferred at once, as before the transfers moved to the CLI.

@@ -50,9 +50,10 @@ impl RestoreTimings {
             "page_faults_served": self.pages.map(|p| p.faults),
             "page_server_tasks": self.pages.map(|p| p.tasks),
         });
-        let tmp = bundle.join(".vsnap-restore.json");
-        let _ = std::fs::write(&tmp, record.to_string())
-            .and_then(|_| std::fs::rename(&tmp, bundle.join("vsnap-restore.json")));
+        let path = bundle.join("vsnap-restore.json");
+        if let Err(e) = vsnap_protocol::write_atomic(&path, record.to_string().as_bytes()) {
+            log::warn!("write {}: {e}", path.display());
+        }
     }
 }
 
@@ -74,13 +75,8 @@ pub fn record_error(
     if let Some(log) = criu_log {
         record["criu_log"] = log.display().to_string().into();
     }
-    let (tmp, path) = (
-        bundle.join(".vsnap-error.json.tmp"),
-        bundle.join("vsnap-error.json"),
-    );
-    if let Err(e) =
-        std::fs::write(&tmp, record.to_string()).and_then(|_| std::fs::rename(&tmp, &path))
-    {
+    let path = bundle.join("vsnap-error.json");
+    if let Err(e) = vsnap_protocol::write_atomic(&path, record.to_string().as_bytes()) {
         log::error!("{id}: write {}: {e}", path.display());
     }
 }
