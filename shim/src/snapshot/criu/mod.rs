@@ -49,6 +49,18 @@ pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
     }
 }
 
+/// What a container's plan asks of CRIU beyond the base config: a new
+/// per-container option is a field here and its line in [`config_text`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CriuSetup<'a> {
+    /// A restore held stopped until every byte is verified.
+    pub leave_stopped: bool,
+    /// vsnap's page server places the memory.
+    pub lazy_pages: bool,
+    /// A capture's host /dev/shm, where CRIU's link remaps are kept.
+    pub keep_link_remaps_in: Option<&'a Path>,
+}
+
 /// The config a container's CRIU reads: what the operator's config held
 /// (`base`: its path and text, the spec's own `org.criu.config` file or
 /// runc's default), then vsnap's lines, which come last so that they win:
@@ -58,8 +70,7 @@ pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
 pub fn config_text(
     base: Option<(&Path, &str)>,
     plugin_dir: &Path,
-    leave_stopped: bool,
-    lazy_pages: bool,
+    setup: &CriuSetup<'_>,
     post_dump_script: Option<&Path>,
 ) -> String {
     let mut body = String::new();
@@ -78,10 +89,10 @@ pub fn config_text(
     // /dev/shm) is linked back as `link_remap.N` for the restore (shm.rs
     // carries those and removes them from the donor's folder).
     body.push_str("link-remap\n");
-    if leave_stopped {
+    if setup.leave_stopped {
         body.push_str("leave-stopped\n");
     }
-    if lazy_pages {
+    if setup.lazy_pages {
         body.push_str("lazy-pages\n");
     }
     if let Some(script) = post_dump_script {
@@ -276,8 +287,11 @@ mod tests {
         let text = config_text(
             Some((Path::new("/etc/criu/runc.conf"), "tcp-close\nlibdir /old\n")),
             Path::new("/opt/criu/plugins"),
-            true,
-            true,
+            &CriuSetup {
+                leave_stopped: true,
+                lazy_pages: true,
+                keep_link_remaps_in: None,
+            },
             Some(Path::new("/b/vsnap-post-dump.sh")),
         );
         let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
@@ -295,7 +309,12 @@ mod tests {
             ]
         );
         assert!(text.starts_with("# from /etc/criu/runc.conf\n"));
-        let plain = config_text(None, Path::new("/usr/lib/criu"), false, false, None);
+        let plain = config_text(
+            None,
+            Path::new("/usr/lib/criu"),
+            &CriuSetup::default(),
+            None,
+        );
         assert!(!plain.contains("action-script"));
         assert!(!plain.contains("leave-stopped"));
         assert!(!plain.contains("lazy-pages"));

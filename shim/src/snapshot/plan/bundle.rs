@@ -13,7 +13,7 @@ use super::engine::{tools_of, Engine, Inputs};
 use super::prepared_plan::Prepared;
 use crate::error::{Error, Result};
 use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
+use crate::snapshot::{activation::canary, criu, plan::spec, plan::vllm_command};
 
 /// The part of the plan both directions share, with a fresh control dir.
 pub(super) fn common_part(
@@ -76,12 +76,12 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Res
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
     let criu = match p {
-        Prepared::Capture(c) => spec::CriuSetup {
+        Prepared::Capture(c) => criu::CriuSetup {
             leave_stopped: false,
             lazy_pages: false,
             keep_link_remaps_in: c.common.host_shm.as_deref(),
         },
-        Prepared::Restore(r) => spec::CriuSetup {
+        Prepared::Restore(r) => criu::CriuSetup {
             leave_stopped: r.holds_stopped(),
             lazy_pages: r.place_pages,
             keep_link_remaps_in: None,

@@ -130,17 +130,6 @@ pub fn process_owner(spec: &Value) -> Result<(u32, u32)> {
 /// runc passes the CRIU config file named by this annotation to CRIU.
 pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 
-/// What a plan asks of CRIU beyond the base config.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CriuSetup<'a> {
-    /// A restore held stopped until every byte is verified.
-    pub leave_stopped: bool,
-    /// vsnap's page server places the memory.
-    pub lazy_pages: bool,
-    /// A capture's host /dev/shm, where CRIU's link remaps are kept.
-    pub keep_link_remaps_in: Option<&'a Path>,
-}
-
 /// Gives runc one CRIU config for this container: what the spec's own
 /// `org.criu.config` file (or, without one, `base_default`: runc's
 /// `/etc/criu/runc.conf`) held, then vsnap's options (criu.rs), and points
@@ -151,7 +140,7 @@ pub fn add_criu_config(
     bundle: &Path,
     base_default: &Path,
     plugin_dir: &Path,
-    setup: CriuSetup<'_>,
+    setup: criu::CriuSetup<'_>,
 ) -> Result<()> {
     let script = match setup.keep_link_remaps_in {
         Some(host_shm) => {
@@ -180,8 +169,7 @@ pub fn add_criu_config(
     let body = criu::config_text(
         base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
         plugin_dir,
-        setup.leave_stopped,
-        setup.lazy_pages,
+        &setup,
         script.as_deref(),
     );
     std::fs::write(&path, body)
