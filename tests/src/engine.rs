@@ -83,16 +83,32 @@ pub struct HostEngine {
 }
 
 impl HostEngine {
+    /// The engine on a free port. A port found free can be taken before
+    /// the engine binds it (an outgoing connection's ephemeral port, on a
+    /// busy host): an engine that exits before it listens is started again
+    /// on another port, up to five times.
     pub fn start() -> Self {
-        let port = free_port();
-        let child = Command::new(engine_binary())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_listening(port, Duration::from_secs(60));
-        HostEngine { child, port }
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new(engine_binary())
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return HostEngine { child, port };
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "nothing listens on port {port}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        panic!("the host engine exited before it listened, five times");
     }
 }
 
