@@ -175,3 +175,36 @@ fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold(
     );
     e.remove("ncf-3");
 }
+
+#[test]
+fn an_artifact_of_another_vsnap_version_restores_and_a_future_format_is_set_aside() {
+    let e = setup("nc-format");
+    e.create_good("ncv-0", "ncv", &[]);
+    let path = e.manifest("ncv");
+    let original = std::fs::read(&path).unwrap();
+    // Made by another vsnap (a rolling upgrade of the shim): re-sealed with
+    // this host's key as a verified pull does, it restores.
+    let key = vsnap_artifact::HostKey::load(&e.artifacts).unwrap();
+    let mut m = vsnap_artifact::Manifest::parse(&original, &path).unwrap();
+    m.host.shim_version = "0.0.1-older".into();
+    m.seal(&key);
+    std::fs::write(&path, m.to_bytes()).unwrap();
+    let out = e.run("ncv-1", "restore", "ncv", free_port(), &[]);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("ncv-1");
+    // A format this shim does not read: `restore` refuses naming it...
+    let mut future: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    let ours = future["schema_version"].as_u64().unwrap();
+    future["schema_version"] = (ours + 1).into();
+    std::fs::write(&path, serde_json::to_vec(&future).unwrap()).unwrap();
+    let out = e.run("ncv-2", "restore", "ncv", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: preflight", "schema_version"]);
+    e.remove("ncv-2");
+    // ...and `auto` sets it aside as a host reason and captures anew.
+    assert!(!serve_auto(&e, "ncv-3", "ncv"), "a cold start");
+    let (_, reason) = quarantined(&e, "ncv");
+    assert_eq!(reason["cause"], "host", "{reason}");
+    e.wait_manifest("ncv");
+    e.remove("ncv-3");
+}

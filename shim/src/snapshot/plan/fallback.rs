@@ -74,7 +74,9 @@ pub fn after_start(root: &Path, name: &str, id: &str, bundle: &Path, cause: Caus
     let _lock = match WriteLock::take(root, name) {
         Ok(lock) => lock,
         Err(e) => {
-            log::warn!("{id}: auto: artifact {name} not set aside ({e}): it stays for the next start");
+            log::warn!(
+                "{id}: auto: artifact {name} not set aside ({e}): it stays for the next start"
+            );
             return;
         }
     };
