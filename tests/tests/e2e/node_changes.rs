@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::snapshot_env::{assert_has, setup, Env};
 
@@ -48,6 +49,29 @@ fn largest_pages(artifact: &Path) -> PathBuf {
         })
         .max_by_key(|p| p.metadata().unwrap().len())
         .expect("a pages image")
+}
+
+/// The node's runc upgraded: the runtime config now names the same runc
+/// behind a wrapper that reports another version.
+fn upgrade_runc(e: &Env) {
+    let runc = vsnap_e2e::cmd::which("runc");
+    let wrapper = e.c.dir.join("runc-upgraded");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'runc version 1.1.99'; echo 'spec: 1.0.2-dev'; exit 0; fi\nexec {} \"$@\"\n",
+            runc.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str(&format!("runc_binary = \"{}\"\n", wrapper.display()));
+    std::fs::write(&e.config, config).unwrap();
 }
 
 /// The first `auto` start publishes `name`; the engine is then removed.
@@ -117,26 +141,7 @@ fn auto_sets_a_truncated_artifact_aside_and_captures_anew() {
 fn auto_on_an_upgraded_runc_captures_anew_and_restore_refuses_before_criu() {
     let e = setup("nc-runc");
     let old = published_by_auto(&e, "ncr");
-    // The node's runc upgraded: the same runc behind a wrapper that
-    // reports another version.
-    let runc = vsnap_e2e::cmd::which("runc");
-    let wrapper = e.c.dir.join("runc-upgraded");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'runc version 1.1.99'; echo 'spec: 1.0.2-dev'; exit 0; fi\nexec {} \"$@\"\n",
-            runc.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str(&format!("runc_binary = \"{}\"\n", wrapper.display()));
-    std::fs::write(&e.config, config).unwrap();
+    upgrade_runc(&e);
     let out = e.run("ncr-r", "restore", "ncr", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(
@@ -207,4 +212,48 @@ fn an_artifact_of_another_vsnap_version_restores_and_a_future_format_is_set_asid
     assert_eq!(reason["cause"], "host", "{reason}");
     e.wait_manifest("ncv");
     e.remove("ncv-3");
+}
+
+/// An `auto` pod of the reference engine listening on `port`.
+fn auto_pod(e: &CriEnv, name: &str, port: u16) -> String {
+    let listen = format!("127.0.0.1:{port}");
+    let ann = [
+        ("vsnap.io/plan", "auto"),
+        ("vsnap.io/artifact", "ncc"),
+        ("vsnap.io/listen", listen.as_str()),
+    ];
+    let config = e.pod_config(name, true, &ann);
+    let pod = e.run_pod(&config, VSNAP);
+    let engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    e.run_container(&pod, &config, engine);
+    pod
+}
+
+/// Kubernetes on a node whose runc changed: the pod with `auto` starts on
+/// its first attempt (cold, capturing anew), the next one restores.
+#[test]
+fn a_pod_with_auto_on_a_node_whose_runc_changed_starts_on_its_first_attempt() {
+    let e = CriEnv::start("nc-cri");
+    let port = free_port();
+    let pod = auto_pod(&e, "first", port);
+    let old = e.wait_manifest("ncc");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove_pod(&pod);
+    upgrade_runc(&e);
+    let port = free_port();
+    let pod = auto_pod(&e, "upgraded", port);
+    wait_listening(port, Duration::from_secs(120));
+    let (_, reason) = quarantined(&e, "ncc");
+    assert_eq!(reason["cause"], "host", "{reason}");
+    let fresh = e.wait_manifest("ncc");
+    assert_ne!(fresh["mac"], old["mac"]);
+    e.remove_pod(&pod);
+    let port = free_port();
+    let pod = auto_pod(&e, "restored", port);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "restored: listening when StartContainer returned"
+    );
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
 }
