@@ -257,3 +257,61 @@ fn a_pod_with_auto_on_a_node_whose_runc_changed_starts_on_its_first_attempt() {
     e.remove_pod(&pod);
     e.assert_nothing_left();
 }
+
+#[test]
+fn a_copy_whose_canary_does_not_match_fails_once_and_the_next_start_is_cold() {
+    let e = setup("nc-canary");
+    // The engine's fault injection: every copy answers its canary wrong.
+    let drift = ["--env", "VSNAP_ENGINE_CANARY_DRIFT=1"];
+    let run = |id: &str| {
+        let port = free_port();
+        (e.run(id, "auto", "ncd", port, &drift), port)
+    };
+    let (out, port) = run("ncd-0");
+    assert!(out.ok(), "{out:?}");
+    e.wait_manifest("ncd");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove("ncd-0");
+    let (out, _) = run("ncd-1");
+    assert!(!out.ok(), "a drifting copy never becomes visible: {out:?}");
+    assert_has(&out.stderr, &["restore: activation", "canary"]);
+    e.remove("ncd-1");
+    let (_, reason) = quarantined(&e, "ncd");
+    assert_eq!(reason["cause"], "restore", "{reason}");
+    // The next start is cold (and captures anew), not a second failure.
+    let (out, port) = run("ncd-2");
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    wait_listening(port, Duration::from_secs(120));
+    e.wait_manifest("ncd");
+    e.remove("ncd-2");
+}
+
+#[test]
+fn auto_on_an_upgraded_criu_captures_anew() {
+    let e = setup("nc-criu");
+    let old = published_by_auto(&e, "ncc2");
+    let criu = vsnap_e2e::cmd::which("criu");
+    let wrapper = e.c.dir.join("criu-upgraded");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'Version: 4.9'; exit 0; fi\nexec {} \"$@\"\n",
+            criu.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str(&format!("criu_binary = \"{}\"\n", wrapper.display()));
+    std::fs::write(&e.config, config).unwrap();
+    let out = e.run("ncc2-r", "restore", "ncc2", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: preflight", "host.criu_version"]);
+    e.remove("ncc2-r");
+    assert!(!serve_auto(&e, "ncc2-1", "ncc2"), "a cold start");
+    assert_fell_back(&e, "ncc2-1", "ncc2", &old["mac"], "host");
+}
