@@ -14,7 +14,7 @@
 //! | `runc_version`, `criu_version` | equal | CRIU's image format and restore behaviour, runc's restore of the bundle |
 //! | `runc_sha256`, `criu_sha256` | may differ | the same version rebuilt (each host building CRIU from the same source) is not byte-identical; a binary swapped under the same version is root's doing, and root is trusted |
 //! | `cuda_plugin_sha256`, `cuda_checkpoint_sha256` | equal when the artifact has GPUs, else may differ | neither has a version; their code moves CUDA state, and on a CPU-only tree they do nothing |
-//! | `shim_version` | equal | the shim defines the manifest's meaning, the spec edits and the handshake of a restore |
+//! | `shim_version` | may differ | the artifact's format is the manifest's `schema_version`, which the manifest's parser checks strictly (an unknown one is refused, naming both versions), and the handshake of a restore is the protocol's; requiring an equal shim would void every artifact at every upgrade of vsnap |
 //! | `gpus` | same count, and in order the same model and driver | CUDA state is restored onto device N as it was captured from device N; the driver must be the one that wrote it. Which physical GPU (its UUID) does not matter |
 //! | `machine_id` | may differ | identity, not compatibility: the MAC and the signature decide whose artifact is used |
 
@@ -106,7 +106,7 @@ pub fn compare(captured: &HostIdentity, live: &HostIdentity) -> Comparison {
             &live.cuda_checkpoint_sha256,
             uses_gpus,
         ),
-        ("shim_version", shim_version, &live.shim_version, true),
+        ("shim_version", shim_version, &live.shim_version, false),
     ] {
         out.check_field(name, a, b, must_match);
     }
@@ -290,12 +290,16 @@ mod tests {
     }
 
     #[test]
-    fn another_shim_version_is_refused() {
+    fn another_shim_version_is_tolerated_and_reported() {
         let live = HostIdentity {
             shim_version: "0.2.0".into(),
             ..host()
         };
-        refused(&host(), &live, "shim_version", &["0.1.0", "0.2.0"]);
+        accepted(&host(), &live, "shim_version");
+        assert_eq!(
+            compare(&host(), &live).tolerated,
+            ["host.shim_version: captured \"0.1.0\", live \"0.2.0\""]
+        );
     }
 
     #[test]
@@ -431,14 +435,18 @@ mod tests {
                 "host.criu_version",
                 "host.cuda_plugin_sha256",
                 "host.cuda_checkpoint_sha256",
-                "host.shim_version",
                 "host.cpu_flags",
                 "host.gpus",
             ]
         );
         assert_eq!(
             fields(&c.tolerated),
-            ["host.machine_id", "host.runc_sha256", "host.criu_sha256"]
+            [
+                "host.machine_id",
+                "host.runc_sha256",
+                "host.criu_sha256",
+                "host.shim_version"
+            ]
         );
     }
 

@@ -23,6 +23,7 @@ pub mod lock;
 pub mod manifest;
 pub mod memory;
 pub mod name;
+pub mod quarantine;
 pub mod rootfs;
 pub mod signature;
 pub mod spawn;

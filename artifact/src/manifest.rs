@@ -119,17 +119,25 @@ impl Manifest {
     }
 
     /// Parses strictly: one JSON object of this schema version, nothing more.
+    /// The version is read first, so a manifest of another format (whose
+    /// fields this vsnap may not know) is refused for its version, naming
+    /// `schema_version` and both versions, not for a field.
     pub fn parse(bytes: &[u8], origin: &Path) -> Result<Self> {
-        let m: Manifest = serde_json::from_slice(bytes)
-            .map_err(|e| ArtifactError::Invalid(format!("{}: {e}", origin.display())))?;
-        if m.schema_version != SCHEMA_VERSION {
-            return Err(ArtifactError::Invalid(format!(
-                "{}: schema_version {} is not {SCHEMA_VERSION}",
-                origin.display(),
-                m.schema_version
-            )));
+        #[derive(Deserialize)]
+        struct Version {
+            schema_version: u32,
         }
-        Ok(m)
+        let invalid =
+            |e: serde_json::Error| ArtifactError::Invalid(format!("{}: {e}", origin.display()));
+        if let Ok(Version { schema_version }) = serde_json::from_slice::<Version>(bytes) {
+            if schema_version != SCHEMA_VERSION {
+                return Err(ArtifactError::Invalid(format!(
+                    "{}: schema_version {schema_version} is not {SCHEMA_VERSION} (the artifact format this vsnap reads)",
+                    origin.display(),
+                )));
+            }
+        }
+        serde_json::from_slice(bytes).map_err(invalid)
     }
 
     /// Checks the layout, reads the manifest strictly and verifies its MAC
@@ -319,5 +327,35 @@ mod tests {
         assert_eq!(back.workload.tenant().to_string(), "k8s.io/team-a");
         m.workload.kubernetes_namespace = Some("team-b".into());
         assert!(!m.mac_verifies(&key), "the owner cannot be edited");
+    }
+
+    #[test]
+    fn another_schema_version_is_refused_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        HostKey::load_or_create(dir.path()).unwrap();
+        let m = sample(dir.path());
+        for (version, extra) in [(SCHEMA_VERSION + 1, true), (SCHEMA_VERSION - 1, false)] {
+            let mut v = serde_json::to_value(&m).unwrap();
+            v["schema_version"] = version.into();
+            if extra {
+                // A later format's field this vsnap does not know.
+                v["format_of_the_future"] = true.into();
+            }
+            let bytes = serde_json::to_vec(&v).unwrap();
+            let e = Manifest::parse(&bytes, Path::new("x/manifest.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "x/manifest.json: schema_version {version} is not {SCHEMA_VERSION}"
+                )),
+                "{e}"
+            );
+        }
+        // Not JSON at all: the parser's own error.
+        let e = Manifest::parse(b"{", Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("m: EOF"), "{e}");
     }
 }

@@ -1,7 +1,9 @@
-//! `vsnap gc`: removes stale writer leftovers, then artifacts older than
+//! `vsnap gc`: removes stale writer leftovers, CRIU logs and quarantined
+//! copies older than `--older-than`, then artifacts older than
 //! `--older-than`, then the oldest artifacts until the total is at most
-//! `--max-total-size`. Never an artifact in use (its lock is held): each
-//! removal takes the exclusive lock, as `vsnap rm` does.
+//! `--max-total-size` (which counts artifacts only). Never an artifact in
+//! use (its lock is held): each removal takes the exclusive lock, as
+//! `vsnap rm` does.
 //!
 //! An artifact's age comes from its manifest's `created_at` (the capture
 //! time, MAC-covered), or from its folder's mtime when the manifest cannot
@@ -14,8 +16,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vsnap_artifact::layout::bytes_under;
-use vsnap_artifact::{check_path_safe, ArtifactLock, Manifest};
+use vsnap_artifact::quarantine;
+use vsnap_artifact::{check_path_safe, ArtifactError, ArtifactLock, Manifest};
 
+use crate::quarantined;
 use crate::store::{self, RemoveError};
 use crate::table::{row, table};
 use crate::units::{format_duration, human_age, human_size};
@@ -30,7 +34,7 @@ pub struct Policy {
 #[derive(Serialize)]
 struct Action {
     name: String,
-    /// `artifact`, `staging`, `trash` or `criu-log`.
+    /// `artifact`, `staging`, `trash`, `criu-log` or `quarantined`.
     kind: &'static str,
     age_seconds: u64,
     size_bytes: u64,
@@ -64,6 +68,7 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     check_root(root)?;
     let mut actions = leftover_actions(root, &policy)?;
     actions.extend(criu_log_actions(root, &policy));
+    actions.extend(quarantine_actions(root, &policy)?);
     let candidates = candidates(root)?;
     let total_before: u64 = candidates.iter().map(|c| c.size).sum();
     let kept = remove_older(ctx, &policy, candidates, &mut actions);
@@ -177,6 +182,62 @@ fn criu_log_actions(root: &Path, policy: &Policy) -> Vec<Action> {
         actions.push(action);
     }
     actions
+}
+
+/// Quarantined copies (vsnap_artifact::quarantine) set aside longer ago
+/// than `--older-than` (their reason's `at`; the folder's mtime without a
+/// readable reason): removed (or, in a dry run, listed), each under its
+/// name's exclusive lock, so that a start setting a newer copy aside
+/// meanwhile is never undone: a held lock keeps the copy until the next
+/// gc, and the age is read again under the lock. Without `--older-than`
+/// they stay.
+fn quarantine_actions(root: &Path, policy: &Policy) -> Result<Vec<Action>, String> {
+    let Some(limit) = policy.older_than else {
+        return Ok(Vec::new());
+    };
+    let copies = quarantine::list(root).map_err(|e| format!("quarantine: {e}"))?;
+    let mut actions = Vec::new();
+    for (name, reason, path) in copies {
+        let age = quarantined::age(&reason);
+        if age <= limit {
+            continue;
+        }
+        let mut action = Action {
+            name: format!("{}/{name}", quarantine::DIR),
+            kind: "quarantined",
+            age_seconds: age.as_secs(),
+            size_bytes: bytes_under(&path),
+            reason: format!(
+                "set aside ({}) longer ago than {}",
+                reason.cause,
+                format_duration(limit)
+            ),
+            result: "would-remove",
+            error: None,
+        };
+        if !policy.dry_run {
+            settle(&mut action, remove_quarantined(root, &name, limit));
+        }
+        actions.push(action);
+    }
+    Ok(actions)
+}
+
+/// Removes the quarantined copy of `name` if it is still older than
+/// `limit`, holding `name`'s exclusive lock.
+fn remove_quarantined(root: &Path, name: &str, limit: Duration) -> Result<(), RemoveError> {
+    let _lock = match ArtifactLock::exclusive(root, name) {
+        Ok(lock) => lock,
+        Err(ArtifactError::Locked(_)) => return Err(RemoveError::InUse),
+        Err(e) => return Err(RemoveError::Failed(e.to_string())),
+    };
+    let copies = quarantine::list(root).map_err(|e| RemoveError::Failed(e.to_string()))?;
+    match copies.iter().find(|(n, _, _)| n == name) {
+        None => Err(RemoveError::NotFound),
+        // Replaced by a newer copy since it was listed: kept.
+        Some((_, reason, _)) if quarantined::age(reason) <= limit => Err(RemoveError::NotFound),
+        Some(_) => quarantine::remove(root, name).map_err(|e| RemoveError::Failed(e.to_string())),
+    }
 }
 
 /// The artifacts with their ages and sizes, oldest first.

@@ -1,12 +1,16 @@
 //! `vsnap inspect NAME`: what an artifact is, read from its manifest without
 //! the MAC having to verify (the MAC status is reported beside it) and
-//! without running anything from it.
+//! without running anything from it. `--quarantined`: the copy of NAME an
+//! `auto` start set aside, why, and its manifest when it can be read.
 
 use serde::Serialize;
 use serde_json::Value;
 use vsnap_artifact::clocks::seconds;
+use vsnap_artifact::layout::bytes_under;
+use vsnap_artifact::quarantine::{self, Reason};
 use vsnap_artifact::{ArtifactLock, Clocks, Manifest, Origin};
 
+use crate::quarantined;
 use crate::store::{self, MacStatus};
 use crate::table::{row, table};
 use crate::units::{human_age, size_and_bytes};
@@ -23,8 +27,11 @@ struct Report<'a> {
     manifest: &'a Manifest,
 }
 
-pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
+pub fn run(ctx: &Ctx, name: &str, json: bool, quarantined: bool) -> Outcome {
     store::check_name(name)?;
+    if quarantined {
+        return run_quarantined(ctx, name, json);
+    }
     let m = match Manifest::load_unverified(&ctx.root, name) {
         Ok(m) => m,
         Err(e) => {
@@ -61,6 +68,73 @@ pub fn run(ctx: &Ctx, name: &str, json: bool) -> Outcome {
     out.push_str(&workload_section(&m));
     emit(&out);
     Ok(OK)
+}
+
+#[derive(Serialize)]
+struct QuarantinedReport<'a> {
+    name: &'a str,
+    path: String,
+    quarantine: &'a Reason,
+    disk_bytes: u64,
+    /// `verified`, `fails`, `no-host-key` or `key-unusable`; null without
+    /// a readable manifest.
+    mac: Option<&'static str>,
+    manifest: Option<&'a Manifest>,
+    /// Why the manifest could not be read, when it could not.
+    manifest_error: Option<String>,
+}
+
+/// `inspect --quarantined NAME`: the reason, then the manifest as for an
+/// artifact (exit 1 when it cannot be read: the reason is still shown).
+fn run_quarantined(ctx: &Ctx, name: &str, json: bool) -> Outcome {
+    let dir = ctx.root.join(quarantine::DIR);
+    let copies = quarantine::list(&ctx.root).map_err(|e| format!("quarantine: {e}"))?;
+    let Some((_, reason, copy)) = copies.into_iter().find(|(n, _, _)| n == name) else {
+        return Err(format!(
+            "no quarantined copy of {name} under {}",
+            dir.display()
+        ));
+    };
+    let manifest = Manifest::load_unverified(&dir, name);
+    let mac = manifest.as_ref().ok().map(|m| MacStatus::of(&ctx.root, m));
+    let (path, disk_bytes) = (copy.display().to_string(), bytes_under(&copy));
+    let code = if manifest.is_ok() { OK } else { FAILED };
+    if json {
+        emit_json(&QuarantinedReport {
+            name,
+            path,
+            quarantine: &reason,
+            disk_bytes,
+            mac: mac.as_ref().map(MacStatus::as_str),
+            manifest: manifest.as_ref().ok(),
+            manifest_error: manifest.as_ref().err().map(|e| e.to_string()),
+        });
+        return Ok(code);
+    }
+    let mut out = quarantined::reason_rows(&reason);
+    out.push_str("Reason:\n");
+    for line in reason.message.lines() {
+        let line: String = line
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        out.push_str(&format!("  {line}\n"));
+    }
+    match (&manifest, &mac) {
+        (Ok(m), Some(mac)) => {
+            out.push('\n');
+            out.push_str(&summary(ctx, name, &path, m, mac, Some(false), disk_bytes));
+            out.push_str(&oracle_section(m));
+            out.push_str(&host_section(m));
+            out.push_str(&workload_section(m));
+        }
+        _ => out.push_str(&format!("\nPath: {path}\n")),
+    }
+    emit(&out);
+    if let Err(e) = &manifest {
+        crate::warn(&format!("inspect --quarantined {name}: manifest: {e}"));
+    }
+    Ok(code)
 }
 
 /// The table of what the artifact is, where, from where, and its state here.

@@ -1,14 +1,16 @@
 //! `vsnap ls`: every artifact under the root, with its status: `ok` (the
 //! layout and MAC checks a restore makes pass), `invalid: REASON`, or
-//! `in-use` (its lock is held by a restore, a capture or a removal).
+//! `in-use` (its lock is held by a restore, a capture or a removal); then
+//! the quarantined copies (quarantined.rs), which `--quarantined` lists
+//! alone (the `--json` array of artifacts stays as it was).
 
 use serde::Serialize;
 use vsnap_artifact::{ArtifactLock, Manifest};
 
-use crate::store;
 use crate::table::{row, table};
 use crate::units::human_size;
 use crate::{emit, emit_json, Ctx, Outcome, OK};
+use crate::{quarantined, store};
 
 #[derive(Serialize)]
 pub struct Entry {
@@ -72,7 +74,16 @@ pub fn entries(ctx: &Ctx) -> Result<Vec<Entry>, String> {
     Ok(out)
 }
 
-pub fn run(ctx: &Ctx, json: bool) -> Outcome {
+pub fn run(ctx: &Ctx, json: bool, quarantined_only: bool) -> Outcome {
+    if quarantined_only {
+        let copies = quarantined::entries(&ctx.root)?;
+        if json {
+            emit_json(&copies);
+        } else {
+            emit(&quarantined::section(&copies, &ctx.root));
+        }
+        return Ok(OK);
+    }
     let entries = entries(ctx)?;
     if json {
         emit_json(&entries);
@@ -101,6 +112,7 @@ pub fn run(ctx: &Ctx, json: bool) -> Outcome {
             status.join(", "),
         ]));
     }
-    emit(&table(&rows));
+    let copies = quarantined::entries(&ctx.root)?;
+    emit(&(table(&rows) + &quarantined::section(&copies, &ctx.root)));
     Ok(OK)
 }

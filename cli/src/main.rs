@@ -14,6 +14,7 @@ mod inspect;
 mod key;
 mod ls;
 mod metrics;
+mod quarantined;
 mod rm;
 mod store;
 mod table;
@@ -64,6 +65,9 @@ enum Command {
     /// Show an artifact's manifest (identity, oracle, sizes, timings) and MAC status
     Inspect {
         name: String,
+        /// Read the quarantined copy of NAME (set aside by an `auto` start) and why it was set aside
+        #[arg(long)]
+        quarantined: bool,
         /// JSON for tools
         #[arg(long)]
         json: bool,
@@ -78,9 +82,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the artifacts under the root with their status
+    /// List the artifacts under the root with their status, then the quarantined copies
     #[command(visible_alias = "list")]
     Ls {
+        /// List only the quarantined copies (artifacts set aside by `auto` starts)
+        #[arg(long)]
+        quarantined: bool,
         /// JSON for tools
         #[arg(long)]
         json: bool,
@@ -134,7 +141,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Restores, captures, pulls and pushes (counts, phases, bytes, failures) and the store's size, in the Prometheus text format
+    /// Restores, captures, pulls and pushes (counts, phases, bytes, failures), auto fallbacks, the store's size and quarantined copies, in the Prometheus text format
     Metrics {
         /// Serve them at http://ADDR:PORT/metrics instead of printing them once
         #[arg(long, value_name = "ADDR:PORT")]
@@ -228,13 +235,17 @@ fn run(cli: Cli) -> Outcome {
         Ok(Ctx { root, config })
     };
     match cli.command {
-        Command::Inspect { ref name, json } => inspect::run(&ctx()?, name, json),
+        Command::Inspect {
+            ref name,
+            json,
+            quarantined,
+        } => inspect::run(&ctx()?, name, json, quarantined),
         Command::Verify {
             ref name,
             quick,
             json,
         } => verify::run(&ctx()?, name, quick, json),
-        Command::Ls { json } => ls::run(&ctx()?, json),
+        Command::Ls { json, quarantined } => ls::run(&ctx()?, json, quarantined),
         Command::Rm { ref names, json } => rm::run(&ctx()?, names, json),
         Command::Gc {
             older_than,

@@ -20,8 +20,8 @@ pub fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// Every entry of the root that is not a dot-entry (`.staging-*`, `.trash-*`,
-/// `.control`, `.locks`, `.journal`, `.host-key`, `.tool-identity.json`), sorted. A missing
-/// root has none.
+/// `.control`, `.locks`, `.journal`, `.criu-logs`, `.quarantine`, `.host-key`,
+/// `.tool-identity.json`), sorted. A missing root has none.
 pub fn artifact_names(root: &Path) -> io::Result<Vec<String>> {
     let entries = match fs::read_dir(root) {
         Ok(e) => e,

@@ -71,6 +71,8 @@ fn journal(root: &Path) {
         .unwrap();
     j.append(&Record::now(Op::Push, "llama", false, 1.0).failed_in("push"))
         .unwrap();
+    j.append(&Record::now(Op::Fallback, "llama", false, 0.3).failed_in("damaged"))
+        .unwrap();
 }
 
 fn promtool(text: &str) -> Output {
@@ -113,6 +115,8 @@ fn the_exposition_passes_promtool_check_metrics() {
         "vsnap_restores_total{artifact=\"llama\",result=\"failed\"} 1",
         "vsnap_failures_total{op=\"push\",phase=\"push\"} 1",
         "vsnap_pulled_bytes_total{artifact=\"qwen\"} 123456",
+        "vsnap_auto_fallbacks_total{artifact=\"llama\",reason=\"damaged\"} 1",
+        "vsnap_quarantined_artifacts 0",
     ] {
         assert!(text.lines().any(|l| l == want), "{want} not in\n{text}");
     }

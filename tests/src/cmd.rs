@@ -67,3 +67,14 @@ pub fn wait_deadline(child: &mut Child, timeout: Duration) -> Option<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The installed binary `name`: on PATH or in the sbin folders.
+pub fn which(name: &str) -> std::path::PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| panic!("{name} is not installed (scripts/setup.sh installs it)"))
+}

@@ -17,10 +17,15 @@ pub enum Op {
     Capture,
     Pull,
     Push,
+    /// An `auto` start whose artifact could not be restored here and was
+    /// set aside (quarantine.rs), the start becoming a create: recorded
+    /// not ok, `failed_phase` holding the cause (`host`, `damaged`,
+    /// `restore`).
+    Fallback,
 }
 
 impl Op {
-    pub const ALL: [Op; 4] = [Op::Restore, Op::Capture, Op::Pull, Op::Push];
+    pub const ALL: [Op; 5] = [Op::Restore, Op::Capture, Op::Pull, Op::Push, Op::Fallback];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -28,11 +33,13 @@ impl Op {
             Op::Capture => "capture",
             Op::Pull => "pull",
             Op::Push => "push",
+            Op::Fallback => "fallback",
         }
     }
 }
 
-/// The outcome of one restore, capture, pull or push. Its labels have a
+/// The outcome of one restore, capture, pull or push, or one `auto`
+/// fallback. Its labels have a
 /// bounded cardinality: the artifact's name and phase names, never a
 /// container id.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -159,6 +166,17 @@ mod tests {
             assert_eq!(records, vec![sample()], "cut at {cut}");
             assert_eq!(skipped, 1, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn every_op_is_named_as_it_is_written() {
+        for op in Op::ALL {
+            let json = serde_json::to_string(&op).unwrap();
+            assert_eq!(json, format!("\"{}\"", op.as_str()));
+            assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
+        }
+        let fallback = Record::now(Op::Fallback, "llama", false, 0.5).failed_in("host");
+        assert_eq!(parse(&fallback.encode()), (vec![fallback], 0));
     }
 
     #[test]

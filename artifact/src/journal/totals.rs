@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::record::Record;
+use super::record::{Op, Record};
 
 /// The histograms' upper bounds, in seconds (`le`); `+Inf` follows.
 pub const BUCKETS: [f64; 16] = [
@@ -95,10 +95,27 @@ pub struct Totals {
     pub durations: ByOp<Histogram>,
     /// By operation, then artifact.
     pub last: ByOp<Last>,
+    /// `auto` fallbacks (an artifact set aside, the start a create): by
+    /// artifact, then cause (the record's `failed_phase`: `host`,
+    /// `damaged`, `restore`). Counted here only, not among the outcomes,
+    /// failures or last operations of the four operations. Absent from
+    /// totals written before fallbacks were recorded.
+    #[serde(default)]
+    pub fallbacks: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl Totals {
     pub fn add(&mut self, r: &Record) {
+        if r.op == Op::Fallback {
+            let cause = r.failed_phase.as_deref().unwrap_or("unknown");
+            *self
+                .fallbacks
+                .entry(r.artifact.clone())
+                .or_default()
+                .entry(cause.to_string())
+                .or_default() += 1;
+            return;
+        }
         let op = r.op.as_str().to_string();
         let o = self
             .outcomes
@@ -147,7 +164,6 @@ impl Totals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::Op;
 
     #[test]
     fn a_histogram_puts_each_value_in_the_first_bucket_that_holds_it() {
@@ -178,5 +194,27 @@ mod tests {
         assert_eq!(t.durations["restore"]["total"].count, 1);
         assert_eq!(t.durations["restore"]["criu"].sum, 1.0);
         assert!(!t.last["restore"]["a"].ok);
+    }
+
+    #[test]
+    fn fallbacks_are_counted_by_artifact_and_cause_and_nowhere_else() {
+        let mut t = Totals::default();
+        for cause in ["host", "host", "damaged"] {
+            t.add(&Record::now(Op::Fallback, "a", false, 0.1).failed_in(cause));
+        }
+        t.add(&Record::now(Op::Fallback, "b", false, 0.1));
+        assert_eq!(t.fallbacks["a"]["host"], 2);
+        assert_eq!(t.fallbacks["a"]["damaged"], 1);
+        assert_eq!(t.fallbacks["b"]["unknown"], 1);
+        assert!(t.outcomes.is_empty() && t.failures.is_empty());
+        assert!(t.durations.is_empty() && t.last.is_empty());
+    }
+
+    #[test]
+    fn totals_written_before_fallbacks_still_load() {
+        let old = r#"{"folded_through":3,"skipped":1,"outcomes":{},"failures":{},"durations":{},"last":{}}"#;
+        let t: Totals = serde_json::from_str(old).unwrap();
+        assert_eq!((t.folded_through, t.skipped), (3, 1));
+        assert!(t.fallbacks.is_empty());
     }
 }

@@ -1,5 +1,5 @@
-//! What a scrape reads: the journal's totals and the artifact store's
-//! sizes, rendered.
+//! What a scrape reads: the journal's totals, the artifact store's sizes
+//! and its quarantined copies, rendered.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,9 +23,15 @@ pub fn exposition(root: &Path) -> Result<String, String> {
             (n, bytes)
         })
         .collect();
+    let quarantined = vsnap_artifact::quarantine::list(root)
+        .map_err(|e| format!("metrics: quarantine: {e}"))?
+        .len() as u64;
     Ok(render(
         &totals,
-        &Store { artifacts },
+        &Store {
+            artifacts,
+            quarantined,
+        },
         env!("CARGO_PKG_VERSION"),
     ))
 }

@@ -1,7 +1,8 @@
 //! `vsnap metrics`: the metrics journal's totals (restores, captures, pulls
-//! and pushes; phases, bytes, failures) and the artifact store's size in
-//! the Prometheus text format, printed once (for node_exporter's textfile
-//! collector) or served at `GET /metrics` with `--listen ADDR:PORT`.
+//! and pushes; phases, bytes, failures; `auto` fallbacks) and the artifact
+//! store's size and quarantined copies in the Prometheus text format,
+//! printed once (for node_exporter's textfile collector) or served at
+//! `GET /metrics` with `--listen ADDR:PORT`.
 //! Computed from the journal at each read, so they survive restarts.
 
 mod gather;

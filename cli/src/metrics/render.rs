@@ -11,6 +11,8 @@ use vsnap_artifact::journal::{Histogram, Totals, BUCKETS};
 pub struct Store {
     /// Each artifact's bytes, by name.
     pub artifacts: BTreeMap<String, u64>,
+    /// Quarantined copies under the root now (vsnap_artifact::quarantine).
+    pub quarantined: u64,
 }
 
 /// Counters of an operation: (operation, metric, help).
@@ -88,6 +90,7 @@ pub fn render(totals: &Totals, store: &Store, version: &str) -> String {
         }
     }
     failures(&mut out, totals);
+    fallbacks(&mut out, totals);
     durations(&mut out, totals);
     last(&mut out, totals);
     store_size(&mut out, store);
@@ -113,6 +116,24 @@ fn failures(out: &mut String, totals: &Totals) {
     for (op, phases) in &totals.failures {
         for (phase, n) in phases {
             sample(out, name, &[("op", op), ("phase", phase)], *n);
+        }
+    }
+}
+
+/// `auto` starts that set their artifact aside and created instead, by
+/// artifact and cause. Its own family: a fallback is no restore, capture,
+/// pull or push, so it is in none of their series.
+fn fallbacks(out: &mut String, totals: &Totals) {
+    let name = "vsnap_auto_fallbacks_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Starts under vsnap.io/plan=auto whose artifact could not be restored here, was set aside (quarantined) and was created again, by artifact and reason (host, damaged, restore).",
+    );
+    for (artifact, causes) in &totals.fallbacks {
+        for (cause, n) in causes {
+            sample(out, name, &[("artifact", artifact), ("reason", cause)], *n);
         }
     }
 }
@@ -223,6 +244,14 @@ fn store_size(out: &mut String, store: &Store) {
     for (artifact, bytes) in &store.artifacts {
         sample(out, each, &[("artifact", artifact)], *bytes);
     }
+    let quarantined = "vsnap_quarantined_artifacts";
+    family(
+        out,
+        quarantined,
+        "gauge",
+        "Quarantined copies of artifacts set aside under the artifact root (vsnap ls lists them, vsnap gc --older-than removes them).",
+    );
+    sample(out, quarantined, &[], store.quarantined);
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

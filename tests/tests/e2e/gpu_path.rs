@@ -6,20 +6,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use vsnap_e2e::cmd::which;
 
 use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env};
 
 /// A file on the first folder of PATH (and the sbin folders) that has it.
-fn which(name: &str) -> PathBuf {
-    let path = std::env::var("PATH").unwrap_or_default();
-    let found = path
-        .split(':')
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| panic!("{name} is not installed (scripts/setup.sh installs it)"))
-}
 
 fn script(path: &Path, body: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -20,6 +20,7 @@ mod lifecycle_faults;
 mod memory;
 mod metrics;
 mod no_leaks;
+mod node_changes;
 mod refusals;
 mod rootfs_carry;
 mod snapshot;

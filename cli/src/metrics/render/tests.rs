@@ -11,12 +11,14 @@ fn totals() -> Totals {
     t.add(&Record::now(Op::Restore, "llama", false, 9.0).failed_in("activation"));
     t.add(&Record::now(Op::Capture, "llama", true, 30.0).bytes(1 << 20));
     t.add(&Record::now(Op::Pull, "qwen", true, 4.0).bytes(500));
+    t.add(&Record::now(Op::Fallback, "qwen", false, 0.2).failed_in("damaged"));
     t
 }
 
 fn store() -> Store {
     Store {
         artifacts: [("llama".to_string(), 100), ("qwen".to_string(), 50)].into(),
+        quarantined: 1,
     }
 }
 
@@ -43,6 +45,8 @@ fn counters_by_artifact_and_result_and_failures_by_phase() {
         "vsnap_last_success{op=\"restore\",artifact=\"llama\"} 0",
         "vsnap_last_duration_seconds{op=\"capture\",artifact=\"llama\"} 30",
         "vsnap_journal_skipped_records_total 0",
+        "vsnap_auto_fallbacks_total{artifact=\"qwen\",reason=\"damaged\"} 1",
+        "vsnap_quarantined_artifacts 1",
     ] {
         assert!(l.contains(&want), "{want} not in\n{text}");
     }
@@ -102,4 +106,24 @@ fn an_empty_journal_still_says_the_build_and_the_store() {
     let text = render(&Totals::default(), &Store::default(), "1");
     assert!(text.contains("vsnap_build_info{version=\"1\"} 1"));
     assert!(text.contains("vsnap_artifact_store_bytes 0"));
+}
+
+#[test]
+fn a_fallback_is_its_own_series_and_in_no_operations() {
+    let text = render(&totals(), &store(), "1");
+    let fallback_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("fallback"))
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        fallback_lines,
+        ["vsnap_auto_fallbacks_total{artifact=\"qwen\",reason=\"damaged\"} 1"],
+        "{text}"
+    );
+    // Without fallbacks the family is there, empty, as the others are.
+    let text = render(&Totals::default(), &Store::default(), "1");
+    assert!(text.contains("# TYPE vsnap_auto_fallbacks_total counter\n"));
+    assert!(!text.contains("vsnap_auto_fallbacks_total{"));
+    assert!(text.contains("\nvsnap_quarantined_artifacts 0\n"));
 }

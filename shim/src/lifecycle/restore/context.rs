@@ -20,6 +20,8 @@ use crate::lifecycle::init_start::{InitStart, RestoreSource};
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
+use crate::snapshot::plan::fallback;
+use crate::snapshot::plan::refusal::start_cause;
 use crate::snapshot::plan::{ReadLock, RestorePlan};
 use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
 use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
@@ -176,6 +178,24 @@ impl RestoreRun {
     }
 }
 
+impl RestoreRun {
+    /// Under `auto`, a restore that failed for the artifact's sake sets it
+    /// aside before Start answers, so that the next start is cold and
+    /// captures it anew: one failure per cause (plan/fallback.rs).
+    async fn set_aside_under_auto(&self, phase: PhaseName, e: &Error) {
+        let Some(plan) = self.plan.as_ref().filter(|p| p.auto) else {
+            return;
+        };
+        let cause = start_cause(phase.slug(), e);
+        let (root, name) = (plan.common.root.clone(), plan.common.artifact.to_string());
+        let (id, bundle, message) = (self.id.clone(), self.bundle.clone(), e.to_string());
+        let _ = tokio::task::spawn_blocking(move || {
+            fallback::after_start(&root, &name, &id, &bundle, cause, &message)
+        })
+        .await;
+    }
+}
+
 #[async_trait]
 impl Run for RestoreRun {
     fn release_lock(&mut self) {
@@ -206,11 +226,12 @@ impl Run for RestoreRun {
     /// leftovers go when the CRIU phase did not undo them itself; the copy
     /// is killed (its exit comes through the reaper) or, with no process,
     /// the init is recorded as killed and its exit published here.
-    async fn abort(&mut self, _: PhaseName, _: &Error) {
+    async fn abort(&mut self, phase: PhaseName, e: &Error) {
         if self.criu_started && !self.criu_undone && self.pid == 0 {
             self.job.undo().await;
             self.criu_undone = true;
         }
+        self.set_aside_under_auto(phase, e).await;
         let mut c = self.handle.lock().await;
         c.starting = None;
         if let Some(exit) = c.start_failed().await {

@@ -42,14 +42,14 @@ pub fn choose<E>(asked: Mode, look: impl FnOnce() -> Result<OnDisk, E>) -> Resul
 }
 
 impl OnDisk {
-    /// What `root` holds under `name`: a manifest that can be read (its MAC
-    /// is the preflight's to check), none, or an error naming what could
-    /// not be read.
+    /// What `root` holds under `name`: nothing, or something published,
+    /// readable or not. What is wrong with a manifest (its format, its MAC,
+    /// its bytes) is the restore preflight's to say, and under `auto` the
+    /// reason it is set aside.
     pub fn look(root: &Path, name: &str) -> Result<Self, ArtifactError> {
         match Manifest::load_unverified(root, name) {
-            Ok(_) => Ok(OnDisk::Published),
             Err(ArtifactError::NotFound(_)) => Ok(OnDisk::Absent),
-            Err(e) => Err(e),
+            Ok(_) | Err(_) => Ok(OnDisk::Published),
         }
     }
 }
@@ -89,15 +89,16 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_root_holds_nothing_and_a_manifest_is_published() {
+    fn an_empty_root_holds_nothing_and_any_manifest_is_published() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(OnDisk::look(dir.path(), "a").unwrap(), OnDisk::Absent);
         let art = vsnap_artifact::path(dir.path(), "a");
         std::fs::create_dir_all(&art).unwrap();
         std::fs::write(art.join(vsnap_artifact::layout::MANIFEST), "{ not json").unwrap();
-        assert!(
-            OnDisk::look(dir.path(), "a").is_err(),
-            "unreadable is an error, not absent"
+        assert_eq!(
+            OnDisk::look(dir.path(), "a").unwrap(),
+            OnDisk::Published,
+            "unreadable is the preflight's to name, not absent"
         );
     }
 }

@@ -22,6 +22,7 @@ use super::common::Common;
 use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
 use super::prepared_plan::Prepared;
+use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs, rootfs::shm, store::journal};
@@ -50,14 +51,14 @@ pub(super) fn prepare_restore(
     inputs: &mut Inputs<'_>,
     engine: &Engine,
     name: ArtifactName,
-    layer: rootfs::WritableLayer,
+    layer: &rootfs::WritableLayer,
     started: Instant,
-) -> Result<Box<RestorePlan>> {
+) -> std::result::Result<Box<RestorePlan>, Refusal> {
     let config = inputs.config;
     let root = config.artifact_root.clone();
     let tools = tools_of(config);
     let checked = ReadLock::take(&root, name.as_str())
-        .map_err(preflight_error)
+        .map_err(Refusal::of_artifact)
         .and_then(|lock| {
             Ok((
                 lock,
@@ -87,8 +88,9 @@ pub(super) fn prepare_restore(
         create_began: inputs.create_began,
         preflight: started.elapsed(),
         rootfs_unpack: std::time::Duration::ZERO,
+        auto: inputs.plan.mode == super::annotations::Mode::Auto,
     };
-    if let Err(e) = make_ready(&mut plan, found.carried, &layer) {
+    if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
         return Err(e);
     }
@@ -107,14 +109,22 @@ fn make_ready(
     plan: &mut RestorePlan,
     carried: Option<(RootfsLayer, Contents)>,
     layer: &rootfs::WritableLayer,
-) -> Result<()> {
+) -> std::result::Result<(), Refusal> {
     let c = &plan.common;
     let owner = (c.control_owner.0 != vsnap_protocol::euid()).then_some(c.control_owner);
     layout::copy_files_owned_by(&c.artifact_dir().join("control"), &c.control_dir, owner)
         .map_err(|e| artifact_error("restore", e))?;
     if let Some((carried, all)) = &carried {
         let t = Instant::now();
-        plan.verified_at_create = put_back_layer(&plan.common, layer, carried, all)?;
+        plan.verified_at_create =
+            put_back_layer(&plan.common, layer, carried, all).map_err(|e| {
+                // A fallback starts cold on this layer: only where what was
+                // unpacked of it can be emptied again.
+                match layer_cause(&e) {
+                    Cause::Damaged if empty_upper(layer) => Refusal::new(Cause::Damaged, e),
+                    _ => Refusal::new(Cause::Container, e),
+                }
+            })?;
         plan.rootfs_unpack = t.elapsed();
     }
     if let Some(host_shm) = &plan.common.host_shm {
@@ -133,9 +143,9 @@ fn preflight(
     name: &str,
     tools: &Tools,
     engine: &Engine,
-) -> Result<Preflight> {
+) -> std::result::Result<Preflight, Refusal> {
     let id = inputs.id;
-    let manifest = Manifest::load_verified(root, name).map_err(preflight_error)?;
+    let manifest = Manifest::load_verified(root, name).map_err(Refusal::of_artifact)?;
     let owner = manifest.workload.tenant();
     tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
     let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
@@ -143,13 +153,21 @@ fn preflight(
     // Compatibility, not identity (artifact/src/compat.rs): the MAC above
     // already says whose artifact this is.
     let host = artifact::compat::compare(&manifest.host, &live);
-    let mut diff = host.incompatible;
-    diff.extend(manifest.workload.diff(&engine.workload));
+    let workload = manifest.workload.diff(&engine.workload);
+    // Another workload is a refusal under every plan; a host that only
+    // differs is this node's change.
+    let cause = if workload.is_empty() {
+        Cause::Host
+    } else {
+        Cause::Container
+    };
+    let diff: Vec<String> = host.incompatible.iter().cloned().chain(workload).collect();
     if !diff.is_empty() {
-        return Err(preflight_error(ArtifactError::Mismatch(diff.join("; "))));
+        let e = preflight_error(ArtifactError::Mismatch(diff.join("; ")));
+        return Err(Refusal::new(cause, e));
     }
     if let Some(captured) = &manifest.clocks {
-        check_clocks(id, captured)?;
+        check_clocks(id, captured).map_err(|e| Refusal::new(Cause::Host, e))?;
     }
     let memory = manifest.memory;
     crate::snapshot::criu::memory::preflight(
@@ -165,7 +183,7 @@ fn preflight(
     }
     // A truncated or missing file fails the create at once.
     let dir = artifact::path(root, name);
-    artifact::content::verify_sizes(&dir, &manifest.contents).map_err(preflight_error)?;
+    artifact::content::verify_sizes(&dir, &manifest.contents).map_err(Refusal::of_artifact)?;
     let carried = match &manifest.rootfs {
         Some(r) => {
             rootfs::check_volume_files(&r.open_files, &inputs.spec)?;
@@ -246,4 +264,23 @@ fn put_back_layer(
         _ => unpack(upper)?,
     }
     Ok(vec![rel])
+}
+
+/// Removes what a failed unpack left in the container's own upper dir
+/// (not yet mounted); false where that cannot be done safely (an overlay
+/// the caller mounted already).
+fn empty_upper(layer: &rootfs::WritableLayer) -> bool {
+    let rootfs::WritableLayer::Upper(upper) = layer else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir(upper) else {
+        return false;
+    };
+    entries.flatten().all(|e| {
+        let path = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path).is_ok(),
+            _ => std::fs::remove_file(&path).is_ok(),
+        }
+    })
 }

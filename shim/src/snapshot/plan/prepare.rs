@@ -15,6 +15,7 @@ use super::bundle::{capture_timeout, common_part, edit_spec};
 use super::capture::CapturePlan;
 use super::choose::{choose, Choice, OnDisk};
 use super::engine::{Engine, Inputs};
+use super::fallback::{self, Fallback};
 use super::lock::WriteLock;
 use super::prepared_plan::Prepared;
 use crate::error::{Error, Result};
@@ -39,14 +40,23 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
     let name = artifact_name(&inputs.plan, &engine.workload)?;
     let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()))
         .map_err(|e| artifact_error("restore: preflight", e))?;
-    match choice {
-        Choice::Restore => {
-            super::preflight::prepare_restore(&mut inputs, &engine, name, layer, started)
-                .map(|r| Some(Prepared::Restore(r)))
+    if choice == Choice::Capture {
+        return prepare_capture(&mut inputs, engine, name, layer, None)
+            .map(|c| c.map(Prepared::Capture));
+    }
+    match super::preflight::prepare_restore(&mut inputs, &engine, name.clone(), &layer, started) {
+        Ok(r) => Ok(Some(Prepared::Restore(r))),
+        // `auto` restores what can be restored here, else creates.
+        Err(refusal) if inputs.plan.mode == Mode::Auto => {
+            match fallback::at_create(&inputs, &name, refusal)? {
+                Fallback::Cold => Ok(None),
+                Fallback::Capture(lock) => {
+                    prepare_capture(&mut inputs, engine, name, layer, Some(lock))
+                        .map(|c| c.map(Prepared::Capture))
+                }
+            }
         }
-        Choice::Capture => {
-            prepare_capture(&mut inputs, engine, name, layer).map(|c| c.map(Prepared::Capture))
-        }
+        Err(refusal) => Err(refusal.error),
     }
 }
 
@@ -58,6 +68,7 @@ fn prepare_capture(
     engine: Engine,
     name: ArtifactName,
     layer: rootfs::WritableLayer,
+    locked: Option<WriteLock>,
 ) -> Result<Option<Box<CapturePlan>>> {
     let config = inputs.config;
     if !tenant::may_create(&config.tenants, inputs.tenant) {
@@ -68,8 +79,13 @@ fn prepare_capture(
         log::warn!("{}: auto: {refused}: starting cold", inputs.id);
         return Ok(None);
     }
-    let Some(lock) = lock_for_create(inputs, &config.artifact_root, name.as_str())? else {
-        return Ok(None);
+    let lock = match locked {
+        // Taken to set the artifact aside: what is there now is nothing.
+        Some(lock) => lock,
+        None => match lock_for_create(inputs, &config.artifact_root, name.as_str())? {
+            Some(lock) => lock,
+            None => return Ok(None),
+        },
     };
     let capture_timeout = capture_timeout(inputs);
     let plan = CapturePlan {

@@ -44,6 +44,9 @@ pub struct RestorePlan {
     pub preflight: Duration,
     /// How long checking and unpacking the carried layer took.
     pub rootfs_unpack: Duration,
+    /// The plan asked was `auto`: a restore that fails after CRIU started
+    /// sets the artifact aside, so that the next start is cold.
+    pub auto: bool,
 }
 
 impl RestorePlan {

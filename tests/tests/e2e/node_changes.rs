@@ -1,0 +1,317 @@
+//! A node that changes: under `auto`, an artifact this host cannot restore
+//! (damaged, or made with another runc) is set aside and the start becomes
+//! a create; a restore that fails after CRIU started sets it aside so the
+//! next start is cold. `restore` stays fail-closed. Issue 33.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
+use vsnap_e2e::engine::{free_port, wait_listening};
+use vsnap_e2e::snapshot_env::{assert_has, setup, Env};
+
+/// The operator CLI on this test's artifact root.
+fn vsnap(e: &Env, args: &[&str]) -> vsnap_e2e::cmd::CmdOutput {
+    let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("--root").arg(&e.artifacts).args(args);
+    vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(60))
+}
+
+/// An `auto` start of `name` as container `id` that serves: restored when
+/// ctr returns, or cold-started (then capture-ready and published) soon.
+fn serve_auto(e: &Env, id: &str, name: &str) -> bool {
+    let port = free_port();
+    let out = e.run(id, "auto", name, port, &[]);
+    assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
+    let restored = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    wait_listening(port, Duration::from_secs(120));
+    restored
+}
+
+/// The quarantined copy of `name` and its reason.
+fn quarantined(e: &Env, name: &str) -> (PathBuf, serde_json::Value) {
+    let dir = e.artifacts.join(".quarantine").join(name);
+    let reason = std::fs::read(dir.join("quarantine.json"))
+        .unwrap_or_else(|err| panic!("{}: no quarantine.json: {err}", dir.display()));
+    (dir, serde_json::from_slice(&reason).unwrap())
+}
+
+/// The artifact's largest memory image.
+fn largest_pages(artifact: &Path) -> PathBuf {
+    let images = artifact.join("images");
+    std::fs::read_dir(&images)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("pages-") && n.ends_with(".img")
+        })
+        .max_by_key(|p| p.metadata().unwrap().len())
+        .expect("a pages image")
+}
+
+/// The node's runc upgraded: the runtime config now names the same runc
+/// behind a wrapper that reports another version.
+fn upgrade_runc(e: &Env) {
+    let runc = vsnap_e2e::cmd::which("runc");
+    let wrapper = e.c.dir.join("runc-upgraded");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'runc version 1.1.99'; echo 'spec: 1.0.2-dev'; exit 0; fi\nexec {} \"$@\"\n",
+            runc.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str(&format!("runc_binary = \"{}\"\n", wrapper.display()));
+    std::fs::write(&e.config, config).unwrap();
+}
+
+/// The first `auto` start publishes `name`; the engine is then removed.
+fn published_by_auto(e: &Env, name: &str) -> serde_json::Value {
+    assert!(
+        !serve_auto(e, &format!("{name}-0"), name),
+        "first start is cold"
+    );
+    let manifest = e.wait_manifest(name);
+    e.remove(&format!("{name}-0"));
+    manifest
+}
+
+/// After a fallback: the old artifact aside with `cause`, a new one
+/// published by the start `id`, and the next `auto` start restores it;
+/// the metric counts the fallback once.
+fn assert_fell_back(e: &Env, id: &str, name: &str, old_mac: &serde_json::Value, cause: &str) {
+    let (dir, reason) = quarantined(e, name);
+    assert_eq!(reason["cause"], cause, "{reason}");
+    assert!(
+        dir.join("manifest.json").exists(),
+        "kept whole: {}",
+        dir.display()
+    );
+    let fresh = e.wait_manifest(name);
+    assert_ne!(&fresh["mac"], old_mac, "a new artifact under the same name");
+    e.remove(id);
+    assert!(
+        serve_auto(e, &format!("{id}-next"), name),
+        "the fresh artifact restores"
+    );
+    e.remove(&format!("{id}-next"));
+    let ls = vsnap(e, &["ls"]);
+    assert!(ls.ok() && ls.stdout.contains("quarantined"), "{ls:?}");
+    let metrics = vsnap(e, &["metrics"]);
+    assert_has(
+        &metrics.stdout,
+        &[&format!(
+            "vsnap_auto_fallbacks_total{{artifact=\"{name}\",reason=\"{cause}\"}} 1"
+        )],
+    );
+}
+
+#[test]
+fn auto_sets_a_truncated_artifact_aside_and_captures_anew() {
+    let e = setup("nc-size");
+    let old = published_by_auto(&e, "ncs");
+    let pages = largest_pages(&e.artifact("ncs"));
+    let len = pages.metadata().unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pages)
+        .unwrap()
+        .set_len(len - 4096)
+        .unwrap();
+    // `restore` refuses, before CRIU, naming the file.
+    let out = e.run("ncs-r", "restore", "ncs", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: preflight", "pages-"]);
+    e.remove("ncs-r");
+    // `auto` sets it aside and starts cold, capturing anew.
+    assert!(!serve_auto(&e, "ncs-1", "ncs"), "a cold start");
+    assert_fell_back(&e, "ncs-1", "ncs", &old["mac"], "damaged");
+}
+
+#[test]
+fn auto_on_an_upgraded_runc_captures_anew_and_restore_refuses_before_criu() {
+    let e = setup("nc-runc");
+    let old = published_by_auto(&e, "ncr");
+    upgrade_runc(&e);
+    let out = e.run("ncr-r", "restore", "ncr", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &["restore: preflight", "host.runc_version", "1.1.99"],
+    );
+    e.remove("ncr-r");
+    assert!(!serve_auto(&e, "ncr-1", "ncr"), "a cold start");
+    assert_fell_back(&e, "ncr-1", "ncr", &old["mac"], "host");
+}
+
+#[test]
+fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold() {
+    let e = setup("nc-flip");
+    let old = published_by_auto(&e, "ncf");
+    let pages = largest_pages(&e.artifact("ncf"));
+    let mut bytes = std::fs::read(&pages).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&pages, bytes).unwrap();
+    // Found beside CRIU: this start fails once, naming the damage...
+    let out = e.run("ncf-1", "auto", "ncf", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: verify", "does not match"]);
+    e.remove("ncf-1");
+    // ...and the artifact is aside: the next start is cold and captures.
+    let (_, reason) = quarantined(&e, "ncf");
+    assert_eq!(reason["cause"], "damaged", "{reason}");
+    assert!(!serve_auto(&e, "ncf-2", "ncf"), "a cold start");
+    let fresh = e.wait_manifest("ncf");
+    assert_ne!(fresh["mac"], old["mac"]);
+    e.remove("ncf-2");
+    assert!(
+        serve_auto(&e, "ncf-3", "ncf"),
+        "the fresh artifact restores"
+    );
+    e.remove("ncf-3");
+}
+
+#[test]
+fn an_artifact_of_another_vsnap_version_restores_and_a_future_format_is_set_aside() {
+    let e = setup("nc-format");
+    e.create_good("ncv-0", "ncv", &[]);
+    let path = e.manifest("ncv");
+    let original = std::fs::read(&path).unwrap();
+    // Made by another vsnap (a rolling upgrade of the shim): re-sealed with
+    // this host's key as a verified pull does, it restores.
+    let key = vsnap_artifact::HostKey::load(&e.artifacts).unwrap();
+    let mut m = vsnap_artifact::Manifest::parse(&original, &path).unwrap();
+    m.host.shim_version = "0.0.1-older".into();
+    m.seal(&key);
+    std::fs::write(&path, m.to_bytes()).unwrap();
+    let out = e.run("ncv-1", "restore", "ncv", free_port(), &[]);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    e.remove("ncv-1");
+    // A format this shim does not read: `restore` refuses naming it...
+    let mut future: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    let ours = future["schema_version"].as_u64().unwrap();
+    future["schema_version"] = (ours + 1).into();
+    std::fs::write(&path, serde_json::to_vec(&future).unwrap()).unwrap();
+    let out = e.run("ncv-2", "restore", "ncv", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: preflight", "schema_version"]);
+    e.remove("ncv-2");
+    // ...and `auto` sets it aside as a host reason and captures anew.
+    assert!(!serve_auto(&e, "ncv-3", "ncv"), "a cold start");
+    let (_, reason) = quarantined(&e, "ncv");
+    assert_eq!(reason["cause"], "host", "{reason}");
+    e.wait_manifest("ncv");
+    e.remove("ncv-3");
+}
+
+/// An `auto` pod of the reference engine listening on `port`.
+fn auto_pod(e: &CriEnv, name: &str, port: u16) -> String {
+    let listen = format!("127.0.0.1:{port}");
+    let ann = [
+        ("vsnap.io/plan", "auto"),
+        ("vsnap.io/artifact", "ncc"),
+        ("vsnap.io/listen", listen.as_str()),
+    ];
+    let config = e.pod_config(name, true, &ann);
+    let pod = e.run_pod(&config, VSNAP);
+    let engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    e.run_container(&pod, &config, engine);
+    pod
+}
+
+/// Kubernetes on a node whose runc changed: the pod with `auto` starts on
+/// its first attempt (cold, capturing anew), the next one restores.
+#[test]
+fn a_pod_with_auto_on_a_node_whose_runc_changed_starts_on_its_first_attempt() {
+    let e = CriEnv::start("nc-cri");
+    let port = free_port();
+    let pod = auto_pod(&e, "first", port);
+    let old = e.wait_manifest("ncc");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove_pod(&pod);
+    upgrade_runc(&e);
+    let port = free_port();
+    let pod = auto_pod(&e, "upgraded", port);
+    wait_listening(port, Duration::from_secs(120));
+    let (_, reason) = quarantined(&e, "ncc");
+    assert_eq!(reason["cause"], "host", "{reason}");
+    let fresh = e.wait_manifest("ncc");
+    assert_ne!(fresh["mac"], old["mac"]);
+    e.remove_pod(&pod);
+    let port = free_port();
+    let pod = auto_pod(&e, "restored", port);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "restored: listening when StartContainer returned"
+    );
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
+}
+
+#[test]
+fn a_copy_whose_canary_does_not_match_fails_once_and_the_next_start_is_cold() {
+    let e = setup("nc-canary");
+    // The engine's fault injection: every copy answers its canary wrong.
+    let drift = ["--env", "VSNAP_ENGINE_CANARY_DRIFT=1"];
+    let run = |id: &str| {
+        let port = free_port();
+        (e.run(id, "auto", "ncd", port, &drift), port)
+    };
+    let (out, port) = run("ncd-0");
+    assert!(out.ok(), "{out:?}");
+    e.wait_manifest("ncd");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove("ncd-0");
+    let (out, _) = run("ncd-1");
+    assert!(!out.ok(), "a drifting copy never becomes visible: {out:?}");
+    assert_has(&out.stderr, &["restore: activation", "canary"]);
+    e.remove("ncd-1");
+    let (_, reason) = quarantined(&e, "ncd");
+    assert_eq!(reason["cause"], "restore", "{reason}");
+    // The next start is cold (and captures anew), not a second failure.
+    let (out, port) = run("ncd-2");
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    wait_listening(port, Duration::from_secs(120));
+    e.wait_manifest("ncd");
+    e.remove("ncd-2");
+}
+
+#[test]
+fn auto_on_an_upgraded_criu_captures_anew() {
+    let e = setup("nc-criu");
+    let old = published_by_auto(&e, "ncc2");
+    let criu = vsnap_e2e::cmd::which("criu");
+    let wrapper = e.c.dir.join("criu-upgraded");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'Version: 4.9'; exit 0; fi\nexec {} \"$@\"\n",
+            criu.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str(&format!("criu_binary = \"{}\"\n", wrapper.display()));
+    std::fs::write(&e.config, config).unwrap();
+    let out = e.run("ncc2-r", "restore", "ncc2", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: preflight", "host.criu_version"]);
+    e.remove("ncc2-r");
+    assert!(!serve_auto(&e, "ncc2-1", "ncc2"), "a cold start");
+    assert_fell_back(&e, "ncc2-1", "ncc2", &old["mac"], "host");
+}
