@@ -68,7 +68,8 @@ pub fn wait_deadline(child: &mut Child, timeout: Duration) -> Option<i32> {
     }
 }
 
-/// The installed binary `name`: on PATH or in the sbin folders.
+/// The installed binary `name`: the first folder of PATH (then the sbin
+/// folders) that has it.
 pub fn which(name: &str) -> std::path::PathBuf {
     let path = std::env::var("PATH").unwrap_or_default();
     let found = path

@@ -11,8 +11,6 @@ use vsnap_e2e::cmd::which;
 use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env};
 
-/// A file on the first folder of PATH (and the sbin folders) that has it.
-
 fn script(path: &Path, body: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
