@@ -20,7 +20,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::events::{EventSender, Events};
 use crate::exits::Exits;
-use crate::runc::{CheckpointFlags, ChildStdio, RuncVerbs};
+use crate::runc::{CheckpointFlags, ChildStdio, RestoreFiles, RuncVerbs};
 
 /// How long a test waits for something a fake reports before failing.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -254,11 +254,7 @@ impl RuncVerbs for FakeRunc {
     async fn restore(
         &self,
         id: &str,
-        _bundle: &Path,
-        _image: &Path,
-        _work: &Path,
-        pid_file: &Path,
-        _console: Option<&Path>,
+        files: &RestoreFiles<'_>,
         _flags: &CheckpointFlags,
         _stdio: Option<ChildStdio>,
         deadline: Option<&Deadline>,
@@ -274,7 +270,7 @@ impl RuncVerbs for FakeRunc {
             )));
         }
         if !self.no_pid_file.lock().unwrap().contains(id) {
-            self.spawn(id, pid_file);
+            self.spawn(id, files.pid_file);
         }
         Ok(())
     }

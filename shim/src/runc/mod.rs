@@ -24,4 +24,4 @@ pub use invocation::{CheckpointFlags, ChildStdio};
 pub use kill_tree::kill_tree;
 pub use run::Runc;
 pub use tools::CriuTools;
-pub use verbs::RuncVerbs;
+pub use verbs::{RestoreFiles, RuncVerbs};

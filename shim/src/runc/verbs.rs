@@ -15,6 +15,18 @@ use super::invocation::{CheckpointFlags, ChildStdio, Invocation};
 use super::native;
 use super::run::Runc;
 
+/// The files a `runc restore` reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreFiles<'a> {
+    pub bundle: &'a Path,
+    /// CRIU's images.
+    pub image: &'a Path,
+    /// CRIU's work dir (its logs).
+    pub work: &'a Path,
+    pub pid_file: &'a Path,
+    pub console_socket: Option<&'a Path>,
+}
+
 /// The runc verbs the container and the lifecycle use, and the two facts
 /// of its configuration they read. One call is one runc process (or the
 /// shim's native start or delete): a trait object's call costs nothing
@@ -57,15 +69,10 @@ pub trait RuncVerbs: Send + Sync {
         flags: &CheckpointFlags,
         deadline: Option<&Deadline>,
     ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
     async fn restore(
         &self,
         id: &str,
-        bundle: &Path,
-        image: &Path,
-        work: &Path,
-        pid_file: &Path,
-        console_socket: Option<&Path>,
+        files: &RestoreFiles<'_>,
         flags: &CheckpointFlags,
         stdio: Option<ChildStdio>,
         deadline: Option<&Deadline>,
@@ -237,15 +244,10 @@ impl RuncVerbs for Runc {
         self.run(inv).await.map(drop)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn restore(
         &self,
         id: &str,
-        bundle: &Path,
-        image: &Path,
-        work: &Path,
-        pid_file: &Path,
-        console_socket: Option<&Path>,
+        files: &RestoreFiles<'_>,
         flags: &CheckpointFlags,
         stdio: Option<ChildStdio>,
         deadline: Option<&Deadline>,
@@ -253,14 +255,14 @@ impl RuncVerbs for Runc {
         let mut inv = Invocation::new("restore", "restore")
             .arg("--detach")
             .arg("--bundle")
-            .arg(bundle)
+            .arg(files.bundle)
             .arg("--image-path")
-            .arg(image)
+            .arg(files.image)
             .arg("--work-path")
-            .arg(work)
+            .arg(files.work)
             .arg("--pid-file")
-            .arg(pid_file)
-            .opt("--console-socket", console_socket)
+            .arg(files.pid_file)
+            .opt("--console-socket", files.console_socket)
             .criu_flags(flags)
             .arg(id);
         inv.stdio = stdio;

@@ -35,28 +35,19 @@ impl Phase<CaptureRun> for Donor {
 /// `after-capture=serve`: the donor woken and its canary checked.
 async fn serve(run: &mut CaptureRun) -> Result<()> {
     let s = &run.plan;
-    let (dir, host, port, id, pid) = (
+    let (dir, target) = (
         s.common.control_dir.clone(),
-        s.common.listen.host.clone(),
-        s.common.listen.port,
-        run.id.clone(),
-        run.pid,
+        s.common.target(&run.id, run.pid),
     );
-    let owner = s.common.control_owner.0;
     let deadline = s.common.activation_deadline();
     let (profile, api_key) = (s.common.profile.clone(), s.common.api_key.clone());
     let message = run.ready().message.clone();
     blocking(PhaseName::Donor, move || match message {
         Some(ready) => activate_and_probe(
             "capture: donor",
-            &dir,
-            owner,
+            &target,
             &ready,
             ActivationKind::Donor,
-            &id,
-            host,
-            port,
-            pid,
             &deadline,
         )
         .map(drop),
@@ -64,9 +55,7 @@ async fn serve(run: &mut CaptureRun) -> Result<()> {
             "capture: donor",
             &profile.ready_path(&dir).expect("a barrier profile"),
             &profile.release_path(&dir).expect("a barrier profile"),
-            host,
-            port,
-            pid,
+            &target,
             &deadline,
             None,
             api_key,

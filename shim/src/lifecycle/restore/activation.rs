@@ -24,30 +24,27 @@ impl Phase<RestoreRun> for Activation {
         let Some(s) = &run.plan else {
             return Ok(());
         };
-        let (dir, id, host, port, pid) = (
+        let (dir, target) = (
             s.common.control_dir.clone(),
-            run.id.clone(),
-            s.common.listen.host.clone(),
-            s.common.listen.port,
-            run.pid,
+            s.common.target(&run.id, run.pid),
         );
         let (profile, deadline, oracle) = (
             s.common.profile.clone(),
             stop.deadline().clone(),
             Some(s.oracle.clone()),
         );
-        let (api_key, owner) = (s.common.api_key.clone(), s.common.control_owner.0);
+        let api_key = s.common.api_key.clone();
         let woken = Instant::now();
         let validated = tokio::task::spawn_blocking(move || -> Result<Duration> {
             match (profile.ready_path(&dir), profile.release_path(&dir)) {
                 (Some(ready), Some(release)) => {
                     let started = Instant::now();
                     barrier::release_and_check(
-                        "restore", &ready, &release, host, port, pid, &deadline, oracle, api_key,
+                        "restore", &ready, &release, &target, &deadline, oracle, api_key,
                     )
                     .map(|()| started.elapsed())
                 }
-                _ => activate_copy(&dir, owner, &id, host, port, pid, &deadline, oracle),
+                _ => activate_copy(&target, &deadline, oracle),
             }
         })
         .await

@@ -11,7 +11,7 @@ use crate::cleanup::undo_runc_state;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::prepared::Prepared;
-use crate::runc::{CheckpointFlags, RuncVerbs};
+use crate::runc::{CheckpointFlags, RestoreFiles, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
@@ -77,11 +77,13 @@ impl RestoreJob {
             .runc
             .restore(
                 &self.id,
-                &self.bundle,
-                &self.image,
-                &self.work,
-                &self.pid_file,
-                console.as_deref(),
+                &RestoreFiles {
+                    bundle: &self.bundle,
+                    image: &self.image,
+                    work: &self.work,
+                    pid_file: &self.pid_file,
+                    console_socket: console.as_deref(),
+                },
                 &self.flags,
                 child_stdio,
                 Some(&self.deadline),

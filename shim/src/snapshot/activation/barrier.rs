@@ -9,24 +9,23 @@ use vsnap_protocol::{abort_release_for, read_json, release_for, Oracle, ReadyFil
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::activation::canary::{self, ApiKey};
+use crate::snapshot::activation::target::Target;
 use crate::snapshot::activation::wake::{in_netns, probe_listener};
 
 /// Releases the engine waiting behind `ready`/`release_file` and returns once
 /// it listens and reproduced its canary (asked with `api_key` when its API
 /// requires one). On failure the abort marker is left behind (for an engine
 /// still waiting) and the error names `phase`.
-#[allow(clippy::too_many_arguments)]
 pub fn release_and_check(
     phase: &str,
     ready: &Path,
     release_file: &Path,
-    host: Option<String>,
-    port: u16,
-    pid: i32,
+    t: &Target,
     deadline: &Deadline,
     trusted: Option<Oracle>,
     api_key: Option<ApiKey>,
 ) -> Result<()> {
+    let (host, port, pid) = (t.host.clone(), t.port, t.pid);
     let fail = |m: String| deadline.fail(format!("{phase}: {m}"));
     let oracle = match read_json::<ReadyFile>(ready) {
         // A restore holds the copy to the manifest's oracle; the ready file
@@ -83,9 +82,14 @@ mod tests {
             "restore",
             &dir.path().join("ready.json"),
             &release_file,
-            None,
-            80,
-            1,
+            &Target {
+                container: "c1".into(),
+                pid: 1,
+                control_dir: dir.path().to_path_buf(),
+                owner: 0,
+                host: None,
+                port: 80,
+            },
             &deadline,
             None,
             None,

@@ -6,4 +6,5 @@
 pub(crate) mod barrier;
 pub(crate) mod canary;
 pub(crate) mod listener;
+pub(crate) mod target;
 pub(crate) mod wake;

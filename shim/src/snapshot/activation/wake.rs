@@ -4,13 +4,13 @@
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vsnap_protocol::{activate, Activation, ActivationKind, CaptureReady, ControlDir, Expect};
 
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::snapshot::activation::target::Target;
 
 pub fn is_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
@@ -34,21 +34,16 @@ pub fn activation_id(kind: &str, container: &str) -> String {
 /// Runs the handshake with the engine `pid` waiting in `control_dir` (the
 /// folder of uid `owner`, the engine's user), then waits until its listener
 /// accepts a connection. Blocking: call it from a blocking thread.
-#[allow(clippy::too_many_arguments)]
 pub fn activate_and_probe(
     phase: &str,
-    control_dir: &Path,
-    owner: u32,
+    t: &Target,
     capture: &CaptureReady,
     kind: ActivationKind,
-    container: &str,
-    host: Option<String>,
-    port: u16,
-    pid: i32,
     deadline: &Deadline,
 ) -> Result<Duration> {
     let started = Instant::now();
-    let dir = ControlDir::open_owned_by(control_dir, owner, Expect::AnyContents)
+    let (host, port, pid) = (t.host.clone(), t.port, t.pid);
+    let dir = ControlDir::open_owned_by(&t.control_dir, t.owner, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("{phase}: control dir: {e}")))?;
     let kind_name = match kind {
         ActivationKind::Donor => "donor",
@@ -56,7 +51,7 @@ pub fn activate_and_probe(
     };
     let activation = Activation::new(
         capture,
-        activation_id(kind_name, container),
+        activation_id(kind_name, &t.container),
         kind,
         host.clone(),
         port,
@@ -144,18 +139,12 @@ pub fn in_netns<T: Send + 'static>(
 
 /// Wakes a restored copy: its control dir (uid `owner`'s) holds the
 /// capture's own capture-ready.json, which names the capture to activate.
-#[allow(clippy::too_many_arguments)]
 pub fn activate_copy(
-    control_dir: &Path,
-    owner: u32,
-    container: &str,
-    host: Option<String>,
-    port: u16,
-    pid: i32,
+    t: &Target,
     deadline: &Deadline,
     trusted: Option<vsnap_protocol::Oracle>,
 ) -> Result<Duration> {
-    let dir = ControlDir::open_owned_by(control_dir, owner, Expect::AnyContents)
+    let dir = ControlDir::open_owned_by(&t.control_dir, t.owner, Expect::AnyContents)
         .map_err(|e| Error::FailedPrecondition(format!("restore: control dir: {e}")))?;
     let capture = dir
         .read::<CaptureReady>()
@@ -163,7 +152,7 @@ pub fn activate_copy(
         .ok_or_else(|| {
             Error::FailedPrecondition(format!(
                 "restore: {} has no capture-ready.json",
-                control_dir.display()
+                t.control_dir.display()
             ))
         })?
         .value;
@@ -172,18 +161,7 @@ pub fn activate_copy(
         oracle: trusted.unwrap_or(capture.oracle),
         ..capture
     };
-    activate_and_probe(
-        "restore",
-        control_dir,
-        owner,
-        &capture,
-        ActivationKind::Copy,
-        container,
-        host,
-        port,
-        pid,
-        deadline,
-    )
+    activate_and_probe("restore", t, &capture, ActivationKind::Copy, deadline)
 }
 
 #[cfg(test)]
@@ -203,9 +181,15 @@ mod tests {
             ControlDir::create_owned_by(tmp.path().join("control"), 54321, Some(54321)).unwrap();
         let deadline = Deadline::new(Instant::now() + Duration::from_secs(1), "a test deadline");
         let copy = |owner| {
-            activate_copy(dir.path(), owner, "c1", None, 80, 1, &deadline, None)
-                .unwrap_err()
-                .to_string()
+            let t = Target {
+                container: "c1".into(),
+                pid: 1,
+                control_dir: dir.path().to_path_buf(),
+                owner,
+                host: None,
+                port: 80,
+            };
+            activate_copy(&t, &deadline, None).unwrap_err().to_string()
         };
         let e = copy(54321);
         assert!(e.contains("has no capture-ready.json"), "{e}");

@@ -11,6 +11,7 @@ use vsnap_artifact::{self as artifact, ArtifactName, Tools, Workload};
 use super::annotations::ACTIVATION_TIMEOUT;
 use crate::deadline::Deadline;
 use crate::snapshot::activation::canary::ApiKey;
+use crate::snapshot::activation::target::Target;
 use crate::snapshot::gpu::Gpu;
 use crate::snapshot::plan::profile::Profile;
 
@@ -73,6 +74,18 @@ impl Common {
                 self.activation_source
             ),
         )
+    }
+
+    /// The engine an activation of container `container`'s init `pid` wakes.
+    pub fn target(&self, container: &str, pid: i32) -> Target {
+        Target {
+            container: container.to_string(),
+            pid,
+            control_dir: self.control_dir.clone(),
+            owner: self.control_owner.0,
+            host: self.listen.host.clone(),
+            port: self.listen.port,
+        }
     }
 
     /// Removes what create prepared for the plan (its control dir).
