@@ -155,7 +155,8 @@ impl Run for CaptureRun {
         // CRIU's log is in the staging folder, which goes with the abort.
         let kept = self.staging.as_ref().and_then(|st| {
             keep_criu_log(
-                &self.plan.common,
+                &self.plan.common.root,
+                self.plan.common.artifact.as_str(),
                 &self.id,
                 "dump",
                 &st.work().join("dump.log"),

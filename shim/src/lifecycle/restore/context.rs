@@ -206,7 +206,8 @@ impl Run for RestoreRun {
         // CRIU's log is in the bundle, which goes with the task.
         let kept = match (&self.plan, self.criu_started) {
             (Some(s), true) => keep_criu_log(
-                &s.common,
+                &s.common.root,
+                s.common.artifact.as_str(),
                 &self.id,
                 "restore",
                 &self.job.work.join("restore.log"),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use vsnap_artifact::ArtifactName;
 
 use crate::error::{Error, Result};
+use crate::snapshot::store::fetch::Wanted;
 
 pub const PLAN: &str = "vsnap.io/plan";
 pub const ARTIFACT: &str = "vsnap.io/artifact";
@@ -51,6 +52,18 @@ pub struct Plan {
     pub engine_protocol: Option<String>,
     /// Where to pull the artifact from when it is not here (restore, auto).
     pub artifact_ref: Option<String>,
+}
+
+impl Plan {
+    /// The artifact to fetch from (or push to) a registry, when the plan
+    /// names a reference.
+    pub fn wanted(&self) -> Option<Wanted> {
+        Some(Wanted {
+            reference: self.artifact_ref.clone()?,
+            name: self.artifact.clone()?,
+            auto: self.mode == Mode::Auto,
+        })
+    }
 }
 
 /// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).

@@ -97,7 +97,7 @@ fn prepare_capture(
         donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
         layer,
         layer_limit: config.rootfs_diff_limit_bytes,
-        push_to: fetch::PushTarget::of(config, &inputs.plan, Mode::Create),
+        push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
         spec: inputs.spec.clone(),
     };
     let prepared = Prepared::Capture(Box::new(plan));

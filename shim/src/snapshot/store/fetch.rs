@@ -14,16 +14,24 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vsnap_artifact::{ArtifactError, ArtifactLock, Manifest};
+use vsnap_artifact::{ArtifactError, ArtifactLock, ArtifactName, Manifest};
 use vsnap_config::RuntimeConfig;
 
 use crate::error::{Error, Result};
 use crate::exits::Exits;
-use crate::snapshot::plan::annotations::{self as plan, Mode, Plan};
 use crate::vsnap_cli::{self, CliError};
 
 /// Chunks transferred at once, as before the transfers moved to the CLI.
 const JOBS: &str = "4";
+
+/// An artifact a plan names with a registry reference (`vsnap.io/artifact`
+/// and `vsnap.io/artifact-ref`), and whether the plan is `auto`.
+#[derive(Clone, Debug)]
+pub struct Wanted {
+    pub reference: String,
+    pub name: ArtifactName,
+    pub auto: bool,
+}
 
 /// Pulls the plan's artifact when it has a reference and the root lacks
 /// the artifact, through the `vsnap` CLI (`vsnap pull`, vsnap_cli.rs).
@@ -34,9 +42,14 @@ pub async fn ensure_local(
     id: &str,
     config: &RuntimeConfig,
     exits: &Exits,
-    plan: &plan::Plan,
+    wanted: Option<Wanted>,
 ) -> Result<()> {
-    let (Some(reference), Some(name)) = (plan.artifact_ref.clone(), plan.artifact.clone()) else {
+    let Some(Wanted {
+        reference,
+        name,
+        auto,
+    }) = wanted
+    else {
         return Ok(());
     };
     let timeout = Duration::from_secs(config.pull_timeout_s);
@@ -47,7 +60,7 @@ pub async fn ensure_local(
     .await;
     match pulled {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if plan.mode == Mode::Auto && !matches!(e, Error::DeadlineExceeded(_)) => {
+        Ok(Err(e)) if auto && !matches!(e, Error::DeadlineExceeded(_)) => {
             log::warn!("{id}: auto: {e}: starting cold");
             Ok(())
         }
@@ -141,15 +154,13 @@ pub struct PushTarget {
 }
 
 impl PushTarget {
-    /// For an `auto` plan resolved to create, with a reference, when the
+    /// For an `auto` plan that creates, with a reference, when the
     /// runtime config asks for it.
-    pub fn of(config: &RuntimeConfig, plan: &Plan, mode: Mode) -> Option<Self> {
-        if !config.push_created || plan.mode != Mode::Auto || mode != Mode::Create {
-            return None;
-        }
+    pub fn of(config: &RuntimeConfig, wanted: Option<Wanted>) -> Option<Self> {
+        let wanted = wanted.filter(|w| w.auto && config.push_created)?;
         Some(PushTarget {
-            reference: plan.artifact_ref.clone()?,
-            name: plan.artifact.clone()?.to_string(),
+            reference: wanted.reference,
+            name: wanted.name.to_string(),
             config: config.clone(),
         })
     }

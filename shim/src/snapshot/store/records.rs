@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::snapshot::{criu::pages, plan::Common};
+use crate::snapshot::criu::pages;
 
 /// Where a restore's Start spent its time, written to the bundle as
 /// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.
@@ -82,10 +82,16 @@ pub fn record_error(
 }
 
 /// Keeps CRIU's `log` of a failed `kind` ("dump" or "restore") of the
-/// plan's artifact by container `id` under the artifact root, where it
+/// `artifact` by container `id` under the artifact `root`, where it
 /// outlives the task (vsnap_artifact::criu_logs); the kept file, or `None`
 /// (no log: CRIU never ran; a failure to keep it is logged).
-pub fn keep_criu_log(s: &Common, id: &str, kind: &str, log: &Path) -> Option<PathBuf> {
+pub fn keep_criu_log(
+    root: &Path,
+    artifact: &str,
+    id: &str,
+    kind: &str,
+    log: &Path,
+) -> Option<PathBuf> {
     if !log.exists() {
         return None;
     }
@@ -100,7 +106,7 @@ pub fn keep_criu_log(s: &Common, id: &str, kind: &str, log: &Path) -> Option<Pat
         now.second(),
         now.millisecond()
     );
-    match vsnap_artifact::criu_logs::keep(&s.root, &stamp, s.artifact.as_str(), id, kind, log) {
+    match vsnap_artifact::criu_logs::keep(root, &stamp, artifact, id, kind, log) {
         Ok(kept) => {
             log::warn!("{id}: CRIU's {kind} log kept as {}", kept.display());
             Some(kept)
