@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Lists the import circles of each crate of the workspace: file-level ones
-(the gate) and folder-level ones (a warning, for now).
+(the gate) and folder-level ones (the gate too).
 
 A file (module) A depends on B when A names B through a `crate::`, `super::`
 (any number of them) or `self::` path, use trees included
@@ -19,8 +19,8 @@ fails the gate once it takes in another file. Folder-level circles are found fol
 folder (its files, and its sub-folders each taken as one node) with an edge
 where anything under one names anything under another; a component that
 holds a folder is printed under its own heading. Exits 1 when there is any
-file-level circle (0 otherwise), so it gates CI; folder-level circles do not
-change the exit status yet.
+file-level circle outside KNOWN or any folder-level circle (0 otherwise), so
+it gates CI.
 
     scripts/import-cycles.py [CRATE_DIR ...]   (default: every workspace member)
     scripts/import-cycles.py --self-test       (checks the reading on a temporary crate)
@@ -255,10 +255,12 @@ def main(argv):
         for name, comp in known:
             print(f"{name}: {' <-> '.join(comp)}")
     if folders:
-        print("\nfolder-level import circles (a warning, not yet a failure):")
+        print("\nfolder-level import circles:")
         for name, comp in folders:
             print(f"{name}: {' <-> '.join(comp)}")
-    return 1 if found else 0
+    else:
+        print("no folder-level import circles")
+    return 1 if found or folders else 0
 
 
 def self_test():

@@ -12,7 +12,7 @@ use nix::mount::{umount2, MntFlags};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::lifecycle::init_start::InitStart;
+use crate::init_start::InitStart;
 use crate::prepared::Prepared;
 use crate::process::{Process, Status, Transition};
 use crate::runc::{CheckpointFlags, RuncVerbs};

@@ -13,7 +13,7 @@ use super::Container;
 use crate::error::Error;
 use crate::exits::{Exit, Exits};
 use crate::fakes::FakeRunc;
-use crate::lifecycle::init_start::InitStart;
+use crate::init_start::InitStart;
 use crate::process::{Process, Status, Transition};
 
 const PID: i32 = 5_999_999;

@@ -19,6 +19,8 @@ mod fakes;
 mod grpc;
 mod inflight;
 mod info;
+mod init_start;
+mod init_state;
 mod labels;
 mod lifecycle;
 // Not called until task.rs wires stats and TaskOOM to them.

@@ -6,7 +6,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::exits::Exit;
-pub use crate::lifecycle::state::{Status, Transition};
+pub use crate::init_state::{Status, Transition};
 use crate::stdio::FileCopies;
 
 pub struct Process {

@@ -11,11 +11,11 @@ use containerd_shim::asynchronous::io::Stdio;
 use log::warn;
 use vsnap_config::RuntimeConfig;
 
-use super::InitStart;
 use crate::cleanup;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
+use crate::init_start::InitStart;
 use crate::labels;
 use crate::runc::{CriuTools, Runc, RuncVerbs};
 use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};

@@ -1,6 +1,7 @@
-//! The lifecycle of a container's init: how it starts, resolved once at
-//! create ([`InitStart`]), the state machine that is the only writer of its
-//! status (state.rs), and the start itself as phases run by one driver
+//! The lifecycle of a container's init, over its vocabulary one floor
+//! below (../init_start.rs: how it starts, resolved once at create;
+//! ../init_state.rs: the state machine that is the only writer of its
+//! status): create (create.rs), and the start as phases run by one driver
 //! (driver.rs): a plain `runc start` (plain.rs), then for a capture plan
 //! the capture in the background (capture/), or a restore (restore/),
 //! each phase a small unit, the driver owning the deadline, the cancel
@@ -10,17 +11,13 @@
 pub mod capture;
 pub mod create;
 pub mod driver;
-pub mod init_start;
 pub mod phase;
 mod plain;
 pub mod restore;
-pub mod state;
 
 use crate::error::{Error, Result};
 use crate::exits::Mark;
 use crate::shared::{ContainerRef, Shared};
-
-pub use init_start::InitStart;
 
 /// Starts (or restores) the init of `handle`; returns its pid. A restore
 /// runs in a task of its own, owned by the shim: a dropped Start call does

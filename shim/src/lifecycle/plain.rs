@@ -4,9 +4,9 @@
 use containerd_shim_protos::events::task::TaskStart;
 
 use super::capture::CaptureRun;
-use super::init_start::InitStart;
 use crate::container::Container;
 use crate::error::Result;
+use crate::init_start::InitStart;
 use crate::shared::Shared;
 
 pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
