@@ -184,6 +184,14 @@ impl Env {
         std::fs::read(self.manifest(name)).unwrap()
     }
 
+    /// The operator CLI (`vsnap --root <this test's artifact root> ARGS`).
+    pub fn vsnap(&self, args: &[&str]) -> crate::cmd::CmdOutput {
+        let bin = crate::containerd::shim_binary().with_file_name("vsnap");
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("--root").arg(&self.artifacts).args(args);
+        crate::cmd::run(cmd, None, Duration::from_secs(60))
+    }
+
     pub fn artifact(&self, name: &str) -> PathBuf {
         self.artifacts.join(name)
     }

@@ -10,14 +10,6 @@ use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::snapshot_env::{assert_has, setup, Env};
 
-/// The operator CLI on this test's artifact root.
-fn vsnap(e: &Env, args: &[&str]) -> vsnap_e2e::cmd::CmdOutput {
-    let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
-    let mut cmd = std::process::Command::new(bin);
-    cmd.arg("--root").arg(&e.artifacts).args(args);
-    vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(60))
-}
-
 /// An `auto` start of `name` as container `id` that serves: restored when
 /// ctr returns, or cold-started (then capture-ready and published) soon.
 fn serve_auto(e: &Env, id: &str, name: &str) -> bool {
@@ -104,9 +96,9 @@ fn assert_fell_back(e: &Env, id: &str, name: &str, old_mac: &serde_json::Value, 
         "the fresh artifact restores"
     );
     e.remove(&format!("{id}-next"));
-    let ls = vsnap(e, &["ls"]);
+    let ls = e.vsnap(&["ls"]);
     assert!(ls.ok() && ls.stdout.contains("quarantined"), "{ls:?}");
-    let metrics = vsnap(e, &["metrics"]);
+    let metrics = e.vsnap(&["metrics"]);
     assert_has(
         &metrics.stdout,
         &[&format!(

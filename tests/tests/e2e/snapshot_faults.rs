@@ -59,14 +59,6 @@ fn damaged(what: &str, original: &[u8]) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// The operator CLI on this test's artifact root.
-fn vsnap(e: &Env, args: &[&str]) -> vsnap_e2e::cmd::CmdOutput {
-    let bin = vsnap_e2e::containerd::shim_binary().with_file_name("vsnap");
-    let mut cmd = std::process::Command::new(bin);
-    cmd.arg("--root").arg(&e.artifacts).args(args);
-    vsnap_e2e::cmd::run(cmd, None, std::time::Duration::from_secs(60))
-}
-
 #[test]
 fn engine_failing_in_recovery_fails_the_restore_naming_the_phase() {
     let e = setup("f-recover");
@@ -327,14 +319,14 @@ fn damaged_artifacts_are_refused_and_leave_nothing() {
             };
             assert_has(&err, &[phase, target.as_str()]);
             assert_eq!(e.cgroups(&id), Vec::<String>::new(), "no process of {id}");
-            let verify = vsnap(&e, &["verify", "good"]);
+            let verify = e.vsnap(&["verify", "good"]);
             assert_eq!(verify.code, Some(1), "{what} {target}: {verify:?}");
             assert!(verify.stdout.contains(target.as_str()), "{verify:?}");
             std::fs::write(&path, &original).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
     }
-    assert_eq!(vsnap(&e, &["verify", "good"]).code, Some(0));
+    assert_eq!(e.vsnap(&["verify", "good"]).code, Some(0));
     good_restore(&e, "flt-repaired", "good");
 
     assert_eq!(
