@@ -136,7 +136,7 @@ fn report(
     );
     println!();
     println!(
-        "fallback / create: serving {:.2}, published {:.2}; the refused restore attempt adds {:.0} ms to serving",
+        "fallback / create: serving {:.2}, published {:.2}; fallback - create: {:+.0} ms of serving (the refused preflight and the set aside, against the run's noise)",
         fs / cs,
         fp / cp,
         (fs - cs) * 1000.0
