@@ -307,3 +307,38 @@ fn auto_on_an_upgraded_criu_captures_anew() {
     assert!(!serve_auto(&e, "ncc2-1", "ncc2"), "a cold start");
     assert_fell_back(&e, "ncc2-1", "ncc2", &old["mac"], "host");
 }
+
+#[test]
+fn a_flipped_byte_in_a_criu_image_fails_one_start_and_the_next_is_cold() {
+    let e = setup("nc-img");
+    let old = published_by_auto(&e, "nci");
+    let images = e.artifact("nci").join("images");
+    // The largest image that is not memory: the process tree's own state.
+    let image = std::fs::read_dir(&images)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.ends_with(".img") && !n.starts_with("pages-")
+        })
+        .max_by_key(|p| p.metadata().unwrap().len())
+        .expect("a CRIU image");
+    let mut bytes = std::fs::read(&image).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&image, bytes).unwrap();
+    let out = e.run("nci-1", "auto", "nci", free_port(), &[]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["restore: "]);
+    e.remove("nci-1");
+    // Found by the verification beside CRIU, or by CRIU itself: either way
+    // the artifact is aside and the next start is cold.
+    let (_, reason) = quarantined(&e, "nci");
+    assert!(
+        reason["cause"] == "damaged" || reason["cause"] == "restore",
+        "{reason}"
+    );
+    assert!(!serve_auto(&e, "nci-2", "nci"), "a cold start");
+    assert_ne!(e.wait_manifest("nci")["mac"], old["mac"]);
+    e.remove("nci-2");
+}

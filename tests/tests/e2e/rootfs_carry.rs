@@ -334,3 +334,47 @@ fn an_inotify_watch_on_the_writable_layer_fires_after_restore() {
     }
     e.assert_nothing_left();
 }
+
+/// Under `auto`, a carried layer that does not match its digest is
+/// damage: the artifact is set aside, what was unpacked of it is emptied,
+/// and the same create starts cold and captures anew; the next start
+/// restores the fresh layer.
+#[test]
+fn under_auto_a_tampered_layer_is_set_aside_and_the_start_captures_anew() {
+    let e = image_env("rootfs-auto");
+    let old = create(&e, "la-0", &[], WRITES_ITS_ROOTFS);
+    let tar = e.artifact("layer").join("rootfs/upper.tar");
+    let mut bytes = std::fs::read(&tar).unwrap();
+    let at = bytes
+        .windows(8)
+        .position(|w| w == b"launcher")
+        .expect("the file's bytes");
+    bytes[at] = b'L';
+    std::fs::write(&tar, &bytes).unwrap();
+    let out = run_image(&e, "la-1", "auto", free_port(), &[], WRITES_ITS_ROOTFS);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    let reason = e.artifacts.join(".quarantine/layer/quarantine.json");
+    let reason: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&reason).unwrap()).unwrap();
+    assert_eq!(reason["cause"], "damaged", "{reason}");
+    assert_has(reason["message"].as_str().unwrap(), &["rootfs/upper.tar"]);
+    let fresh = e.wait_manifest("layer");
+    assert_ne!(fresh["mac"], old["mac"]);
+    e.wait_stopped("la-1");
+    e.remove("la-1");
+    let port = free_port();
+    let out = run_image(&e, "la-2", "auto", port, &[], WRITES_ITS_ROOTFS);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    wait_listening(port, Duration::from_secs(30));
+    let so = e.c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "cat",
+        "la-2",
+        "/bin/cat",
+        "/root/.triton/cache/ab12/cuda_utils.so",
+    ]);
+    assert_eq!(so.stdout, "launcher\n", "{so:?}");
+    e.remove("la-2");
+}
