@@ -15,12 +15,11 @@
 //! work, default 2000).
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vsnap_e2e::bench::{env_num, median};
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{setup, Env};
+use vsnap_e2e::snapshot_env::{largest_image, setup, truncate_a_page, Env};
 
 /// Seconds from now until `done` holds, polled every 5 ms (panics at 300 s).
 fn until(started: Instant, what: &str, mut done: impl FnMut() -> bool) -> f64 {
@@ -45,28 +44,6 @@ fn auto_start(e: &Env, id: &str, name: &str, env: &[&str]) -> (f64, f64) {
     (serving, published)
 }
 
-/// Truncates the artifact's largest pages image by one page.
-fn truncate_pages(artifact: &Path) {
-    let images = artifact.join("images");
-    let largest = std::fs::read_dir(&images)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("pages-")
-        })
-        .max_by_key(|p| p.metadata().unwrap().len())
-        .expect("a pages image");
-    let len = largest.metadata().unwrap().len();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&largest)
-        .unwrap();
-    f.set_len(len - 4096).unwrap();
-}
-
 fn main() {
     let runs = env_num("BENCH_RUNS", 3);
     let resident = format!(
@@ -82,7 +59,7 @@ fn main() {
         let bad = format!("fb-{i}");
         auto_start(&e, &format!("{bad}-0"), &bad, &env);
         e.remove(&format!("{bad}-0"));
-        truncate_pages(&e.artifact(&bad));
+        truncate_a_page(&largest_image(&e.artifact(&bad), true));
         let plain = || {
             let r = auto_start(&e, &format!("new-{i}"), &format!("new-{i}"), &env);
             e.remove(&format!("new-{i}"));

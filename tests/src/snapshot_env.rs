@@ -369,3 +369,30 @@ pub fn answers(port: u16) -> Vec<(serde_json::Value, serde_json::Value, serde_js
 pub fn control_dirs(artifacts: &Path) -> Vec<String> {
     list(&artifacts.join(".control"))
 }
+
+/// The artifact's largest CRIU image: a memory image (`pages-*.img`)
+/// when `pages`, else one of the process tree's own state.
+pub fn largest_image(artifact: &Path, pages: bool) -> PathBuf {
+    let images = artifact.join("images");
+    crate::containerd::list(&images)
+        .into_iter()
+        .filter(|n| n.ends_with(".img") && n.starts_with("pages-") == pages)
+        .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
+        .map(|n| images.join(n))
+        .expect("an image")
+}
+
+/// Flips one bit of the byte in the middle of `path`.
+pub fn flip_middle_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Cuts the last page (4 KiB) off `path`.
+pub fn truncate_a_page(path: &Path) {
+    let len = std::fs::metadata(path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(len - 4096).unwrap();
+}

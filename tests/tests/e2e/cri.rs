@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1::*;
 use vsnap_e2e::cri::*;
 use vsnap_e2e::engine::{free_port, HostEngine};
-use vsnap_e2e::snapshot_env::{answers, poll, poll_every};
+use vsnap_e2e::snapshot_env::{answers, flip_middle_byte, largest_image, poll, poll_every};
 
 /// Plain containers on the vsnap handler in a CNI-networked pod: exec,
 /// logs, stats with real CPU and memory numbers, stop, remove; the pod
@@ -223,17 +223,9 @@ fn a_missing_or_damaged_artifact_fails_start_container_by_name() {
     );
 
     create_through_cri(&e, "good", &[]);
-    let images = e.artifact("good").join("images");
-    let pages = vsnap_e2e::containerd::list(&images)
-        .into_iter()
-        .filter(|n| n.starts_with("pages-") && n.ends_with(".img"))
-        .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
-        .expect("a pages image");
-    let path = images.join(&pages);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&path, bytes).unwrap();
+    let path = largest_image(&e.artifact("good"), true);
+    let pages = path.file_name().unwrap().to_string_lossy().into_owned();
+    flip_middle_byte(&path);
     let err = start_error("good");
     assert!(err.contains("restore") && err.contains(&pages), "{err}");
     e.assert_nothing_left();

@@ -3,12 +3,14 @@
 //! a create; a restore that fails after CRIU started sets it aside so the
 //! next start is cold. `restore` stays fail-closed. Issue 33.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
-use vsnap_e2e::snapshot_env::{assert_has, setup, Env};
+use vsnap_e2e::snapshot_env::{
+    assert_has, flip_middle_byte, largest_image, setup, truncate_a_page, Env,
+};
 
 /// An `auto` start of `name` as container `id` that serves: restored when
 /// ctr returns, or cold-started (then capture-ready and published) soon.
@@ -29,30 +31,17 @@ fn quarantined(e: &Env, name: &str) -> (PathBuf, serde_json::Value) {
     (dir, serde_json::from_slice(&reason).unwrap())
 }
 
-/// The artifact's largest memory image.
-fn largest_pages(artifact: &Path) -> PathBuf {
-    let images = artifact.join("images");
-    std::fs::read_dir(&images)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy();
-            n.starts_with("pages-") && n.ends_with(".img")
-        })
-        .max_by_key(|p| p.metadata().unwrap().len())
-        .expect("a pages image")
-}
-
-/// The node's runc upgraded: the runtime config now names the same runc
-/// behind a wrapper that reports another version.
-fn upgrade_runc(e: &Env) {
-    let runc = vsnap_e2e::cmd::which("runc");
-    let wrapper = e.c.dir.join("runc-upgraded");
+/// The node's `tool` (runc or CRIU) upgraded: the runtime config's
+/// `key` now names the same binary behind a wrapper whose `--version`
+/// prints `version` instead.
+fn upgrade(e: &Env, tool: &str, key: &str, version: &str) {
+    let real = vsnap_e2e::cmd::which(tool);
+    let wrapper = e.c.dir.join(format!("{tool}-upgraded"));
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'runc version 1.1.99'; echo 'spec: 1.0.2-dev'; exit 0; fi\nexec {} \"$@\"\n",
-            runc.display()
+            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then printf '%s\\n' '{version}'; exit 0; fi\nexec {} \"$@\"\n",
+            real.display()
         ),
     )
     .unwrap();
@@ -62,8 +51,13 @@ fn upgrade_runc(e: &Env) {
     )
     .unwrap();
     let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str(&format!("runc_binary = \"{}\"\n", wrapper.display()));
+    config.push_str(&format!("{key} = \"{}\"\n", wrapper.display()));
     std::fs::write(&e.config, config).unwrap();
+}
+
+/// The node's runc upgraded (see [`upgrade`]).
+fn upgrade_runc(e: &Env) {
+    upgrade(e, "runc", "runc_binary", "runc version 1.1.99");
 }
 
 /// The first `auto` start publishes `name`; the engine is then removed.
@@ -111,14 +105,7 @@ fn assert_fell_back(e: &Env, id: &str, name: &str, old_mac: &serde_json::Value, 
 fn auto_sets_a_truncated_artifact_aside_and_captures_anew() {
     let e = setup("nc-size");
     let old = published_by_auto(&e, "ncs");
-    let pages = largest_pages(&e.artifact("ncs"));
-    let len = pages.metadata().unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&pages)
-        .unwrap()
-        .set_len(len - 4096)
-        .unwrap();
+    truncate_a_page(&largest_image(&e.artifact("ncs"), true));
     // `restore` refuses, before CRIU, naming the file.
     let out = e.run("ncs-r", "restore", "ncs", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
@@ -149,11 +136,7 @@ fn auto_on_an_upgraded_runc_captures_anew_and_restore_refuses_before_criu() {
 fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold() {
     let e = setup("nc-flip");
     let old = published_by_auto(&e, "ncf");
-    let pages = largest_pages(&e.artifact("ncf"));
-    let mut bytes = std::fs::read(&pages).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&pages, bytes).unwrap();
+    flip_middle_byte(&largest_image(&e.artifact("ncf"), true));
     // Found beside CRIU: this start fails once, naming the damage...
     let out = e.run("ncf-1", "auto", "ncf", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
@@ -282,24 +265,7 @@ fn a_copy_whose_canary_does_not_match_fails_once_and_the_next_start_is_cold() {
 fn auto_on_an_upgraded_criu_captures_anew() {
     let e = setup("nc-criu");
     let old = published_by_auto(&e, "ncc2");
-    let criu = vsnap_e2e::cmd::which("criu");
-    let wrapper = e.c.dir.join("criu-upgraded");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'Version: 4.9'; exit 0; fi\nexec {} \"$@\"\n",
-            criu.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str(&format!("criu_binary = \"{}\"\n", wrapper.display()));
-    std::fs::write(&e.config, config).unwrap();
+    upgrade(&e, "criu", "criu_binary", "Version: 4.9");
     let out = e.run("ncc2-r", "restore", "ncc2", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(&out.stderr, &["restore: preflight", "host.criu_version"]);
@@ -312,21 +278,8 @@ fn auto_on_an_upgraded_criu_captures_anew() {
 fn a_flipped_byte_in_a_criu_image_fails_one_start_and_the_next_is_cold() {
     let e = setup("nc-img");
     let old = published_by_auto(&e, "nci");
-    let images = e.artifact("nci").join("images");
     // The largest image that is not memory: the process tree's own state.
-    let image = std::fs::read_dir(&images)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy();
-            n.ends_with(".img") && !n.starts_with("pages-")
-        })
-        .max_by_key(|p| p.metadata().unwrap().len())
-        .expect("a CRIU image");
-    let mut bytes = std::fs::read(&image).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&image, bytes).unwrap();
+    flip_middle_byte(&largest_image(&e.artifact("nci"), false));
     let out = e.run("nci-1", "auto", "nci", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(&out.stderr, &["restore: "]);

@@ -59,6 +59,18 @@ fn create(e: &Env, id: &str, extra: &[&str], script: &str) -> serde_json::Value 
     manifest
 }
 
+/// One byte of the carried layer changed: the file the engine wrote.
+fn tamper_layer(e: &Env) {
+    let tar = e.artifact("layer").join("rootfs/upper.tar");
+    let mut bytes = std::fs::read(&tar).unwrap();
+    let at = bytes
+        .windows(8)
+        .position(|w| w == b"launcher")
+        .expect("the file's bytes");
+    bytes[at] = b'L';
+    std::fs::write(&tar, &bytes).unwrap();
+}
+
 #[test]
 fn the_writable_layer_travels_and_a_tampered_one_is_refused() {
     let e = image_env("rootfs-carry");
@@ -96,14 +108,7 @@ fn the_writable_layer_travels_and_a_tampered_one_is_refused() {
     }
 
     // One byte of the carried layer changed: refused at create, naming it.
-    let tar = e.artifact("layer").join("rootfs/upper.tar");
-    let mut bytes = std::fs::read(&tar).unwrap();
-    let at = bytes
-        .windows(8)
-        .position(|w| w == b"launcher")
-        .expect("the file's bytes");
-    bytes[at] = b'L';
-    std::fs::write(&tar, &bytes).unwrap();
+    tamper_layer(&e);
     let out = run_image(
         &e,
         "layer-tampered",
@@ -343,14 +348,7 @@ fn an_inotify_watch_on_the_writable_layer_fires_after_restore() {
 fn under_auto_a_tampered_layer_is_set_aside_and_the_start_captures_anew() {
     let e = image_env("rootfs-auto");
     let old = create(&e, "la-0", &[], WRITES_ITS_ROOTFS);
-    let tar = e.artifact("layer").join("rootfs/upper.tar");
-    let mut bytes = std::fs::read(&tar).unwrap();
-    let at = bytes
-        .windows(8)
-        .position(|w| w == b"launcher")
-        .expect("the file's bytes");
-    bytes[at] = b'L';
-    std::fs::write(&tar, &bytes).unwrap();
+    tamper_layer(&e);
     let out = run_image(&e, "la-1", "auto", free_port(), &[], WRITES_ITS_ROOTFS);
     assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
     let reason = e.artifacts.join(".quarantine/layer/quarantine.json");

@@ -275,13 +275,9 @@ fn damaged_artifacts_are_refused_and_leave_nothing() {
     // and the captured oracle file is refused before anything of the copy
     // runs (well before the activation deadline), naming the file; `vsnap
     // verify` names it too.
-    let images = dir.join("images");
     let by_size = |pages: bool| {
-        vsnap_e2e::containerd::list(&images)
-            .into_iter()
-            .filter(|n| n.ends_with(".img") && n.starts_with("pages-") == pages)
-            .max_by_key(|n| std::fs::metadata(images.join(n)).unwrap().len())
-            .expect("an image")
+        let path = vsnap_e2e::snapshot_env::largest_image(&dir, pages);
+        path.file_name().unwrap().to_string_lossy().into_owned()
     };
     let oracle_file = vsnap_e2e::containerd::list(&dir.join("control"))
         .into_iter()

@@ -275,6 +275,15 @@ pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The bundle holds config.json and no temporary file beside it.
+    fn assert_only_config_json(bundle: &Path) {
+        let names: Vec<_> = std::fs::read_dir(bundle)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["config.json"], "no temporary file is left");
+    }
+
     #[test]
     fn the_control_dir_is_mounted_and_announced_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -300,11 +309,7 @@ mod tests {
             .unwrap()
             .contains("\"control_dir\":\"/run/vsnap/control\""));
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["config.json"], "no temporary file is left");
+        assert_only_config_json(dir.path());
     }
 
     #[test]
@@ -362,11 +367,7 @@ mod tests {
         assert_eq!(hooks[2]["args"], json!(["vsnap-hook", "io-uring"]));
         assert_eq!(spec["hooks"]["poststop"].as_array().unwrap().len(), 1);
         assert_eq!(spec["x-custom"], 1, "unknown fields survive");
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["config.json"], "no temporary file is left");
+        assert_only_config_json(dir.path());
     }
 
     #[test]
