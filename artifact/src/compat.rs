@@ -14,7 +14,7 @@
 //! | `runc_version`, `criu_version` | equal | CRIU's image format and restore behaviour, runc's restore of the bundle |
 //! | `runc_sha256`, `criu_sha256` | may differ | the same version rebuilt (each host building CRIU from the same source) is not byte-identical; a binary swapped under the same version is root's doing, and root is trusted |
 //! | `cuda_plugin_sha256`, `cuda_checkpoint_sha256` | equal when the artifact has GPUs, else may differ | neither has a version; their code moves CUDA state, and on a CPU-only tree they do nothing |
-//! | `shim_version` | may differ | the artifact's format is the manifest's `schema_version`, which the manifest's parser checks strictly (an unknown one is refused, naming both versions), and the handshake of a restore is the protocol's; requiring an equal shim would void every artifact at every upgrade of vsnap |
+//! | `shim_version` | may differ | the artifact's format is the manifest's `schema_version`, which the manifest's parser checks strictly (it reads the current and the previous format; another is refused, naming the versions it reads), and the handshake of a restore is the protocol's; requiring an equal shim would void every artifact at every upgrade of vsnap |
 //! | `gpus` | same count, and in order the same model and driver | CUDA state is restored onto device N as it was captured from device N; the driver must be the one that wrote it. Which physical GPU (its UUID) does not matter |
 //! | `machine_id` | may differ | identity, not compatibility: the MAC and the signature decide whose artifact is used |
 

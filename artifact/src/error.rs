@@ -11,6 +11,10 @@ pub enum ArtifactError {
     /// Malformed or tampered content.
     #[error("{0}")]
     Invalid(String),
+    /// The manifest is of an artifact format this vsnap does not read
+    /// (`schema_version`): a fact of the host's vsnap, not damage.
+    #[error("{0}")]
+    Format(String),
     /// A file differs from its recorded content digest (or size, or is
     /// missing, or was added): named with the chunk.
     #[error("damaged: {0}")]

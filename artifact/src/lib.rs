@@ -38,7 +38,7 @@ pub use gpu::Gpu;
 pub use key::{FingerprintKey, HostKey};
 pub use layout::{check_path_safe, ensure_root, path, Staging};
 pub use lock::ArtifactLock;
-pub use manifest::{Manifest, Origin, Timings, SCHEMA_VERSION};
+pub use manifest::{Manifest, Origin, Timings, READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION};
 pub use memory::Memory;
 pub use name::{ArtifactName, BadName};
 pub use signature::{FleetSignature, FleetSigner, TrustedKeys};

@@ -13,7 +13,16 @@ use crate::key::HostKey;
 use crate::layout::check_layout;
 
 pub use crate::layout::MANIFEST;
-pub const SCHEMA_VERSION: u32 = 3;
+/// The artifact format this vsnap writes.
+///
+/// - 3: content digests, host identity with CPU flags (compat.rs).
+/// - 4: CRIU's pagemaps may leave all-zero pages of private anonymous
+///   memory out (holes a restore maps as zeros), and the manifest says how
+///   much was left out. A format 3 artifact is a format 4 one without holes.
+pub const SCHEMA_VERSION: u32 = 4;
+/// Every artifact format this vsnap restores: the current and the previous,
+/// so that an upgrade of vsnap keeps the artifacts its predecessor made.
+pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [3, SCHEMA_VERSION];
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -118,10 +127,13 @@ impl Manifest {
         bytes
     }
 
-    /// Parses strictly: one JSON object of this schema version, nothing more.
-    /// The version is read first, so a manifest of another format (whose
-    /// fields this vsnap may not know) is refused for its version, naming
-    /// `schema_version` and both versions, not for a field.
+    /// Parses strictly: one JSON object of a schema version this vsnap
+    /// reads ([`READABLE_SCHEMA_VERSIONS`]), nothing more. The version is
+    /// read first, so a manifest of another format (whose fields this vsnap
+    /// may not know) is refused for its version ([`ArtifactError::Format`]),
+    /// naming `schema_version`, its version and the versions read, not for
+    /// a field. A manifest keeps the version it was made with: its MAC
+    /// covers it.
     pub fn parse(bytes: &[u8], origin: &Path) -> Result<Self> {
         #[derive(Deserialize)]
         struct Version {
@@ -130,9 +142,10 @@ impl Manifest {
         let invalid =
             |e: serde_json::Error| ArtifactError::Invalid(format!("{}: {e}", origin.display()));
         if let Ok(Version { schema_version }) = serde_json::from_slice::<Version>(bytes) {
-            if schema_version != SCHEMA_VERSION {
-                return Err(ArtifactError::Invalid(format!(
-                    "{}: schema_version {schema_version} is not {SCHEMA_VERSION} (the artifact format this vsnap reads)",
+            if !READABLE_SCHEMA_VERSIONS.contains(&schema_version) {
+                let [previous, current] = READABLE_SCHEMA_VERSIONS;
+                return Err(ArtifactError::Format(format!(
+                    "{}: schema_version {schema_version} is not an artifact format this vsnap reads ({previous} or {current})",
                     origin.display(),
                 )));
             }
@@ -330,11 +343,26 @@ mod tests {
     }
 
     #[test]
-    fn another_schema_version_is_refused_naming_both_versions() {
+    fn the_previous_format_is_read_as_it_was_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = HostKey::load_or_create(dir.path()).unwrap();
+        let mut m = sample(dir.path());
+        // What the previous vsnap wrote: the same fields, its version.
+        m.schema_version = READABLE_SCHEMA_VERSIONS[0];
+        assert!(m.schema_version < SCHEMA_VERSION);
+        m.seal(&key);
+        let back = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(back.schema_version, READABLE_SCHEMA_VERSIONS[0], "kept");
+        assert!(back.mac_verifies(&key), "its MAC covers the version it has");
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn a_format_this_vsnap_does_not_read_is_refused_naming_the_versions() {
         let dir = tempfile::tempdir().unwrap();
         HostKey::load_or_create(dir.path()).unwrap();
         let m = sample(dir.path());
-        for (version, extra) in [(SCHEMA_VERSION + 1, true), (SCHEMA_VERSION - 1, false)] {
+        for (version, extra) in [(SCHEMA_VERSION + 1, true), (2, false), (0, false)] {
             let mut v = serde_json::to_value(&m).unwrap();
             v["schema_version"] = version.into();
             if extra {
@@ -342,14 +370,13 @@ mod tests {
                 v["format_of_the_future"] = true.into();
             }
             let bytes = serde_json::to_vec(&v).unwrap();
-            let e = Manifest::parse(&bytes, Path::new("x/manifest.json"))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with(&format!(
-                    "x/manifest.json: schema_version {version} is not {SCHEMA_VERSION}"
-                )),
-                "{e}"
+            let e = Manifest::parse(&bytes, Path::new("x/manifest.json")).unwrap_err();
+            assert!(matches!(e, ArtifactError::Format(_)), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (3 or {SCHEMA_VERSION})"
+                ),
             );
         }
         // Not JSON at all: the parser's own error.

@@ -39,6 +39,10 @@ pub enum Error {
     /// The work was stopped on purpose (a kill during a restore).
     #[error("{0}")]
     Cancelled(String),
+    /// Artifact content that does not match its digest (or its size, or is
+    /// missing): the artifact is damaged, whatever phase met it.
+    #[error("{0}")]
+    Damaged(String),
     /// The OOM killer ended the work in the container's memory cgroup (a
     /// restore under too low a memory limit).
     #[error("{0}")]
@@ -84,6 +88,7 @@ impl Error {
             Error::DeadlineExceeded(m) => Error::DeadlineExceeded(named(m)),
             Error::Cancelled(m) => Error::Cancelled(named(m)),
             Error::OutOfMemory(m) => Error::OutOfMemory(named(m)),
+            Error::Damaged(m) => Error::Damaged(named(m)),
             Error::Other(m) => Error::Other(named(m)),
             Error::Io { context, source } => Error::Io {
                 context: named(context),
@@ -105,7 +110,7 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
             Error::NotFound(_) => Code::NOT_FOUND,
-            Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            Error::FailedPrecondition(_) | Error::Damaged(_) => Code::FAILED_PRECONDITION,
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
             Error::DeadlineExceeded(_) => Code::DEADLINE_EXCEEDED,
             Error::Cancelled(_) => Code::CANCELLED,

@@ -43,6 +43,7 @@ pub fn artifact_error(phase: &str, e: ArtifactError) -> Error {
     match e {
         ArtifactError::NotFound(_) => Error::NotFound(format!("{phase}: {e}")),
         ArtifactError::Io { context, source } => Error::io(format!("{phase}: {context}"), source),
+        ArtifactError::Damaged(_) => Error::Damaged(format!("{phase}: {e}")),
         e => Error::FailedPrecondition(format!("{phase}: {e}")),
     }
 }

@@ -156,30 +156,57 @@ fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold(
     e.remove("ncf-3");
 }
 
+/// `manifest.json` of `name` rewritten as the previous vsnap wrote it: the
+/// previous artifact format (no field of the current one) and an older
+/// shim, sealed with this host's key. The fixture is made from a fresh
+/// capture rather than checked in, because a manifest binds the host it
+/// was made on (its key, runc, CRIU, kernel): a format 3 manifest is a
+/// format 4 one without the fields format 4 added.
+fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
+    let path = e.manifest(name);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let previous = vsnap_artifact::READABLE_SCHEMA_VERSIONS[0];
+    assert!(previous < vsnap_artifact::SCHEMA_VERSION);
+    v["schema_version"] = previous.into();
+    v["host"]["shim_version"] = "0.0.1-older".into();
+    for added_by_format_4 in ["zero_pages"] {
+        v.as_object_mut().unwrap().remove(added_by_format_4);
+    }
+    let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
+    m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());
+    std::fs::write(&path, m.to_bytes()).unwrap();
+}
+
 #[test]
-fn an_artifact_of_another_vsnap_version_restores_and_a_future_format_is_set_aside() {
+fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside() {
     let e = setup("nc-format");
     e.create_good("ncv-0", "ncv", &[]);
+    // Made by the previous vsnap (a rolling upgrade of the shim): it
+    // restores, under `restore` and under `auto`, and stays as it is.
+    as_made_by_the_previous_vsnap(&e, "ncv");
     let path = e.manifest("ncv");
-    let original = std::fs::read(&path).unwrap();
-    // Made by another vsnap (a rolling upgrade of the shim): re-sealed with
-    // this host's key as a verified pull does, it restores.
-    let key = vsnap_artifact::HostKey::load(&e.artifacts).unwrap();
-    let mut m = vsnap_artifact::Manifest::parse(&original, &path).unwrap();
-    m.host.shim_version = "0.0.1-older".into();
-    m.seal(&key);
-    std::fs::write(&path, m.to_bytes()).unwrap();
+    let previous = std::fs::read(&path).unwrap();
     let out = e.run("ncv-1", "restore", "ncv", free_port(), &[]);
     assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
     e.remove("ncv-1");
+    assert!(serve_auto(&e, "ncv-1a", "ncv"), "auto restores it");
+    e.remove("ncv-1a");
+    assert_eq!(std::fs::read(&path).unwrap(), previous, "not set aside");
+    assert!(!e.artifacts.join(".quarantine").join("ncv").exists());
     // A format this shim does not read: `restore` refuses naming it...
-    let mut future: serde_json::Value = serde_json::from_slice(&original).unwrap();
-    let ours = future["schema_version"].as_u64().unwrap();
-    future["schema_version"] = (ours + 1).into();
+    let mut future: serde_json::Value = serde_json::from_slice(&previous).unwrap();
+    future["schema_version"] = (vsnap_artifact::SCHEMA_VERSION + 1).into();
     std::fs::write(&path, serde_json::to_vec(&future).unwrap()).unwrap();
     let out = e.run("ncv-2", "restore", "ncv", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
-    assert_has(&out.stderr, &["restore: preflight", "schema_version"]);
+    assert_has(
+        &out.stderr,
+        &[
+            "restore: preflight",
+            "schema_version",
+            "is not an artifact format this vsnap reads",
+        ],
+    );
     e.remove("ncv-2");
     // ...and `auto` sets it aside as a host reason and captures anew.
     assert!(!serve_auto(&e, "ncv-3", "ncv"), "a cold start");
@@ -187,6 +214,11 @@ fn an_artifact_of_another_vsnap_version_restores_and_a_future_format_is_set_asid
     assert_eq!(reason["cause"], "host", "{reason}");
     e.wait_manifest("ncv");
     e.remove("ncv-3");
+    assert!(
+        serve_auto(&e, "ncv-4", "ncv"),
+        "the fresh artifact restores"
+    );
+    e.remove("ncv-4");
 }
 
 /// An `auto` pod of the reference engine listening on `port`.

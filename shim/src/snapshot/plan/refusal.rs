@@ -71,7 +71,7 @@ impl From<Error> for Refusal {
 fn artifact_cause(e: &ArtifactError) -> Cause {
     match e {
         // The manifest of a format this shim does not read.
-        ArtifactError::Invalid(m) if m.contains("schema_version") => Cause::Host,
+        ArtifactError::Format(_) => Cause::Host,
         ArtifactError::Invalid(_) | ArtifactError::Signature(_) | ArtifactError::Damaged(_) => {
             Cause::Damaged
         }
@@ -99,7 +99,7 @@ pub fn start_cause(phase_slug: &str, e: &Error) -> Cause {
         // A kill, and the container's own memory limit, are not the
         // artifact's doing.
         Error::Cancelled(_) | Error::OutOfMemory(_) => Cause::Container,
-        e if e.to_string().contains("damaged: ") => Cause::Damaged,
+        Error::Damaged(_) => Cause::Damaged,
         _ => match phase_slug {
             "verify" => Cause::Damaged,
             "criu" | "gpu_resume" | "activation" => Cause::Restore,
@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn what_the_artifact_is_sets_it_aside_and_what_the_container_is_does_not() {
-        let host = ArtifactError::Invalid("m.json: schema_version 9 is not 2".into());
+        let host = ArtifactError::Format("m.json: schema_version 9 is not read".into());
         assert_eq!(Refusal::of_artifact(host).cause, Cause::Host);
         let mac = ArtifactError::Invalid("m.json: MAC does not verify".into());
         assert_eq!(Refusal::of_artifact(mac).cause, Cause::Damaged);
@@ -134,10 +134,14 @@ mod tests {
 
     #[test]
     fn a_start_failure_is_the_artifact_s_unless_a_kill_or_the_limit_ended_it() {
-        let damaged = Error::FailedPrecondition(
-            "restore: verify: damaged: pages-2.img chunk 0 does not match".into(),
+        let damaged = crate::snapshot::artifact_error(
+            "restore: verify",
+            ArtifactError::Damaged("pages-2.img chunk 0 does not match".into()),
         );
         assert_eq!(start_cause("criu", &damaged), Cause::Damaged);
+        // Said in a message only, damage is not taken for it.
+        let said = Error::Other("restore: CRIU: damaged: no".into());
+        assert_eq!(start_cause("criu", &said), Cause::Restore);
         let criu = Error::Other("restore: CRIU: runc restore failed".into());
         assert_eq!(start_cause("criu", &criu), Cause::Restore);
         let canary = Error::FailedPrecondition("restore: activation: canary".into());
