@@ -27,18 +27,17 @@ pub enum Choice {
     Restore,
 }
 
-/// The plan for `asked`; only `auto` looks at what is on disk (`look`),
-/// and what cannot be read there is its error.
-pub fn choose<E>(asked: Mode, look: impl FnOnce() -> Result<OnDisk, E>) -> Result<Choice, E> {
-    Ok(match asked {
+/// The plan for `asked`; only `auto` looks at what is on disk (`look`).
+pub fn choose(asked: Mode, look: impl FnOnce() -> OnDisk) -> Choice {
+    match asked {
         Mode::Create => Choice::Capture,
         // A missing artifact is the restore preflight's refusal, by name.
         Mode::Restore => Choice::Restore,
-        Mode::Auto => match look()? {
+        Mode::Auto => match look() {
             OnDisk::Published => Choice::Restore,
             OnDisk::Absent => Choice::Capture,
         },
-    })
+    }
 }
 
 impl OnDisk {
@@ -46,10 +45,10 @@ impl OnDisk {
     /// readable or not. What is wrong with a manifest (its format, its MAC,
     /// its bytes) is the restore preflight's to say, and under `auto` the
     /// reason it is set aside.
-    pub fn look(root: &Path, name: &str) -> Result<Self, ArtifactError> {
+    pub fn look(root: &Path, name: &str) -> Self {
         match Manifest::load_unverified(root, name) {
-            Err(ArtifactError::NotFound(_)) => Ok(OnDisk::Absent),
-            Ok(_) | Err(_) => Ok(OnDisk::Published),
+            Err(ArtifactError::NotFound(_)) => OnDisk::Absent,
+            Ok(_) | Err(_) => OnDisk::Published,
         }
     }
 }
@@ -58,45 +57,33 @@ impl OnDisk {
 mod tests {
     use super::*;
 
-    fn never_looked() -> Result<OnDisk, String> {
+    fn never_looked() -> OnDisk {
         panic!("only auto looks at the artifact root")
     }
 
     #[test]
     fn create_and_restore_never_look_at_the_root() {
-        assert_eq!(choose(Mode::Create, never_looked), Ok(Choice::Capture));
+        assert_eq!(choose(Mode::Create, never_looked), Choice::Capture);
         // A missing artifact is then the preflight's refusal, by name.
-        assert_eq!(choose(Mode::Restore, never_looked), Ok(Choice::Restore));
+        assert_eq!(choose(Mode::Restore, never_looked), Choice::Restore);
     }
 
     #[test]
     fn auto_restores_what_is_published_and_captures_otherwise() {
-        let on = |d: OnDisk| move || Ok::<_, String>(d);
-        assert_eq!(
-            choose(Mode::Auto, on(OnDisk::Published)),
-            Ok(Choice::Restore)
-        );
-        assert_eq!(choose(Mode::Auto, on(OnDisk::Absent)), Ok(Choice::Capture));
-    }
-
-    #[test]
-    fn auto_fails_with_what_could_not_be_read() {
-        let unreadable = || Err::<OnDisk, _>("manifest.json: bad json".to_string());
-        assert_eq!(
-            choose(Mode::Auto, unreadable),
-            Err("manifest.json: bad json".to_string())
-        );
+        let on = |d: OnDisk| move || d;
+        assert_eq!(choose(Mode::Auto, on(OnDisk::Published)), Choice::Restore);
+        assert_eq!(choose(Mode::Auto, on(OnDisk::Absent)), Choice::Capture);
     }
 
     #[test]
     fn an_empty_root_holds_nothing_and_any_manifest_is_published() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(OnDisk::look(dir.path(), "a").unwrap(), OnDisk::Absent);
+        assert_eq!(OnDisk::look(dir.path(), "a"), OnDisk::Absent);
         let art = vsnap_artifact::path(dir.path(), "a");
         std::fs::create_dir_all(&art).unwrap();
         std::fs::write(art.join(vsnap_artifact::layout::MANIFEST), "{ not json").unwrap();
         assert_eq!(
-            OnDisk::look(dir.path(), "a").unwrap(),
+            OnDisk::look(dir.path(), "a"),
             OnDisk::Published,
             "unreadable is the preflight's to name, not absent"
         );

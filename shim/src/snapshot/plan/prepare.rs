@@ -38,8 +38,7 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
         engine.workload.rootfs = overlay.image_identity();
     }
     let name = artifact_name(&inputs.plan, &engine.workload)?;
-    let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()))
-        .map_err(|e| artifact_error("restore: preflight", e))?;
+    let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()));
     if choice == Choice::Capture {
         return prepare_capture(&mut inputs, engine, name, layer, None)
             .map(|c| c.map(Prepared::Capture));
