@@ -323,7 +323,10 @@ mod tests {
         ));
         // SAFETY: the region is mapped; missing pages fault in as zeros.
         let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
-        assert!(memory == &want[..], "the region holds the image's bytes and zeros");
+        assert!(
+            memory == &want[..],
+            "the region holds the image's bytes and zeros"
+        );
     }
 
     #[tokio::test]

@@ -39,8 +39,8 @@ use prost::Message;
 use vsnap_artifact::ZeroPages;
 
 use super::images::{
-    self, decode, messages, pb, PagemapEntry, IMG_COMMON_MAGIC, MM_MAGIC, PAGEMAP_MAGIC,
-    PAGE_SIZE, PE_PRESENT,
+    self, decode, messages, pb, PagemapEntry, IMG_COMMON_MAGIC, MM_MAGIC, PAGEMAP_MAGIC, PAGE_SIZE,
+    PE_PRESENT,
 };
 
 /// Pages read, checked and moved at once.
@@ -170,8 +170,8 @@ impl TaskImages {
         let raw = bodies
             .map(|b| b.map(<[u8]>::to_vec))
             .collect::<Result<_, _>>()?;
-        let vmas = elidable(&read(format!("mm-{pid}.img"))?)
-            .map_err(|e| format!("mm-{pid}.img: {e}"))?;
+        let vmas =
+            elidable(&read(format!("mm-{pid}.img"))?).map_err(|e| format!("mm-{pid}.img: {e}"))?;
         Ok(TaskImages {
             pid,
             pages_id,

@@ -11,7 +11,10 @@ use crate::snapshot::criu::images::testing::image;
 use crate::snapshot::criu::images::{lazy_ranges, parse_pagemap, parse_vmas, PE_LAZY, PE_PARENT};
 
 const P: u64 = PAGE_SIZE;
-const ANON: (u32, u32) = (MAP_PRIVATE | MAP_ANONYMOUS, VMA_AREA_REGULAR | VMA_ANON_PRIVATE);
+const ANON: (u32, u32) = (
+    MAP_PRIVATE | MAP_ANONYMOUS,
+    VMA_AREA_REGULAR | VMA_ANON_PRIVATE,
+);
 /// A private mapping of a file: a missing page would read the file.
 const FILE_PRIVATE: (u32, u32) = (MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6));
 const SHARED_ANON: (u32, u32) = (MAP_SHARED | MAP_ANONYMOUS, VMA_AREA_REGULAR | (1 << 8));
@@ -106,7 +109,11 @@ fn memory(dir: &Path, pid: u32) -> BTreeMap<u64, Vec<u8>> {
             at += P as usize;
         }
     }
-    assert_eq!(at, pages.len(), "every byte of the pages file is some page's");
+    assert_eq!(
+        at,
+        pages.len(),
+        "every byte of the pages file is some page's"
+    );
     out
 }
 
@@ -152,7 +159,9 @@ fn zero_pages_of_private_anonymous_memory_become_holes_and_the_rest_reads_back()
     }
     assert_eq!(after.len(), before.len() - 6);
     assert_eq!(
-        std::fs::metadata(dir.path().join("pages-3.img")).unwrap().len(),
+        std::fs::metadata(dir.path().join("pages-3.img"))
+            .unwrap()
+            .len(),
         after.len() as u64 * P
     );
     // The entries as CRIU will read them: runs with the entry's flags, in
