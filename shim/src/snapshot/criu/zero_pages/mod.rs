@@ -241,6 +241,12 @@ impl TaskImages {
         let tmp = images.join(format!(".{pagemap}.zero"));
         std::fs::write(&tmp, encode(&self.head, &out))
             .map_err(|e| format!("write {}: {e}", tmp.display()))?;
+        // CRIU's mode (0600), not the umask's.
+        let mode = std::fs::metadata(images.join(&pagemap))
+            .map_err(|e| format!("stat {pagemap}: {e}"))?
+            .permissions();
+        std::fs::set_permissions(&tmp, mode)
+            .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, images.join(&pagemap))
             .map_err(|e| format!("replace {pagemap}: {e}"))?;
         Ok(c.elided)

@@ -144,6 +144,9 @@ fn zero_pages_of_private_anonymous_memory_become_holes_and_the_rest_reads_back()
         range(0x60000, lazy, &[Z]),
     ];
     write_task(dir.path(), 41, &vmas, &ranges);
+    let pagemap = dir.path().join("pagemap-41.img");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&pagemap, std::fs::Permissions::from_mode(0o600)).unwrap();
     let before = memory(dir.path(), 41);
 
     let elided = elide(dir.path()).unwrap();
@@ -158,6 +161,8 @@ fn zero_pages_of_private_anonymous_memory_become_holes_and_the_rest_reads_back()
         }
     }
     assert_eq!(after.len(), before.len() - 6);
+    let mode = std::fs::metadata(&pagemap).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the pagemap keeps CRIU's mode");
     assert_eq!(
         std::fs::metadata(dir.path().join("pages-3.img"))
             .unwrap()
