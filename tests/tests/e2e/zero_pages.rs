@@ -34,8 +34,9 @@ fn zero_pages_are_left_out_of_the_images_and_come_back_as_zeros() {
     eprintln!("pages bytes: {with} elided, {without} without; {gone} bytes elided");
     assert!(gone >= 64 * MIB, "the zero block is elided: {elided}");
     assert!(without >= 128 * MIB, "without elision every page is stored");
+    // The two donors' other memory may differ by a few pages.
     assert!(
-        with + 64 * MIB <= without && with.abs_diff(without - gone) < 8 * MIB,
+        (with + gone).abs_diff(without) < 8 * MIB,
         "the images shrink by what was elided: {with} + {gone} against {without}"
     );
     assert!(
