@@ -29,11 +29,12 @@
 #                  without CRIU's kernel-probe cache), BENCH_AGAINST=SHIM (every restore also by
 #                  that shim binary, the build before a change), BENCH_KEEP_LOGS=DIR
 #   verify         BENCH_RUNS=4 (pairs per cache state), BENCH_RESIDENT_MB=1024
+#   zero-pages     BENCH_RUNS=3 (restores of each), BENCH_RESIDENT_MB=512 (as many MiB of zero pages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-NAMES=(shim snapshot cri fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify)
+NAMES=(shim snapshot cri fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify zero-pages)
 declare -A WHAT=(
     [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
     [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
@@ -44,6 +45,7 @@ declare -A WHAT=(
     [fleet-restore]="a restore from a registry reference on a host without the artifact vs cold start and local restore"
     [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
     [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"
+    [zero-pages]="an engine half zero pages captured with and without elision: image bytes, digest phase, warm restores"
     [restore-limits]="warm and cold restores against the machine's fill limit and the disk's cold read; phases"
     [verify]="restores with verify_contents on vs off, warm page cache and after dropping it"
 )

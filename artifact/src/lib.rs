@@ -39,7 +39,7 @@ pub use key::{FingerprintKey, HostKey};
 pub use layout::{check_path_safe, ensure_root, path, Staging};
 pub use lock::ArtifactLock;
 pub use manifest::{Manifest, Origin, Timings, READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION};
-pub use memory::Memory;
+pub use memory::{Memory, ZeroPages};
 pub use name::{ArtifactName, BadName};
 pub use signature::{FleetSignature, FleetSigner, TrustedKeys};
 pub use tenant::Tenant;

@@ -67,6 +67,12 @@ pub struct Manifest {
     /// unknown, and no restore of them is held to a limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<crate::memory::Memory>,
+    /// The all-zero pages the capture left out of its page images (holes
+    /// a restore maps without copying). Absent when the capture elided
+    /// none by configuration (`elide_zero_pages = false`) or was made
+    /// before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_pages: Option<crate::memory::ZeroPages>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
@@ -226,6 +232,7 @@ mod tests {
             origin: None,
             rootfs: None,
             memory: None,
+            zero_pages: None,
             mac: String::new(),
         }
     }

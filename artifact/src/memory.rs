@@ -15,6 +15,12 @@
 //!   the container's own tmpfs: what the file system says is used. Zero
 //!   where `/dev/shm` is no tmpfs (a host folder on disk).
 //!
+//! Zero pages elided at capture (`ZeroPages`, the manifest's `zero_pages`)
+//! are not in the page images, so not in `pages_bytes` either: a restore
+//! leaves them unmapped (they read as zeros) and charges nothing for them
+//! until the restored process writes to them, as for pages it never
+//! touched before the capture.
+//!
 //! Not counted: the tree's file-backed pages (binaries, libraries, files it
 //! maps: page cache, charged once to whoever read them first), the kernel's
 //! own memory for the tree (page tables, sockets), and what CRIU itself
@@ -60,6 +66,29 @@ impl Memory {
             .filter(|m| m.is_file())
             .map(|m| m.len())
             .sum()
+    }
+}
+
+/// The all-zero pages of private anonymous memory a capture left out of
+/// its page images (holes in the pagemap: a restore maps nothing there and
+/// the pages read as zeros), as the manifest records them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ZeroPages {
+    /// 4 KiB pages left out.
+    pub elided_pages: u64,
+    /// Their bytes (`elided_pages` x 4096): what the page images would
+    /// have held more.
+    pub elided_bytes: u64,
+}
+
+impl ZeroPages {
+    /// `pages` 4 KiB pages.
+    pub fn of_pages(pages: u64) -> Self {
+        ZeroPages {
+            elided_pages: pages,
+            elided_bytes: pages * 4096,
+        }
     }
 }
 

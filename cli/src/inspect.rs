@@ -175,6 +175,7 @@ fn summary(
         ]),
         row(&["Image size:", &size_and_bytes(m.image_bytes)]),
         row(&["Memory:", &memory(m.memory.as_ref())]),
+        row(&["Zero pages:", &zero_pages(m.zero_pages.as_ref())]),
         row(&["On disk:", &size_and_bytes(disk_bytes)]),
         row(&[
             "Timings:",
@@ -260,6 +261,18 @@ fn memory(m: Option<&vsnap_artifact::Memory>) -> String {
         None => {
             "- (not recorded: captured by an older vsnap; no restore is held to a limit)".into()
         }
+    }
+}
+
+/// The all-zero pages the capture left out of its page images.
+fn zero_pages(z: Option<&vsnap_artifact::ZeroPages>) -> String {
+    match z {
+        Some(z) => format!(
+            "{} elided ({} pages of 4 KiB, all zero: not stored, mapped as holes at restore)",
+            size_and_bytes(z.elided_bytes),
+            z.elided_pages
+        ),
+        None => "- (none elided: elide_zero_pages off, or captured by an older vsnap)".into(),
     }
 }
 

@@ -37,6 +37,8 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
         "k8s.io/team-a",
         "Memory:",
         "1031 MiB (pages 1024 MiB, /dev/shm 7 MiB)",
+        "Zero pages:",
+        "5.0 MiB (5242880 bytes) elided (1280 pages of 4 KiB",
     ] {
         assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
     }
@@ -54,6 +56,7 @@ fn inspect_shows_identity_without_secrets_and_the_mac_status() {
     assert_eq!(v["manifest"]["capture_id"], "cap-demo");
     assert_eq!(v["manifest"]["image_bytes"], m.image_bytes);
     assert_eq!(v["manifest"]["memory"]["pages_bytes"], 1024u64 << 20);
+    assert_eq!(v["manifest"]["zero_pages"]["elided_bytes"], 5u64 << 20);
     assert_eq!(
         v["manifest"]["workload"]["env"]["HF_TOKEN"]
             .as_str()

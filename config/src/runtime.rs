@@ -89,6 +89,11 @@ pub struct RuntimeConfig {
     /// restored tree does not fit (for a host whose swap takes the rest,
     /// or a need recorded larger than the tree uses now).
     pub memory_preflight: bool,
+    /// Leave the all-zero 4 KiB pages of private anonymous memory out of a
+    /// capture's page images (holes in CRIU's pagemap, which a restore
+    /// leaves unmapped: they read as zeros). Off: every page CRIU dumped
+    /// is stored, hashed and placed, as before.
+    pub elide_zero_pages: bool,
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
@@ -225,6 +230,7 @@ impl Default for RuntimeConfig {
             donor_stop_grace_s: 10,
             page_placement: PagePlacement::Parallel,
             memory_preflight: true,
+            elide_zero_pages: true,
             pull_timeout_s: 900,
             push_created: false,
             fleet_signing_key: None,
@@ -384,6 +390,13 @@ mod tests {
         assert_eq!(c.runc_binary, PathBuf::from("/usr/sbin/runc"));
         assert_eq!(c.runc_root, Some(PathBuf::from("/run/x")));
         assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn zero_pages_are_elided_unless_turned_off() {
+        assert!(RuntimeConfig::default().elide_zero_pages);
+        let c = RuntimeConfig::parse("elide_zero_pages = false\n", "inline").unwrap();
+        assert!(!c.elide_zero_pages);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::model::{encode, token_text, Model, Weights};
 use crate::prng::{mix, SplitMix64};
 use crate::shm::UnlinkedShm;
 use crate::weights_file;
+use crate::zero_block::ZeroBlock;
 
 /// The canary prompt of the protocol.
 pub const CANARY_PROMPT: &str = "The capital of France is";
@@ -38,6 +39,8 @@ pub struct EngineConfig {
     /// MiB of resident data allocated and touched once at start-up and kept for the
     /// process lifetime, never released (VSNAP_ENGINE_RESIDENT_MB).
     pub resident_mb: u64,
+    /// MiB of pages present and all zero, kept for life (VSNAP_ENGINE_ZERO_MB).
+    pub zero_mb: u64,
     /// KiB of an unlinked /dev/shm file held open (VSNAP_ENGINE_SHM_KB).
     pub shm_kb: u64,
     /// Keep that file's name (VSNAP_ENGINE_SHM_NAMED=1).
@@ -51,6 +54,7 @@ impl EngineConfig {
             init_ms: env_u64("VSNAP_ENGINE_INIT_MS")?,
             state_mb: env_u64("VSNAP_ENGINE_STATE_MB")?,
             resident_mb: env_u64("VSNAP_ENGINE_RESIDENT_MB")?,
+            zero_mb: env_u64("VSNAP_ENGINE_ZERO_MB")?,
             shm_kb: env_u64("VSNAP_ENGINE_SHM_KB")?,
             shm_named: env_u64("VSNAP_ENGINE_SHM_NAMED")? != 0,
         })
@@ -75,6 +79,8 @@ pub struct Engine {
     state_checksum: Option<u64>,
     /// Never released; verified against its checksum on every reload.
     resident: Resident,
+    /// Present, all zero; verified on every reload.
+    zero: ZeroBlock,
     /// An unlinked /dev/shm file held open; verified on every reload.
     shm: Option<UnlinkedShm>,
 }
@@ -84,6 +90,7 @@ impl Engine {
     pub fn initialize(config: EngineConfig) -> Result<Self, Failure> {
         burn_cpu(Duration::from_millis(config.init_ms));
         let resident = Resident::generate(config.resident_mb)?;
+        let zero = ZeroBlock::allocate(config.zero_mb)?;
         let shm = UnlinkedShm::create(config.shm_kb, config.shm_named)?;
         let mut engine = Engine {
             config,
@@ -91,6 +98,7 @@ impl Engine {
             state: Vec::new(),
             state_checksum: None,
             resident,
+            zero,
             shm,
         };
         engine.load()?;
@@ -102,6 +110,7 @@ impl Engine {
         // (rehearsal, recovery after a restore) proves the resident data survived.
         if self.state_checksum.is_some() {
             self.resident.verify()?;
+            self.zero.verify()?;
             if let Some(shm) = &self.shm {
                 shm.verify()?;
             }

@@ -123,6 +123,7 @@ impl Fixture {
                 pages_bytes: 1024 << 20,
                 dev_shm_bytes: (7 << 20) - 100,
             }),
+            zero_pages: Some(vsnap_artifact::ZeroPages::of_pages(5 << 8)),
             mac: String::new(),
         };
         m.seal(&key);

@@ -178,6 +178,7 @@ impl Host {
             origin: None,
             rootfs: None,
             memory: None,
+            zero_pages: None,
             mac: String::new(),
         };
         m.seal(&key);

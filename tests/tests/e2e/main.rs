@@ -28,3 +28,4 @@ mod snapshot_faults;
 mod stats_oom;
 mod tcp_families;
 mod vllm;
+mod zero_pages;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
-use vsnap_artifact::{Clocks, Contents, Staging};
+use vsnap_artifact::{Clocks, Contents, Staging, ZeroPages};
 use vsnap_protocol::{CaptureReady, Oracle};
 
 use crate::deadline::Deadline;
@@ -49,6 +49,8 @@ pub struct CaptureRun {
     pub(super) clocks: Option<Clocks>,
     pub(super) layer: Option<RootfsLayer>,
     pub(super) contents: Option<Contents>,
+    /// What the digest phase left out of the page images.
+    pub(super) zero_pages: Option<ZeroPages>,
     pub(super) published: Option<PathBuf>,
     pub(super) times: Times,
 }
@@ -89,6 +91,7 @@ impl CaptureRun {
             clocks: None,
             layer: None,
             contents: None,
+            zero_pages: None,
             published: None,
             times: Times::default(),
         }

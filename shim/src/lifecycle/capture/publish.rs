@@ -1,4 +1,5 @@
-//! The artifact made whole: the control dir copied in, every file's digest
+//! The artifact made whole: the control dir copied in, the all-zero pages
+//! left out of the page images (criu/zero_pages), every file's digest
 //! taken, then the manifest (timings, host and workload identity, clocks,
 //! the carried layer, the tree's memory) sealed with the host key and the staging dir
 //! published in one rename.
@@ -11,10 +12,11 @@ use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{layout, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
 
 use super::context::CaptureRun;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::{artifact_error, criu::memory, rootfs::shm, DIGEST_THREADS};
+use crate::snapshot::criu::{memory, zero_pages};
+use crate::snapshot::{artifact_error, rootfs::shm, DIGEST_THREADS};
 
 pub struct Digest;
 
@@ -29,7 +31,24 @@ impl Phase<CaptureRun> for Digest {
         let staging = run.staging();
         layout::copy_files(&run.plan.common.control_dir, &staging.control())
             .map_err(|e| artifact_error("capture", e))?;
-        let dir = staging.dir.clone();
+        if run.plan.elide_zero_pages {
+            let images = staging.images();
+            let elided = blocking(PhaseName::Digest, move || {
+                zero_pages::elide(&images).map_err(|e| {
+                    Error::Other(format!("capture: zero pages: {}: {e}", images.display()))
+                })
+            })
+            .await?;
+            info!(
+                "{}: {} zero pages ({} bytes) elided in {:?}",
+                run.id,
+                elided.elided_pages,
+                elided.elided_bytes,
+                t.elapsed()
+            );
+            run.zero_pages = Some(elided);
+        }
+        let dir = run.staging().dir.clone();
         let contents = blocking(PhaseName::Digest, move || {
             vsnap_artifact::content::digest(&dir, DIGEST_THREADS)
                 .map_err(|e| artifact_error("capture: content digests", e))
@@ -107,6 +126,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         origin: None,
         rootfs: Some(artifact_rootfs::Rootfs { layer, open_files }),
         // The donor still runs: its /dev/shm is there to be read.
+        zero_pages: run.zero_pages,
         memory: Some(memory::at_capture(
             &staging.images(),
             &staging.dir.join(shm::ARTIFACT_DIR),

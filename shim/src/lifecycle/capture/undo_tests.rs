@@ -66,6 +66,7 @@ fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
         donor_stop_grace: Duration::from_secs(1),
         layer: WritableLayer::Shared,
         layer_limit: 0,
+        elide_zero_pages: true,
         push_to: None,
         spec: serde_json::json!({}),
     }

@@ -176,7 +176,7 @@ pub fn parse_vmas(bytes: &[u8]) -> Result<Vec<(u64, u64)>, String> {
 }
 
 /// The size-prefixed messages after the two magics.
-fn messages(
+pub(super) fn messages(
     bytes: &[u8],
     magic: u32,
 ) -> Result<impl Iterator<Item = Result<&[u8], String>>, String> {
@@ -204,14 +204,14 @@ fn messages(
 /// One message's body as `M`. prost cannot tell a body cut short from
 /// garbage (both read as an invalid varint or a buffer underflow), hence
 /// the one text for both.
-fn decode<M: prost::Message + Default>(body: &[u8], what: &str) -> Result<M, String> {
+pub(super) fn decode<M: prost::Message + Default>(body: &[u8], what: &str) -> Result<M, String> {
     M::decode(body).map_err(|e| format!("a truncated or malformed {what}: {e}"))
 }
 
 /// The fields vsnap reads of CRIU's messages, under CRIU's numbers and
 /// types; prost skips the others. CRIU declares most of them `required`:
 /// they are `optional` here so that a missing one is told apart from 0.
-mod pb {
+pub(super) mod pb {
     /// `images/pagemap.proto`.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct PagemapHead {
@@ -248,6 +248,12 @@ mod pb {
         pub start: Option<u64>,
         #[prost(uint64, optional, tag = "2")]
         pub end: Option<u64>,
+        /// `MAP_*` flags.
+        #[prost(uint32, optional, tag = "6")]
+        pub flags: Option<u32>,
+        /// CRIU's `VMA_*` status bits (`criu/include/image.h`).
+        #[prost(uint32, optional, tag = "7")]
+        pub status: Option<u32>,
     }
 }
 
@@ -449,6 +455,7 @@ mod tests {
         let vma = |start, end| pb::VmaEntry {
             start: Some(start),
             end: Some(end),
+            ..Default::default()
         };
         let mm = pb::MmEntry {
             vmas: vec![vma(0x9000, 0xa000), vma(0x1000, 0x3000)],
@@ -461,6 +468,7 @@ mod tests {
             vmas: vec![pb::VmaEntry {
                 start: Some(0x1000),
                 end: None,
+                ..Default::default()
             }],
         };
         assert!(parse_vmas(&image(MM_MAGIC, &[no_end.encode_to_vec()]))

@@ -23,6 +23,7 @@ pub(crate) mod images;
 pub(crate) mod memory;
 pub(crate) mod pages;
 pub(crate) mod restore_oom;
+pub(crate) mod zero_pages;
 
 use std::path::{Path, PathBuf};
 

@@ -26,6 +26,8 @@ pub struct CapturePlan {
     pub layer: rootfs::WritableLayer,
     /// `rootfs_diff_limit_bytes`.
     pub layer_limit: u64,
+    /// `elide_zero_pages`: all-zero pages left out of the page images.
+    pub elide_zero_pages: bool,
     /// Where an `auto` create pushes its artifact once published
     /// (`push_created` and `vsnap.io/artifact-ref`; fetch.rs).
     pub push_to: Option<fetch::PushTarget>,

@@ -96,6 +96,7 @@ fn prepare_capture(
         donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
         layer,
         layer_limit: config.rootfs_diff_limit_bytes,
+        elide_zero_pages: config.elide_zero_pages,
         push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
         spec: inputs.spec.clone(),
     };

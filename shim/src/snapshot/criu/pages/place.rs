@@ -17,6 +17,7 @@ pub(super) const FAULT_CHUNK: u64 = 64 << 10;
 
 // <linux/userfaultfd.h>
 const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
+const UFFDIO_ZEROPAGE: libc::c_ulong = 0xC020_AA04;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_MSG_SIZE: usize = 32;
 
@@ -83,8 +84,48 @@ pub(super) fn copy(task: &Task, vaddr: u64, data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+#[repr(C)]
+struct UffdioZeropage {
+    start: u64,
+    len: u64,
+    mode: u64,
+    zeropage: i64,
+}
+
+/// `UFFDIO_ZEROPAGE` of the page at `vaddr` of `task`: a page its pagemap
+/// has no bytes for (a hole: a zero page the capture left out, or one never
+/// touched), as CRIU's own lazy-pages daemon answers such a fault.
+fn zero(task: &Task, vaddr: u64) -> Result<(), String> {
+    loop {
+        let mut z = UffdioZeropage {
+            start: vaddr,
+            len: PAGE_SIZE,
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: `z` is a valid uffdio_zeropage; the kernel writes only
+        // `z.zeropage`.
+        let rc = unsafe { libc::ioctl(task.uffd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EAGAIN) => std::thread::yield_now(),
+            Some(libc::EEXIST) => return Ok(()),
+            _ => {
+                return Err(format!(
+                    "pid {}: UFFDIO_ZEROPAGE of {vaddr:#x}: {err}",
+                    task.pid
+                ))
+            }
+        }
+    }
+}
+
 /// Reads every queued message of `task`'s descriptor; a page fault gets
-/// its neighbourhood placed now, any other event fails the restore.
+/// its neighbourhood placed now (a zero page in a hole of the pagemap),
+/// any other event fails the restore.
 pub(super) fn serve_faults(
     task: &Task,
     buf: &mut Buffer,
@@ -110,12 +151,14 @@ pub(super) fn serve_faults(
             }
             let addr =
                 u64::from_le_bytes(msg[16..24].try_into().expect("8 bytes")) & !(PAGE_SIZE - 1);
-            let r = task.lazy.find(addr).ok_or_else(|| {
-                format!(
-                    "pid {}: a fault at {addr:#x}, outside its lazy pages",
-                    task.pid
-                )
-            })?;
+            // The kernel reports faults in registered ranges only: CRIU
+            // registers whole lazy VMAs, so an address no pagemap entry
+            // holds is a hole of one and reads as zeros.
+            let Some(r) = task.lazy.find(addr) else {
+                zero(task, addr)?;
+                faults.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             let start = (addr & !(FAULT_CHUNK - 1)).max(r.vaddr);
             let end = (start + FAULT_CHUNK).min(r.vaddr + r.len);
             place(task, start, end - start, r.offset + (start - r.vaddr), buf)?;

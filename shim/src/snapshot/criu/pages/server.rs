@@ -263,6 +263,79 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_hole_in_the_pagemap_reads_as_zeros_when_touched_early_or_never() {
+        use crate::snapshot::criu::images::testing::{entry, image};
+        use crate::snapshot::criu::images::{MM_MAGIC, PAGEMAP_MAGIC, PE_LAZY, PE_PRESENT};
+        let dir = tempfile::tempdir().unwrap();
+        let pages = 64u64;
+        let mut r = region((pages * PAGE_SIZE) as usize, 0);
+        let data = write_images(dir.path(), 13, &r);
+        // Pages 8-15 and 40-41 left out, as a capture elides zero pages:
+        // three entries, the pages file without them.
+        let start = r.addr as u64;
+        let lazy = Some(PE_PRESENT | PE_LAZY);
+        let at = |p: u64| start + p * PAGE_SIZE;
+        let pagemap = image(
+            PAGEMAP_MAGIC,
+            &[
+                vec![8, 1],
+                entry(0x1000, 1, Some(PE_PRESENT)),
+                entry(at(0), 8, lazy),
+                entry(at(16), 24, lazy),
+                entry(at(42), pages - 42, lazy),
+            ],
+        );
+        std::fs::write(dir.path().join("pagemap-13.img"), pagemap).unwrap();
+        let page = PAGE_SIZE as usize;
+        let hole = |p: usize| (8..16).contains(&p) || (40..42).contains(&p);
+        let mut file = vec![0xEEu8; page];
+        let mut want = data.clone();
+        for p in 0..pages as usize {
+            if hole(p) {
+                want[p * page..(p + 1) * page].fill(0);
+            } else {
+                file.extend(&data[p * page..(p + 1) * page]);
+            }
+        }
+        std::fs::write(dir.path().join("pages-1.img"), file).unwrap();
+        let mm = crate::snapshot::criu::images::testing::mm(start, at(pages));
+        std::fs::write(dir.path().join("mm-13.img"), image(MM_MAGIC, &[mm])).unwrap();
+
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, 13, &r.uffd);
+        // A page of a hole touched before the restore finished: a zero page.
+        // (Unanswered, the toucher would wait forever: bounded here.)
+        let addr = at(9) as usize + 17;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: inside the region, which stays mapped while this
+            // thread may read it (forgotten on a timeout below).
+            let _ = tx.send(unsafe { std::ptr::read_volatile(addr as *const u8) });
+        });
+        let Ok(touched) = rx.recv_timeout(std::time::Duration::from_secs(30)) else {
+            // The toucher still waits in the region: leave it mapped.
+            std::mem::forget(r);
+            panic!("a fault in a hole of the pagemap went unanswered");
+        };
+        assert_eq!(touched, 0, "a fault in a hole is answered with zeros");
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!(placed.bytes, (pages - 10) * PAGE_SIZE, "{placed:?}");
+        // The descriptor closed, the never touched hole faults in as zeros.
+        drop(std::mem::replace(
+            &mut r.uffd,
+            std::fs::File::open("/dev/null").unwrap().into(),
+        ));
+        // SAFETY: the region is mapped; missing pages fault in as zeros.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(
+            memory == &want[..],
+            "the region holds the image's bytes and zeros"
+        );
+    }
+
+    #[tokio::test]
     async fn pages_are_checked_against_their_digests_as_they_are_placed() {
         // Past one 64 MiB digest chunk, so two threads share the work.
         let len = (CHUNK + (3 << 20)) as usize;
