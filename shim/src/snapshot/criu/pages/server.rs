@@ -89,6 +89,15 @@ fn serve(
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
     let tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
     let started = Instant::now();
+    // The tree is stopped now: the VMAs eligible for huge pages leave the
+    // userfaultfd (a fault already queued is served first), the fillers
+    // write them.
+    for t in &tasks {
+        if let Some(h) = &t.huge {
+            serve_faults(t, &mut fault_buf, &faults)?;
+            h.take(t.pid, &t.uffd)?;
+        }
+    }
     let files = pages_files(images, &tasks, verify.as_ref())?;
     let dir = verify.map(|v| v.dir).unwrap_or_default();
     let fill = Fill {
@@ -106,6 +115,10 @@ fn serve(
     Ok(Placed {
         tasks: tasks.len(),
         bytes: tasks.iter().map(|t| t.lazy.bytes()).sum(),
+        huge_bytes: tasks
+            .iter()
+            .filter_map(|t| t.huge.as_ref().map(|h| h.bytes(&t.lazy)))
+            .sum(),
         faults: faults.load(Ordering::Relaxed),
         fill: started.elapsed(),
     })
@@ -131,7 +144,9 @@ fn take_tasks(
         }
         if ready.contains(&usize::MAX) {
             match receive(conn)? {
-                Message::Task(pid, uffd) => tasks.push(Task::open(images, pid, uffd)?),
+                Message::Task(pid, uffd, sender) => {
+                    tasks.push(Task::open(images, pid, uffd, sender)?)
+                }
                 Message::Zombie => {}
                 Message::Finished => return Ok(tasks),
             }
