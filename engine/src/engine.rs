@@ -21,6 +21,7 @@ use crate::model::{encode, token_text, Model, Weights};
 use crate::prng::{mix, SplitMix64};
 use crate::shm::UnlinkedShm;
 use crate::weights_file;
+use crate::words::Words;
 use crate::zero_block::ZeroBlock;
 
 /// The canary prompt of the protocol.
@@ -41,6 +42,9 @@ pub struct EngineConfig {
     pub resident_mb: u64,
     /// MiB of pages present and all zero, kept for life (VSNAP_ENGINE_ZERO_MB).
     pub zero_mb: u64,
+    /// Keep the resident data in its own 2 MiB aligned mapping advised
+    /// `MADV_HUGEPAGE` (VSNAP_ENGINE_RESIDENT_HUGE=1): eligible for huge pages.
+    pub resident_huge: bool,
     /// KiB of an unlinked /dev/shm file held open (VSNAP_ENGINE_SHM_KB).
     pub shm_kb: u64,
     /// Keep that file's name (VSNAP_ENGINE_SHM_NAMED=1).
@@ -55,6 +59,7 @@ impl EngineConfig {
             state_mb: env_u64("VSNAP_ENGINE_STATE_MB")?,
             resident_mb: env_u64("VSNAP_ENGINE_RESIDENT_MB")?,
             zero_mb: env_u64("VSNAP_ENGINE_ZERO_MB")?,
+            resident_huge: env_u64("VSNAP_ENGINE_RESIDENT_HUGE")? != 0,
             shm_kb: env_u64("VSNAP_ENGINE_SHM_KB")?,
             shm_named: env_u64("VSNAP_ENGINE_SHM_NAMED")? != 0,
         })
@@ -89,7 +94,7 @@ impl Engine {
     /// Burns the configured start-up time, then loads weights and state.
     pub fn initialize(config: EngineConfig) -> Result<Self, Failure> {
         burn_cpu(Duration::from_millis(config.init_ms));
-        let resident = Resident::generate(config.resident_mb)?;
+        let resident = Resident::generate(config.resident_mb, config.resident_huge)?;
         let zero = ZeroBlock::allocate(config.zero_mb)?;
         let shm = UnlinkedShm::create(config.shm_kb, config.shm_named)?;
         let mut engine = Engine {
@@ -175,7 +180,7 @@ impl Engine {
 /// Resident data: a splitmix64 stream (non-zero, incompressible, so a checkpoint must carry
 /// every page of it) and the checksum it had when generated.
 struct Resident {
-    words: Vec<u64>,
+    words: Words,
     checksum: u64,
 }
 
@@ -183,21 +188,24 @@ struct Resident {
 const RESIDENT_SEED: u64 = 0x7673_6e61_7000_00a5;
 
 impl Resident {
-    fn generate(mb: u64) -> Result<Self, Failure> {
+    fn generate(mb: u64, huge: bool) -> Result<Self, Failure> {
         let words = usize::try_from(mb)
             .ok()
             .and_then(|mb| mb.checked_mul(1 << 17))
             .ok_or_else(|| Failure::engine("VSNAP_ENGINE_RESIDENT_MB is too large"))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(words)
-            .map_err(|e| Failure::engine(format!("cannot allocate resident data: {e}")))?;
         let mut rng = SplitMix64::new(RESIDENT_SEED);
         // splitmix64 outputs zero for one input in 2^64; keep every word non-zero anyway.
-        data.extend((0..words).map(|_| rng.next_u64() | 1));
+        let data = Words::generate(words, huge && words > 0, || rng.next_u64() | 1)
+            .map_err(|e| Failure::engine(format!("cannot allocate resident data: {e}")))?;
         let checksum = checksum(&data);
         if mb > 0 {
+            // The bounds of a huge-page eligible block, for a test to find it
+            // in /proc/<pid>/smaps.
+            let at = data.range().map_or(String::new(), |(s, e)| {
+                format!(", huge pages advised at {s:#x}-{e:#x}")
+            });
             log(&format!(
-                "resident data: {mb} MiB, checksum {checksum:016x} (kept, never released)"
+                "resident data: {mb} MiB, checksum {checksum:016x} (kept, never released){at}"
             ));
         }
         Ok(Resident {
@@ -282,22 +290,26 @@ mod tests {
 
     #[test]
     fn resident_data_is_deterministic_and_verified() {
-        let a = Resident::generate(2).unwrap();
-        let b = Resident::generate(2).unwrap();
+        let a = Resident::generate(2, false).unwrap();
+        let b = Resident::generate(2, false).unwrap();
         assert_eq!(a.words.len(), 2 << 17);
         assert_eq!(a.checksum, b.checksum);
         assert_eq!(a.words, b.words);
         // Pinned: a change of the stream or the checksum shows up here.
         assert_eq!(a.checksum, 0xdeab_3984_51bc_0a56);
         assert_eq!(
-            Resident::generate(1).unwrap().checksum,
-            Resident::generate(1).unwrap().checksum
+            Resident::generate(1, false).unwrap().checksum,
+            Resident::generate(1, false).unwrap().checksum
         );
-        assert_ne!(a.checksum, Resident::generate(1).unwrap().checksum);
+        assert_ne!(a.checksum, Resident::generate(1, false).unwrap().checksum);
         assert!(a.words.iter().all(|&w| w != 0));
+        // In a huge-page eligible mapping: the same words.
+        let h = Resident::generate(2, true).unwrap();
+        assert_eq!((h.checksum, &h.words[..]), (a.checksum, &a.words[..]));
+        assert!(h.words.range().is_some() && a.words.range().is_none());
         a.verify().unwrap();
-        assert_eq!(Resident::generate(0).unwrap().words.len(), 0);
-        Resident::generate(0).unwrap().verify().unwrap();
+        assert_eq!(Resident::generate(0, false).unwrap().words.len(), 0);
+        Resident::generate(0, false).unwrap().verify().unwrap();
     }
 
     #[test]
@@ -317,7 +329,7 @@ mod tests {
         assert!(err.message.contains("resident data checksum"), "{err}");
         assert!(engine.model().is_err());
         // Swapped words are caught too (the checksum is order-sensitive).
-        let mut r = Resident::generate(1).unwrap();
+        let mut r = Resident::generate(1, false).unwrap();
         r.words.swap(0, 1);
         assert!(r.verify().is_err());
     }

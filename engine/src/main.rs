@@ -17,6 +17,7 @@ mod shm;
 mod startup;
 mod watch;
 mod weights_file;
+mod words;
 mod zero_block;
 
 use std::net::TcpListener;

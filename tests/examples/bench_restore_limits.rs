@@ -7,6 +7,10 @@
 //!   freshly mapped anonymous memory, one thread per core, 4 KiB pages,
 //!   from the page cache (`vsnap_e2e::bench::fill`), right before each round
 //!   of warm restores; the median;
+//! - **huge-page fill limit**: the same into a mapping advised
+//!   `MADV_HUGEPAGE`, right after it; the restores of a second artifact,
+//!   the engine's resident block advised `MADV_HUGEPAGE`
+//!   (`VSNAP_ENGINE_RESIDENT_HUGE=1`), are held to it;
 //! - **disk**: the cold read of all the image files (after dropping the
 //!   page cache), by `cat images/*` and by `dd bs=16M` of each file, right
 //!   before each round of cold restores; the faster of the two medians;
@@ -79,8 +83,9 @@ impl Restore {
     }
 }
 
-fn restore(e: &Env, id: &str, resident: &str) -> Restore {
-    let cmd = e.run_command(id, "restore", "big", free_port(), &["--env", resident], &[]);
+fn restore(e: &Env, id: &str, artifact: &str, env: &[String]) -> Restore {
+    let extra: Vec<&str> = env.iter().flat_map(|kv| ["--env", kv.as_str()]).collect();
+    let cmd = e.run_command(id, "restore", artifact, free_port(), &extra, &[]);
     let unix = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -171,6 +176,11 @@ struct Case {
     /// The shim binary containerd runs for them (`BENCH_AGAINST`), else the
     /// one under test.
     shim: Option<PathBuf>,
+    /// The engine's resident block advised `MADV_HUGEPAGE` (its own
+    /// artifact): held to the huge-page fill limit.
+    huge: bool,
+    /// Its artifact's image bytes.
+    bytes: u64,
     warm: Vec<Restore>,
     cold: Vec<Restore>,
 }
@@ -192,6 +202,8 @@ fn main() {
         config: base.clone(),
         criu_cache: true,
         shim: None,
+        huge: false,
+        bytes: 0,
         warm: Vec::new(),
         cold: Vec::new(),
     }];
@@ -206,6 +218,8 @@ fn main() {
             config: base.clone(),
             criu_cache: false,
             shim: None,
+            huge: false,
+            bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
         });
@@ -215,6 +229,8 @@ fn main() {
             config: format!("{base}{}\n", compare.trim()),
             criu_cache: true,
             shim: None,
+            huge: false,
+            bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
         });
@@ -227,16 +243,38 @@ fn main() {
             config: base.clone(),
             criu_cache: true,
             shim: Some(against),
+            huge: false,
+            bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
         });
     }
-    eprintln!("bench: creating the artifact ({resident})");
+    // The same engine with its resident block eligible for huge pages.
+    cases.push(Case {
+        name: "resident block `MADV_HUGEPAGE`".into(),
+        config: base.clone(),
+        criu_cache: true,
+        shim: None,
+        huge: true,
+        bytes: 0,
+        warm: Vec::new(),
+        cold: Vec::new(),
+    });
+    let huge_env = [resident.clone(), "VSNAP_ENGINE_RESIDENT_HUGE=1".to_string()];
+    eprintln!("bench: creating the artifacts ({resident}, and with huge pages advised)");
     e.create_good("donor", "big", &[&resident]);
+    e.create_good("donor-huge", "big-huge", &[&huge_env[0], &huge_env[1]]);
     let images = e.artifact("big").join("images");
     let files = image_files(&images);
     let bytes: u64 = files.iter().map(|f| f.1).sum();
     let largest = files.iter().max_by_key(|f| f.1).unwrap().clone();
+    let huge_bytes: u64 = image_files(&e.artifact("big-huge").join("images"))
+        .iter()
+        .map(|f| f.1)
+        .sum();
+    for c in &mut cases {
+        c.bytes = if c.huge { huge_bytes } else { bytes };
+    }
     let dir = images.display().to_string();
 
     let dd_all = format!(
@@ -244,6 +282,7 @@ fn main() {
     );
     let cat_all = format!("cat '{dir}'/* > /dev/null");
     let (mut fills, mut cat, mut dd) = (Vec::new(), Vec::new(), Vec::new());
+    let mut huge_fills = Vec::new();
 
     // Per round: the fill limit, then each case warm (ABBA across rounds);
     // then, while cold runs are due, the disk's cold rate and each case
@@ -272,6 +311,8 @@ fn main() {
                 eprintln!("bench: the fill limit");
                 let (b, s) = fill(std::slice::from_ref(&largest.0), cores, false);
                 fills.push(gbs(b, s));
+                let (b, s) = fill(std::slice::from_ref(&largest.0), cores, true);
+                huge_fills.push(gbs(b, s));
                 fills[fills.len() - 1]
             };
             for &k in &order {
@@ -293,9 +334,14 @@ fn main() {
                 }
                 let state = if cold { "cold" } else { "warm" };
                 eprintln!("bench: restore {id}, {state} page cache, {}", cases[k].name);
+                let (artifact, env, limit) = match cases[k].huge {
+                    true if !cold => ("big-huge", &huge_env[..], huge_fills[huge_fills.len() - 1]),
+                    true => ("big-huge", &huge_env[..], limit),
+                    false => ("big", std::slice::from_ref(&resident), limit),
+                };
                 let r = Restore {
                     limit,
-                    ..restore(&e, &id, &resident)
+                    ..restore(&e, &id, artifact, env)
                 };
                 match cold {
                     true => cases[k].cold.push(r),
@@ -330,6 +376,8 @@ fn main() {
         largest: largest.1,
         fill_limit: median(fills.clone()),
         fills,
+        huge_fill_limit: median(huge_fills.clone()),
+        huge_fills,
         disk: median(cat.clone()).max(median(dd.clone())),
         cat,
         dd,
@@ -348,6 +396,8 @@ struct Report {
     largest: u64,
     fills: Vec<f64>,
     fill_limit: f64,
+    huge_fills: Vec<f64>,
+    huge_fill_limit: f64,
     cat: Vec<f64>,
     dd: Vec<f64>,
     disk: f64,
@@ -399,6 +449,11 @@ fn report(r: &Report) {
         r.fill_limit
     );
     println!(
+        "| fill as above, the mapping `MADV_HUGEPAGE` (huge pages) | {} | {:.2} |",
+        list(&r.huge_fills),
+        r.huge_fill_limit
+    );
+    println!(
         "| disk, cold: `cat images/*` | {} | {:.2} |",
         list(&r.cat),
         median(r.cat.clone())
@@ -412,17 +467,21 @@ fn report(r: &Report) {
     println!("| configuration | page cache | n | image bytes / (wall - activation), GB/s | against | ratio | each against its round's limit, median |");
     println!("|---|---|---:|---:|---|---:|---:|");
     for c in &r.cases {
+        let warm = match c.huge {
+            true => ("huge-page fill limit", r.huge_fill_limit),
+            false => ("fill limit", r.fill_limit),
+        };
         for (state, rs, limit_name, limit) in [
-            ("warm", &c.warm, "fill limit", r.fill_limit),
+            ("warm", &c.warm, warm.0, warm.1),
             ("cold", &c.cold, "disk", r.disk),
         ] {
-            let gbs = throughput(r.bytes, rs);
+            let gbs = throughput(c.bytes, rs);
             println!(
                 "| {} | {state} | {} | {gbs:.2} | {limit_name} {limit:.2} | **{:.2}** | **{:.2}** |",
                 c.name,
                 rs.len(),
                 gbs / limit,
-                paired(r.bytes, rs)
+                paired(c.bytes, rs)
             );
         }
     }

@@ -14,6 +14,7 @@ mod events;
 mod fleet;
 mod gpu_path;
 mod hooks;
+mod huge_pages;
 mod labels;
 mod lifecycle;
 mod lifecycle_faults;

@@ -160,18 +160,37 @@ pub fn parse_pagemap(bytes: &[u8]) -> Result<(u32, Vec<PagemapEntry>), String> {
 
 /// `mm-<pid>.img`: the VMAs as `(start, end)`, sorted.
 pub fn parse_vmas(bytes: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+    Ok(parse_vma_entries(bytes)?
+        .into_iter()
+        .map(|v| (v.start, v.end))
+        .collect())
+}
+
+/// A VMA of a task's `mm-<pid>.img`: its bounds and its madvise bits
+/// (`1 << MADV_HUGEPAGE` and the like, as CRIU records them from
+/// `/proc/<pid>/smaps`' `VmFlags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    pub madv: u64,
+}
+
+/// `mm-<pid>.img`: the VMAs, sorted.
+pub fn parse_vma_entries(bytes: &[u8]) -> Result<Vec<Vma>, String> {
     let mm: pb::MmEntry = decode(
         messages(bytes, MM_MAGIC)?.next().ok_or("no mm entry")??,
         "mm entry",
     )?;
     let mut vmas = Vec::with_capacity(mm.vmas.len());
     for vma in mm.vmas {
-        vmas.push((
-            vma.start.ok_or("a VMA has no start")?,
-            vma.end.ok_or("a VMA has no end")?,
-        ));
+        vmas.push(Vma {
+            start: vma.start.ok_or("a VMA has no start")?,
+            end: vma.end.ok_or("a VMA has no end")?,
+            madv: vma.madv.unwrap_or(0),
+        });
     }
-    vmas.sort_unstable();
+    vmas.sort_unstable_by_key(|v| (v.start, v.end));
     Ok(vmas)
 }
 
@@ -254,6 +273,9 @@ pub(super) mod pb {
         /// CRIU's `VMA_*` status bits (`criu/include/image.h`).
         #[prost(uint32, optional, tag = "7")]
         pub status: Option<u32>,
+        /// The madvise bits (`1 << MADV_*`).
+        #[prost(uint64, optional, tag = "9")]
+        pub madv: Option<u64>,
     }
 }
 
@@ -303,15 +325,26 @@ pub mod testing {
         m
     }
 
-    /// An `mm_entry` holding one VMA `[start, end)`.
+    /// An `mm_entry` holding VMAs `[start, end)` with their madvise bits
+    /// (left out where `None`, as CRIU leaves them out when empty).
+    /// An mm image's body with one VMA, no madvise bits.
     pub fn mm(start: u64, end: u64) -> Vec<u8> {
-        let mut vma = Vec::new();
-        field(1, start, &mut vma);
-        field(2, end, &mut vma);
+        mm_advised(&[(start, end, None)])
+    }
+
+    pub fn mm_advised(vmas: &[(u64, u64, Option<u64>)]) -> Vec<u8> {
         let mut mm = Vec::new();
-        varint((14 << 3) | 2, &mut mm);
-        varint(vma.len() as u64, &mut mm);
-        mm.extend(vma);
+        for &(start, end, madv) in vmas {
+            let mut vma = Vec::new();
+            field(1, start, &mut vma);
+            field(2, end, &mut vma);
+            if let Some(m) = madv {
+                field(9, m, &mut vma);
+            }
+            varint((14 << 3) | 2, &mut mm);
+            varint(vma.len() as u64, &mut mm);
+            mm.extend(vma);
+        }
         mm
     }
 }
@@ -398,6 +431,18 @@ mod tests {
         mm.extend(&vma);
         let bytes = image(MM_MAGIC, &[mm]);
         assert_eq!(parse_vmas(&bytes).unwrap(), vec![(0x7000, 0x9000)]);
+    }
+
+    #[test]
+    fn a_vmas_madvise_bits_are_field_9_and_absent_reads_as_none() {
+        let mm = mm_advised(&[
+            (0x20_0000, 0x60_0000, Some(1 << 14)),
+            (0x1000, 0x2000, None),
+        ]);
+        let vmas = parse_vma_entries(&image(MM_MAGIC, &[mm])).unwrap();
+        let want = [(0x1000, 0x2000, 0), (0x20_0000, 0x60_0000, 1 << 14)];
+        let got: Vec<_> = vmas.iter().map(|v| (v.start, v.end, v.madv)).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -47,6 +47,7 @@ impl RestoreTimings {
             "rootfs_ms": ms(self.rootfs),
             "page_fill_ms": self.pages.map(|p| ms(p.fill)),
             "pages_placed_bytes": self.pages.map(|p| p.bytes),
+            "pages_huge_eligible_bytes": self.pages.map(|p| p.huge_bytes),
             "page_faults_served": self.pages.map(|p| p.faults),
             "page_server_tasks": self.pages.map(|p| p.tasks),
         });

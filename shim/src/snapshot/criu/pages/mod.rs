@@ -29,10 +29,13 @@
 //! - `task`: a restored task read from its images, and the pages files of
 //!   an image folder;
 //! - `place`: `UFFDIO_COPY`, early faults and the poll over the tasks;
+//! - `huge`: the VMAs eligible for huge pages, unregistered and written
+//!   through the kernel's fault path instead;
 //! - `verify`: the pages files read chunk by chunk against their digests;
 //! - `server`: the threads;
 //! - `outcome`: what was placed, or why not.
 
+mod huge;
 mod outcome;
 mod place;
 mod protocol;

@@ -9,6 +9,9 @@ use vsnap_artifact::ArtifactError;
 pub struct Placed {
     pub tasks: usize,
     pub bytes: u64,
+    /// Of `bytes`, those in VMAs eligible for huge pages, written through
+    /// the kernel's fault path (`huge.rs`) rather than `UFFDIO_COPY`.
+    pub huge_bytes: u64,
     pub faults: u64,
     /// From the end of CRIU's restore to the last page in place.
     pub fill: Duration,

@@ -34,6 +34,11 @@ struct UffdioCopy {
 /// (a page a task touched before its chunk was placed; the chunk is
 /// checked against its digest all the same before the tree runs).
 fn place(task: &Task, vaddr: u64, len: u64, offset: u64, buf: &mut Buffer) -> Result<(), String> {
+    if task.huge.as_ref().is_some_and(|h| h.holds(vaddr)) {
+        // No more registered: the kernel's own fault resolved it, a filler
+        // writes the bytes.
+        return Ok(());
+    }
     let data = &mut buf.as_mut()[..len as usize];
     task.pages.read_exact_at(data, offset).map_err(|e| {
         format!(
@@ -45,8 +50,12 @@ fn place(task: &Task, vaddr: u64, len: u64, offset: u64, buf: &mut Buffer) -> Re
 }
 
 /// `UFFDIO_COPY` of `data` (page-aligned) to `vaddr` of `task`. A page
-/// already there was placed by this server with the same bytes.
+/// already there was placed by this server with the same bytes. In a VMA
+/// taken for huge pages (`super::huge`), a write instead.
 pub(super) fn copy(task: &Task, vaddr: u64, data: &[u8]) -> Result<(), String> {
+    if let Some(h) = task.huge.as_ref().filter(|h| h.holds(vaddr)) {
+        return h.write(task.pid, vaddr, data);
+    }
     let len = data.len() as u64;
     let mut done = 0u64;
     while done < len {

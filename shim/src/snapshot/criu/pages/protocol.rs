@@ -32,6 +32,10 @@ pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixS
             Ok((conn, _)) => {
                 conn.set_nonblocking(false)
                     .map_err(|e| format!("the CRIU connection: {e}"))?;
+                // Each message then says which process sent it: a task
+                // sends its own descriptor (its host pid, for huge pages).
+                nix::sys::socket::setsockopt(&conn, nix::sys::socket::sockopt::PassCred, &true)
+                    .map_err(|e| format!("the CRIU connection: SO_PASSCRED: {e}"))?;
                 return Ok(conn);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -52,7 +56,9 @@ pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixS
 }
 
 pub(super) enum Message {
-    Task(i32, OwnedFd),
+    /// CRIU's pid of a task, its userfaultfd, and the host pid of the
+    /// process that sent them (the task itself), where the kernel said.
+    Task(i32, OwnedFd, Option<i32>),
     Zombie,
     Finished,
 }
@@ -62,7 +68,7 @@ pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
     let mut word = [0u8; 4];
     let mut got = 0;
     while got < 4 {
-        let (n, _) = recv(conn, &mut word[got..])?;
+        let (n, _, _) = recv(conn, &mut word[got..])?;
         if n == 0 {
             return Err("CRIU closed the connection before the restore finished".into());
         }
@@ -78,15 +84,19 @@ pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
     }
     let mut byte = [0u8; 1];
     match recv(conn, &mut byte)? {
-        (1, Some(fd)) => Ok(Message::Task(pid, fd)),
+        (1, Some(fd), sender) => Ok(Message::Task(pid, fd, sender)),
         _ => Err(format!("CRIU sent pid {pid} without its userfaultfd")),
     }
 }
 
-/// `recvmsg` of up to `buf.len()` bytes and at most one descriptor.
-fn recv(conn: &UnixStream, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), String> {
+/// `recvmsg` of up to `buf.len()` bytes, at most one descriptor, and the
+/// sender's pid.
+fn recv(
+    conn: &UnixStream,
+    buf: &mut [u8],
+) -> Result<(usize, Option<OwnedFd>, Option<i32>), String> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut space = nix::cmsg_space!(RawFd);
+    let mut space = nix::cmsg_space!(RawFd, libc::ucred);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<()>(
         conn.as_raw_fd(),
@@ -95,15 +105,19 @@ fn recv(conn: &UnixStream, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>), S
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(|e| format!("receive from CRIU: {e}"))?;
-    let mut fd = None;
+    let (mut fd, mut sender) = (None, None);
     for c in msg.cmsgs().map_err(|e| format!("receive from CRIU: {e}"))? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for raw in fds {
-                // SAFETY: a descriptor just received, owned by nobody else.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned);
+        match c {
+            ControlMessageOwned::ScmRights(fds) => {
+                for raw in fds {
+                    // SAFETY: a descriptor just received, owned by nobody else.
+                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                    fd.get_or_insert(owned);
+                }
             }
+            ControlMessageOwned::ScmCredentials(c) if c.pid() > 0 => sender = Some(c.pid()),
+            _ => {}
         }
     }
-    Ok((msg.bytes, fd))
+    Ok((msg.bytes, fd, sender))
 }

@@ -89,6 +89,15 @@ fn serve(
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
     let tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
     let started = Instant::now();
+    // The tree is stopped now: the VMAs eligible for huge pages leave the
+    // userfaultfd (a fault already queued is served first), the fillers
+    // write them.
+    for t in &tasks {
+        if let Some(h) = &t.huge {
+            serve_faults(t, &mut fault_buf, &faults)?;
+            h.take(t.pid, &t.uffd)?;
+        }
+    }
     let files = pages_files(images, &tasks, verify.as_ref())?;
     let dir = verify.map(|v| v.dir).unwrap_or_default();
     let fill = Fill {
@@ -106,6 +115,10 @@ fn serve(
     Ok(Placed {
         tasks: tasks.len(),
         bytes: tasks.iter().map(|t| t.lazy.bytes()).sum(),
+        huge_bytes: tasks
+            .iter()
+            .filter_map(|t| t.huge.as_ref().map(|h| h.bytes(&t.lazy)))
+            .sum(),
         faults: faults.load(Ordering::Relaxed),
         fill: started.elapsed(),
     })
@@ -131,7 +144,9 @@ fn take_tasks(
         }
         if ready.contains(&usize::MAX) {
             match receive(conn)? {
-                Message::Task(pid, uffd) => tasks.push(Task::open(images, pid, uffd)?),
+                Message::Task(pid, uffd, sender) => {
+                    tasks.push(Task::open(images, pid, uffd, sender)?)
+                }
                 Message::Zombie => {}
                 Message::Finished => return Ok(tasks),
             }
@@ -422,6 +437,38 @@ mod tests {
         send_task(&mut conn, 10, &r.uffd);
         let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("pagemap-10.img"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_advised_region_is_written_whole_as_huge_pages_not_copied() {
+        use super::super::testing::{huge_region, write_images_advised};
+        let dir = tempfile::tempdir().unwrap();
+        let len = 8 << 20;
+        let r = huge_region(len);
+        // CRIU's pid is this process's own here: the kernel's pid of the
+        // sender (this process) matches it.
+        let me = std::process::id() as i32;
+        let data = write_images_advised(dir.path(), me, &r, Some(1 << libc::MADV_HUGEPAGE));
+        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, me, &r.uffd);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        let placed = server.finish(deadline()).await.unwrap();
+        assert_eq!((placed.bytes, placed.huge_bytes), (len as u64, len as u64));
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..], "the region holds the image's bytes");
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let at = smaps.find(&format!("{:x}-", r.addr as usize)).unwrap();
+        let huge: u64 = smaps[at..]
+            .lines()
+            .find_map(|l| l.strip_prefix("AnonHugePages:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        assert!(
+            huge * 1024 >= len as u64 / 2,
+            "{huge} kB of {len} bytes huge"
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::path::Path;
 
 use crate::snapshot::criu::images::{self, LazyPages};
 
+use super::huge::Huge;
+
 /// One restored task: its userfaultfd, pages file and lazy ranges.
 pub(super) struct Task {
     pub(super) pid: i32,
@@ -17,11 +19,21 @@ pub(super) struct Task {
     pub(super) pages_rel: String,
     pub(super) pages: File,
     pub(super) lazy: LazyPages,
+    /// Its VMAs eligible for huge pages, written rather than copied.
+    pub(super) huge: Option<Huge>,
 }
 
 impl Task {
-    pub(super) fn open(images: &Path, pid: i32, uffd: OwnedFd) -> Result<Self, String> {
+    /// Task `pid` (CRIU's, as its images name it), sent by host pid
+    /// `sender` where the kernel said.
+    pub(super) fn open(
+        images: &Path,
+        pid: i32,
+        uffd: OwnedFd,
+        sender: Option<i32>,
+    ) -> Result<Self, String> {
         let lazy = images::lazy_pages(images, pid)?;
+        let huge = Huge::open(images, pid, sender, &lazy)?;
         let name = format!("pages-{}.img", lazy.pages_id);
         let path = images.join(&name);
         let pages = File::options()
@@ -35,6 +47,7 @@ impl Task {
             pages_rel: format!("images/{name}"),
             pages,
             lazy,
+            huge,
         })
     }
 }

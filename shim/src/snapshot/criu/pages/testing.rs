@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::snapshot::criu::images::testing::{entry, image, mm};
+use crate::snapshot::criu::images::testing::{entry, image, mm_advised};
 use crate::snapshot::criu::images::{self, PAGE_SIZE};
 
 use super::protocol::SOCKET_NAME;
@@ -40,17 +40,56 @@ impl Drop for Region {
 /// `len` bytes of fresh anonymous memory whose missing pages go to the
 /// returned userfaultfd.
 pub fn region(len: usize, features: u64) -> Region {
-    // SAFETY: plain syscalls on memory and descriptors this test owns.
-    unsafe {
-        let addr = libc::mmap(
+    // SAFETY: a fresh mapping this test owns.
+    let addr = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED);
+    register(addr, len, features)
+}
+
+/// As [`region`], 2 MiB aligned and advised `MADV_HUGEPAGE` (as CRIU's
+/// restorer leaves a VMA the engine advised).
+pub fn huge_region(len: usize) -> Region {
+    const HUGE: usize = 2 << 20;
+    // SAFETY: a fresh mapping this test owns, trimmed to an aligned part.
+    unsafe {
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            len + HUGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
         );
-        assert_ne!(addr, libc::MAP_FAILED);
+        assert_ne!(base, libc::MAP_FAILED);
+        let start = (base as usize).div_ceil(HUGE) * HUGE;
+        if start > base as usize {
+            libc::munmap(base, start - base as usize);
+        }
+        let tail = base as usize + len + HUGE - (start + len);
+        if tail > 0 {
+            libc::munmap((start + len) as *mut libc::c_void, tail);
+        }
+        assert_eq!(
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE),
+            0
+        );
+        register(start as *mut libc::c_void, len, 0)
+    }
+}
+
+/// Registers `len` bytes at `addr` with a new userfaultfd.
+fn register(addr: *mut libc::c_void, len: usize, features: u64) -> Region {
+    // SAFETY: plain syscalls on memory and descriptors this test owns.
+    unsafe {
         let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
         assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
         let uffd = OwnedFd::from_raw_fd(fd as RawFd);
@@ -73,6 +112,11 @@ pub fn region(len: usize, features: u64) -> Region {
 /// the region's bytes start one page into the pages file), then the
 /// region, lazy. Returns the region's expected bytes.
 pub fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
+    write_images_advised(dir, pid, r, None)
+}
+
+/// As [`write_images`], the region's VMA with madvise bits `madv`.
+pub fn write_images_advised(dir: &Path, pid: i32, r: &Region, madv: Option<u64>) -> Vec<u8> {
     let data: Vec<u8> = (0..r.len).map(|i| (i * 7 + i / 4096) as u8).collect();
     let start = r.addr as u64;
     let pagemap = image(
@@ -88,7 +132,7 @@ pub fn write_images(dir: &Path, pid: i32, r: &Region) -> Vec<u8> {
         ],
     );
     std::fs::write(dir.join(format!("pagemap-{pid}.img")), pagemap).unwrap();
-    let mm = mm(start, start + r.len as u64);
+    let mm = mm_advised(&[(start, start + r.len as u64, madv)]);
     std::fs::write(
         dir.join(format!("mm-{pid}.img")),
         image(images::MM_MAGIC, &[mm]),

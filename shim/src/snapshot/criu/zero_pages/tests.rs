@@ -85,6 +85,7 @@ fn write_task(dir: &Path, pid: u32, vmas: &[(u64, u64, (u32, u32))], ranges: &[R
                 end: Some(end),
                 flags: Some(flags),
                 status: Some(status),
+                madv: None,
             })
             .collect(),
     };
@@ -287,6 +288,7 @@ fn only_plain_private_anonymous_vmas_are_elidable() {
                 end: Some(0x2000),
                 flags: Some(flags),
                 status: Some(status),
+                madv: None,
             }],
         };
         elidable(&image(MM_MAGIC, &[m.encode_to_vec()])).unwrap()
