@@ -31,8 +31,10 @@
 //! - `place`: `UFFDIO_COPY`, early faults and the poll over the tasks;
 //! - `verify`: the pages files read chunk by chunk against their digests;
 //! - `server`: the threads;
+//! - `budget`: the host's filler slots, shared by every restore's server;
 //! - `outcome`: what was placed, or why not.
 
+mod budget;
 mod outcome;
 mod place;
 mod protocol;
@@ -42,7 +44,8 @@ mod task;
 mod testing;
 mod verify;
 
+pub use budget::{Budget, MAX_SLOTS as MAX_FILLERS};
 pub use outcome::{PlaceError, Placed};
-pub use server::PageServer;
+pub use server::{Fillers, PageServer};
 pub use task::task_pages_files;
 pub use verify::Verification;
