@@ -145,6 +145,7 @@ fn main() {
         });
     }
     let reference = answers(HostEngine::start().port);
+    e.mount_points_in_rootfs();
     eprintln!("bench: creating the artifact ({resident})");
     e.create_good("donor", "big", &[&resident]);
     let largest = vsnap_e2e::snapshot_env::largest_image(&e.artifact("big"), true);
@@ -232,7 +233,11 @@ fn report(cores: usize, copies: usize, image_bytes: u64, fills: &[f64], cases: &
         println!("|---|---:|---:|---:|");
         let all: Vec<&Copy> = c.rounds.iter().flat_map(|r| &r.copies).collect();
         let row = |name: &str, f: &dyn Fn(&Copy) -> f64| {
-            let xs: Vec<f64> = all.iter().map(|c| f(c)).collect();
+            let xs: Vec<f64> = all.iter().map(|c| f(c)).filter(|x| !x.is_nan()).collect();
+            if xs.is_empty() {
+                println!("| {name} | - | - | - |");
+                return;
+            }
             let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
             let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             println!(

@@ -61,6 +61,7 @@ fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_e
     let line = format!("runtime_dir = \"{}\"\n", runtime.display());
     std::fs::write(&e.config, config + &line).unwrap();
     let reference = answers(HostEngine::start().port);
+    e.mount_points_in_rootfs();
     e.create_good("cc-donor", "shared", &[RESIDENT]);
 
     let cores = std::thread::available_parallelism().map_or(1, usize::from);

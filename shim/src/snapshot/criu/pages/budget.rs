@@ -74,6 +74,7 @@ impl Budget {
     }
 
     /// How many fillers of the host may place pages at once.
+    #[cfg(test)]
     pub fn slots(&self) -> usize {
         self.slots
     }
