@@ -11,6 +11,9 @@ use crate::tenants::TenantPolicy;
 /// The default artifact root.
 pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/vsnap/artifacts";
 
+/// The default folder of the shims' host-wide runtime state.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/vsnap";
+
 /// Read when containerd passes no runtime options and this file exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vsnap/config.toml";
 
@@ -82,6 +85,11 @@ pub struct RuntimeConfig {
     /// one thread per core, CRIU in lazy-pages mode) or `criu` (CRIU alone,
     /// one thread). GPU restores always use `criu`.
     pub page_placement: PagePlacement,
+    /// Where the shims of this host keep what they share (root-only): the
+    /// page servers' filler budget (`fillers/`: one slot per core, at most
+    /// 8, for every restore of the host together). Every shim of a host
+    /// must name the same folder; a test names its own.
+    pub runtime_dir: PathBuf,
     /// Refuse a restore, in its preflight before CRIU runs, when the
     /// container's memory limit (or one of its parent cgroups') is below
     /// what the artifact's tree held at capture (its manifest's `memory`).
@@ -229,6 +237,7 @@ impl Default for RuntimeConfig {
             rootfs_diff_limit_bytes: 4 << 30,
             donor_stop_grace_s: 10,
             page_placement: PagePlacement::Parallel,
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             memory_preflight: true,
             elide_zero_pages: true,
             pull_timeout_s: 900,
@@ -296,6 +305,12 @@ impl RuntimeConfig {
                     root.display()
                 )));
             }
+        }
+        if !self.runtime_dir.is_absolute() {
+            return Err(invalid(format!(
+                "runtime_dir: {} is not an absolute path",
+                self.runtime_dir.display()
+            )));
         }
         if !self.artifact_root.is_absolute() {
             return Err(invalid(format!(

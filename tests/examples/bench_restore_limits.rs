@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vsnap_e2e::bench::{criu_cache, criu_cache_off, drop_caches, env_num, fill, median};
+use vsnap_e2e::bench::{criu_cache, criu_cache_off, drop_caches, env_num, fill, median, use_shim};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{setup, Env};
@@ -126,18 +126,6 @@ fn restore(e: &Env, id: &str, artifact: &str, env: &[String]) -> Restore {
         after_shim: (ended - at("recorded_unix_s")) * 1000.0,
         limit: f64::NAN,
     }
-}
-
-/// Points containerd's shim (a link in the instance's `bin`, which
-/// containerd runs for each new container) at `shim`, or back at the one
-/// under test.
-fn use_shim(e: &Env, shim: Option<&Path>) {
-    let link = e.c.dir.join("bin").join(vsnap_e2e::containerd::SHIM_NAME);
-    let target = shim.map_or_else(vsnap_e2e::containerd::shim_binary, Path::to_path_buf);
-    let tmp = link.with_extension("next");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp).unwrap();
-    std::fs::rename(tmp, link).unwrap();
 }
 
 /// Seconds `sh -c script` took (it must succeed).

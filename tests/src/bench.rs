@@ -61,6 +61,18 @@ pub fn criu_cache_off(path: &Path) {
     }
 }
 
+/// Points containerd's shim (a link in the instance's `bin`, which
+/// containerd runs for each new container) at `shim`, or back at the one
+/// under test (`BENCH_AGAINST`: the build before a change).
+pub fn use_shim(e: &crate::snapshot_env::Env, shim: Option<&Path>) {
+    let link = e.c.dir.join("bin").join(crate::containerd::SHIM_NAME);
+    let target = shim.map_or_else(shim_binary, Path::to_path_buf);
+    let tmp = link.with_extension("next");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    std::fs::rename(tmp, link).unwrap();
+}
+
 /// Drops the page cache, machine-wide (`sync; echo 3 > drop_caches`), so
 /// that the next read of a file comes from the disk.
 pub fn drop_caches() {

@@ -184,6 +184,23 @@ impl Env {
         std::fs::read(self.manifest(name)).unwrap()
     }
 
+    /// Gives the shared root filesystem the mount points `ctr --net-host`
+    /// binds (`/etc/hosts`, `/etc/resolv.conf`), for restores started at
+    /// once from this one folder: where they are missing, runc makes them
+    /// around its restore, and one restore of the folder failed its bind
+    /// ("mount /etc/hosts:/etc/hosts ...: no such file or directory") while
+    /// seven others restored from it. A snapshotter gives each container a
+    /// root of its own; before the capture, so the copies see what it saw.
+    pub fn mount_points_in_rootfs(&self) {
+        let etc = Path::new(&self.rootfs).join("etc");
+        std::fs::create_dir_all(&etc).unwrap();
+        for f in ["hosts", "resolv.conf"] {
+            if !etc.join(f).exists() {
+                std::fs::write(etc.join(f), "").unwrap();
+            }
+        }
+    }
+
     /// The operator CLI (`vsnap --root <this test's artifact root> ARGS`).
     pub fn vsnap(&self, args: &[&str]) -> crate::cmd::CmdOutput {
         let bin = crate::containerd::shim_binary().with_file_name("vsnap");

@@ -6,6 +6,7 @@ mod bad_input;
 mod barrier;
 mod checkpoint;
 mod clocks;
+mod concurrent_restores;
 mod containerd_restart;
 mod cri;
 mod cri_tenants;

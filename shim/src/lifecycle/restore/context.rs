@@ -285,6 +285,7 @@ fn restore_job(
         cgroups_path,
         prepared: Some(prepared),
         place_pages,
+        runtime_dir: plan.map(|r| r.runtime_dir.clone()),
         page_verification,
         placed: None,
         // Its own token below the kill's: the verification stops CRIU

@@ -15,7 +15,9 @@ use crate::runc::{CheckpointFlags, RestoreFiles, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
-use crate::snapshot::criu::pages::{PageServer, PlaceError, Placed, Verification};
+use crate::snapshot::criu::pages::{
+    Budget, Fillers, PageServer, PlaceError, Placed, Verification, MAX_FILLERS,
+};
 use crate::snapshot::criu::restore_oom::RestoreOom;
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
@@ -32,6 +34,9 @@ pub struct RestoreJob {
     pub prepared: Option<Prepared>,
     /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
     pub place_pages: bool,
+    /// The host's shared runtime state, where the page server's fillers
+    /// take their slots of the host's budget (none: no budget).
+    pub runtime_dir: Option<PathBuf>,
     /// The pages files the page server checks against their digests while
     /// placing them (taken out of the restore's other verification).
     pub page_verification: Option<Verification>,
@@ -130,10 +135,18 @@ impl RestoreJob {
     }
 
     fn page_server(&mut self) -> Result<PageServer> {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let fail = |e| Error::FailedPrecondition(format!("restore: page server: {e}"));
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = cores.min(MAX_FILLERS);
+        // One slot per core for the whole host: eight restores at once
+        // run as many fillers together as one alone.
+        let budget = match &self.runtime_dir {
+            Some(dir) => Some(Budget::open(&dir.join("fillers"), threads).map_err(fail)?),
+            None => None,
+        };
         let verify = self.page_verification.take();
-        PageServer::start(&self.work, &self.image, threads.min(8), verify)
-            .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))
+        PageServer::start(&self.work, &self.image, Fillers { threads, budget }, verify)
+            .map_err(fail)
     }
 
     /// Waits for the page server to place every page (within the deadline,

@@ -84,6 +84,7 @@ pub(super) fn prepare_restore(
         // Only where the tree is held stopped: the page server does not
         // follow a running tree's address space (pages/).
         place_pages,
+        runtime_dir: config.runtime_dir.clone(),
         memory: found.memory,
         create_began: inputs.create_began,
         preflight: started.elapsed(),

@@ -35,6 +35,9 @@ pub struct RestorePlan {
     pub verified_at_create: Vec<String>,
     /// vsnap's page server places the memory (pages/).
     pub place_pages: bool,
+    /// The host's shared runtime state (`runtime_dir`): the page server's
+    /// filler budget is under it.
+    pub runtime_dir: PathBuf,
     /// What the artifact's tree held in memory at capture (its manifest's,
     /// when recorded), named when the restore runs out of memory.
     pub memory: Option<Memory>,

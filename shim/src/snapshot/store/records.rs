@@ -46,6 +46,7 @@ impl RestoreTimings {
             "listener_ms": ms(self.listener),
             "rootfs_ms": ms(self.rootfs),
             "page_fill_ms": self.pages.map(|p| ms(p.fill)),
+            "page_slot_wait_ms": self.pages.map(|p| ms(p.slot_wait)),
             "pages_placed_bytes": self.pages.map(|p| p.bytes),
             "pages_huge_eligible_bytes": self.pages.map(|p| p.huge_bytes),
             "page_faults_served": self.pages.map(|p| p.faults),

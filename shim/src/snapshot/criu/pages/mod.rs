@@ -33,8 +33,10 @@
 //!   through the kernel's fault path instead;
 //! - `verify`: the pages files read chunk by chunk against their digests;
 //! - `server`: the threads;
+//! - `budget`: the host's filler slots, shared by every restore's server;
 //! - `outcome`: what was placed, or why not.
 
+mod budget;
 mod huge;
 mod outcome;
 mod place;
@@ -45,7 +47,8 @@ mod task;
 mod testing;
 mod verify;
 
+pub use budget::{Budget, MAX_SLOTS as MAX_FILLERS};
 pub use outcome::{PlaceError, Placed};
-pub use server::PageServer;
+pub use server::{Fillers, PageServer};
 pub use task::task_pages_files;
 pub use verify::Verification;

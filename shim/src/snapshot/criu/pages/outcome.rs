@@ -15,6 +15,9 @@ pub struct Placed {
     pub faults: u64,
     /// From the end of CRIU's restore to the last page in place.
     pub fill: Duration,
+    /// Of `fill`, the fillers' wait for a slot of the host's budget (all
+    /// fillers' waits added up).
+    pub slot_wait: Duration,
 }
 
 /// Why pages could not be placed.

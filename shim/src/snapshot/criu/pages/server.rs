@@ -12,11 +12,28 @@ use std::time::Instant;
 
 use vsnap_artifact::content::CHUNK;
 
+use super::budget::Budget;
 use super::outcome::{PlaceError, Placed};
 use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK, FILL_CHUNK};
 use super::protocol::{accept, bind, receive, Message, SOCKET_NAME};
 use super::task::Task;
 use super::verify::{pages_files, place_chunk, PagesFile, Verification};
+
+/// How many fillers a restore's server runs, and the host's budget they
+/// take a slot of for each chunk (none: they place at will).
+pub struct Fillers {
+    pub threads: usize,
+    pub budget: Option<Budget>,
+}
+
+impl From<usize> for Fillers {
+    fn from(threads: usize) -> Self {
+        Fillers {
+            threads,
+            budget: None,
+        }
+    }
+}
 
 /// A page server listening for one restore.
 pub struct PageServer {
@@ -31,9 +48,10 @@ impl PageServer {
     pub fn start(
         work: &Path,
         images: &Path,
-        threads: usize,
+        fillers: impl Into<Fillers>,
         verify: Option<Verification>,
     ) -> Result<Self, String> {
+        let fillers = fillers.into();
         let socket = work.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&socket);
         let listener = bind(work, &socket)?;
@@ -46,7 +64,7 @@ impl PageServer {
         std::thread::Builder::new()
             .name("vsnap-pages".into())
             .spawn(move || {
-                let _ = tx.send(serve(listener, &images, threads.max(1), verify, &flag));
+                let _ = tx.send(serve(listener, &images, fillers, verify, &flag));
             })
             .map_err(|e| format!("start the page server: {e}"))?;
         Ok(PageServer {
@@ -79,7 +97,7 @@ impl Drop for PageServer {
 fn serve(
     listener: UnixListener,
     images: &Path,
-    threads: usize,
+    fillers: Fillers,
     verify: Option<Verification>,
     stop: &AtomicBool,
 ) -> Result<Placed, PlaceError> {
@@ -105,8 +123,10 @@ fn serve(
         tasks: &tasks,
         dir: &dir,
         stop,
+        budget: fillers.budget.as_ref(),
+        waited: AtomicU64::new(0),
     };
-    fill.run(threads, &mut fault_buf, &faults)?;
+    fill.run(fillers.threads.max(1), &mut fault_buf, &faults)?;
     // Anything still queued must be a fault, now satisfied.
     let mut buf = Buffer::new(FAULT_CHUNK as usize);
     for t in &tasks {
@@ -121,6 +141,7 @@ fn serve(
             .sum(),
         faults: faults.load(Ordering::Relaxed),
         fill: started.elapsed(),
+        slot_wait: std::time::Duration::from_nanos(fill.waited.load(Ordering::Relaxed)),
     })
 }
 
@@ -161,6 +182,10 @@ struct Fill<'a> {
     /// The artifact, named in a damaged chunk's error.
     dir: &'a Path,
     stop: &'a AtomicBool,
+    /// The host's filler budget: a slot held for each chunk.
+    budget: Option<&'a Budget>,
+    /// Nanoseconds the fillers waited for a slot, all together.
+    waited: AtomicU64,
 }
 
 impl Fill<'_> {
@@ -184,7 +209,10 @@ impl Fill<'_> {
         let tasks = self.tasks;
         std::thread::scope(|s| {
             let fillers: Vec<_> = (0..threads)
-                .map(|_| s.spawn(|| self.fill(&work, &next)))
+                .map(|k| {
+                    let (work, next) = (&work, &next);
+                    s.spawn(move || self.fill(k, work, next))
+                })
                 .collect();
             // Meanwhile: the faults of tasks waiting for a page.
             let serving = s.spawn(|| -> Result<(), PlaceError> {
@@ -215,10 +243,17 @@ impl Fill<'_> {
         })
     }
 
-    /// One filler: takes the next `(file, chunk)` of `work` until none is
-    /// left or the server stops.
-    fn fill(&self, work: &[(usize, usize)], next: &AtomicUsize) -> Result<(), PlaceError> {
+    /// Filler `k`: takes the next `(file, chunk)` of `work` until none is
+    /// left or the server stops, each under a slot of the budget.
+    fn fill(
+        &self,
+        k: usize,
+        work: &[(usize, usize)],
+        next: &AtomicUsize,
+    ) -> Result<(), PlaceError> {
         let mut buf = Buffer::new(FILL_CHUNK as usize);
+        // Restores start their fillers on different slots.
+        let from = std::process::id() as usize + k;
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(PlaceError::from("cancelled"));
@@ -226,9 +261,23 @@ impl Fill<'_> {
             let Some(&(file, chunk)) = work.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok(());
             };
+            let slot = self.budget.map(|b| b.take(from)).transpose()?;
+            if let Some(s) = &slot {
+                self.waited
+                    .fetch_add(s.waited.as_nanos() as u64, Ordering::Relaxed);
+                if self.stop.load(Ordering::SeqCst) {
+                    return Err(PlaceError::from("cancelled"));
+                }
+            }
             let f = &self.files[file];
             let task = f.task.map(|t| &self.tasks[t]);
             place_chunk(f, chunk, task, self.dir, &mut buf)?;
+            if slot.is_some() {
+                // The waiters were woken as it went: one of them, not this
+                // filler again, should have it next.
+                drop(slot);
+                std::thread::yield_now();
+            }
         }
     }
 }

@@ -1,0 +1,121 @@
+//! Eight restores of one artifact started at once (a node that boots with
+//! eight GPUs starts eight engines from one artifact), each its own shim,
+//! under one private containerd: every copy answers like a cold start, the
+//! shims' page servers share the host's filler budget (in this test's own
+//! `runtime_dir`), and a damaged chunk of the shared pages image refuses
+//! every copy that would run from it. Nothing is left: no process, mount,
+//! bundle, runc state, or held slot.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use vsnap_e2e::cmd::{run, CmdOutput};
+use vsnap_e2e::engine::{free_port, HostEngine};
+use vsnap_e2e::snapshot_env::{answers, assert_has, flip_middle_byte, largest_image, setup, Env};
+
+const COPIES: usize = 8;
+/// Modest: eight copies of the engine's 256 MiB.
+const RESIDENT: &str = "VSNAP_ENGINE_RESIDENT_MB=256";
+
+/// `COPIES` restores of `name` started together: each one's id, port and
+/// `ctr run -d` result, in order.
+fn restore_all(e: &Env, tag: &str, name: &str) -> Vec<(String, u16, CmdOutput)> {
+    let started: Vec<(String, u16, std::thread::JoinHandle<CmdOutput>)> = (0..COPIES)
+        .map(|k| {
+            let (id, port) = (format!("{tag}{k}"), free_port());
+            let cmd: Command = e.run_command(&id, "restore", name, port, &["--env", RESIDENT], &[]);
+            let h = std::thread::spawn(move || run(cmd, None, Duration::from_secs(300)));
+            (id, port, h)
+        })
+        .collect();
+    started
+        .into_iter()
+        .map(|(id, port, h)| (id, port, h.join().unwrap()))
+        .collect()
+}
+
+/// The budget's slot files; each one free (no shim holds it any more).
+fn slots_free(dir: &Path) -> Vec<String> {
+    let names = vsnap_e2e::containerd::list(dir);
+    for n in &names {
+        let f = std::fs::File::open(dir.join(n)).unwrap();
+        // SAFETY: flock on a descriptor this function owns.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(
+            rc,
+            0,
+            "{n} is still held: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    names
+}
+
+#[test]
+fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_each() {
+    let e = setup("concurrent");
+    let runtime = e.c.dir.join("run");
+    let config = std::fs::read_to_string(&e.config).unwrap();
+    let line = format!("runtime_dir = \"{}\"\n", runtime.display());
+    std::fs::write(&e.config, config + &line).unwrap();
+    let reference = answers(HostEngine::start().port);
+    e.mount_points_in_rootfs();
+    e.create_good("cc-donor", "shared", &[RESIDENT]);
+
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    for (id, port, out) in restore_all(&e, "cc-", "shared") {
+        assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
+        assert_eq!(answers(port), reference, "{id} answers like a cold start");
+        let timings: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(e.bundle(&id).join("vsnap-restore.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            timings["pages_placed_bytes"].as_u64() > Some(256 << 20),
+            "{id}: its page server placed the engine's memory: {timings}"
+        );
+        eprintln!("{id}: {timings}");
+    }
+    let fillers = runtime.join("fillers");
+    assert_eq!(
+        slots_free(&fillers).len(),
+        cores.min(8),
+        "one slot per core, shared by every copy's page server"
+    );
+    for k in 0..COPIES {
+        e.remove(&format!("cc-{k}"));
+    }
+
+    // One flipped byte in the pages image every copy runs from: each copy
+    // refuses, naming the file and its chunk, and none runs or listens.
+    let pages = largest_image(&e.artifact("shared"), true);
+    let rel = format!("images/{}", pages.file_name().unwrap().to_string_lossy());
+    flip_middle_byte(&pages);
+    for (id, port, out) in restore_all(&e, "cd-", "shared") {
+        assert!(!out.ok(), "{id} must not start: {out:?}");
+        assert_has(
+            &out.stderr,
+            &[
+                "restore: verify: damaged",
+                &rel,
+                "chunk",
+                "does not match its digest",
+            ],
+        );
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "nothing of {id} listens on {port}"
+        );
+        assert_eq!(e.cgroups(&id), Vec::<String>::new(), "no process of {id}");
+        e.remove(&id);
+    }
+    e.assert_nothing_left();
+    slots_free(&fillers);
+    assert_eq!(
+        vsnap_e2e::containerd::list(&runtime),
+        vec!["fillers".to_string()],
+        "nothing else in the runtime folder"
+    );
+}
