@@ -127,7 +127,9 @@ fn inspect_quarantined_reads_the_reason_and_the_manifest() {
     assert_eq!(v["quarantine"]["cause"], "host");
     let e = v["manifest_error"].as_str().unwrap();
     assert!(
-        e.contains(&format!("schema_version 99 is not {SCHEMA_VERSION}")),
+        e.contains(&format!(
+            "schema_version 99 is not an artifact format this vsnap reads (3 or {SCHEMA_VERSION})"
+        )),
         "{e}"
     );
 
