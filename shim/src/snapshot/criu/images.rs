@@ -325,13 +325,13 @@ pub mod testing {
         m
     }
 
-    /// An `mm_entry` holding VMAs `[start, end)` with their madvise bits
-    /// (left out where `None`, as CRIU leaves them out when empty).
     /// An mm image's body with one VMA, no madvise bits.
     pub fn mm(start: u64, end: u64) -> Vec<u8> {
         mm_advised(&[(start, end, None)])
     }
 
+    /// An `mm_entry` holding VMAs `[start, end)` with their madvise bits
+    /// (left out where `None`, as CRIU leaves them out when empty).
     pub fn mm_advised(vmas: &[(u64, u64, Option<u64>)]) -> Vec<u8> {
         let mut mm = Vec::new();
         for &(start, end, madv) in vmas {
