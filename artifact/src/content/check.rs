@@ -12,7 +12,10 @@ use super::hash::{chunk_count, hash_chunks, hash_chunks_until};
 use super::{Contents, FileDigest, CHUNK};
 use crate::error::{ArtifactError, Result};
 
-pub(super) fn chunk_mismatch(dir: &Path, rel: &str, chunk: usize, size: u64) -> ArtifactError {
+/// The error naming chunk `chunk` of `rel` in `dir` as damaged: what a
+/// verification says, and what a restore told of the damage by another
+/// restore of the same artifact says.
+pub fn chunk_mismatch(dir: &Path, rel: &str, chunk: usize, size: u64) -> ArtifactError {
     let start = chunk as u64 * CHUNK;
     let end = (start + CHUNK).min(size).saturating_sub(1);
     damaged(

@@ -24,7 +24,7 @@ mod stream;
 #[cfg(test)]
 mod testing;
 
-pub use check::{digest, verify, verify_except, verify_except_until, verify_sizes};
+pub use check::{chunk_mismatch, digest, verify, verify_except, verify_except_until, verify_sizes};
 pub use stream::{ChunkDigest, VerifyingReader};
 
 /// Bytes per digested chunk.
