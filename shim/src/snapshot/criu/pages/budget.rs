@@ -52,21 +52,7 @@ impl Budget {
     /// this user's or that others may write is refused: whoever could
     /// write there could hold every slot.
     pub fn open(dir: &Path, slots: usize) -> Result<Self, String> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("filler budget: create {}: {e}", dir.display()))?;
-        let md = std::fs::symlink_metadata(dir)
-            .map_err(|e| format!("filler budget: {}: {e}", dir.display()))?;
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        if !md.is_dir() || md.uid() != me || md.permissions().mode() & 0o022 != 0 {
-            return Err(format!(
-                "filler budget: {} is not a folder of uid {me} that only it may write",
-                dir.display()
-            ));
-        }
+        private_dir(dir, "filler budget")?;
         Ok(Budget {
             dir: dir.to_path_buf(),
             slots: slots.clamp(1, MAX_SLOTS),
@@ -135,6 +121,29 @@ impl Budget {
             .open(&path)
             .map_err(|e| format!("filler budget: open {}: {e}", path.display()))
     }
+}
+
+/// Makes `dir` (root-only, 0700) when missing and refuses a folder that is
+/// a symlink, is not this user's or that others may write: whoever could
+/// write there could take what the shims of the host share in it. `what`
+/// names it in errors.
+pub(super) fn private_dir(dir: &Path, what: &str) -> Result<(), String> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("{what}: create {}: {e}", dir.display()))?;
+    let md =
+        std::fs::symlink_metadata(dir).map_err(|e| format!("{what}: {}: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !md.is_dir() || md.uid() != me || md.permissions().mode() & 0o022 != 0 {
+        return Err(format!(
+            "{what}: {} is not a folder of uid {me} that only it may write",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -237,6 +246,7 @@ mod tests {
         let fillers = Fillers {
             threads: 2,
             budget: Some(budget),
+            share: None,
         };
         let images = dir.path().join("images");
         let server = PageServer::start(dir.path(), &images, fillers, Some(v)).unwrap();

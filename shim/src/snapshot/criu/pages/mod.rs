@@ -32,16 +32,20 @@
 //! - `huge`: the VMAs eligible for huge pages, unregistered and written
 //!   through the kernel's fault path instead;
 //! - `verify`: the pages files read chunk by chunk against their digests;
-//! - `server`: the threads;
+//! - `server`: the server's thread; `fill`: the fillers;
+//! - `share`: several restores of one artifact sharing the reading and
+//!   hashing of its pages (a leader, followers);
 //! - `budget`: the host's filler slots, shared by every restore's server;
 //! - `outcome`: what was placed, or why not.
 
 mod budget;
+mod fill;
 mod huge;
 mod outcome;
 mod place;
 mod protocol;
 mod server;
+mod share;
 mod task;
 #[cfg(test)]
 mod testing;
@@ -50,5 +54,6 @@ mod verify;
 pub use budget::{Budget, MAX_SLOTS as MAX_FILLERS};
 pub use outcome::{PlaceError, Placed};
 pub use server::{Fillers, PageServer};
+pub use share::Sharing;
 pub use task::task_pages_files;
 pub use verify::Verification;

@@ -18,6 +18,15 @@ pub struct Placed {
     /// Of `fill`, the fillers' wait for a slot of the host's budget (all
     /// fillers' waits added up).
     pub slot_wait: Duration,
+    /// What this restore was to the others of its artifact (`pages/share`):
+    /// "leader", "follower", or none (alone).
+    pub share_role: Option<&'static str>,
+    /// Chunks placed from another restore's sealed copy, not read here.
+    pub chunks_from_share: u64,
+    /// Chunks read, hashed and placed here.
+    pub chunks_read: u64,
+    /// A leader's: chunks it sent to at least one follower.
+    pub chunks_shared_out: u64,
 }
 
 /// Why pages could not be placed.

@@ -6,24 +6,28 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use vsnap_artifact::content::CHUNK;
 
 use super::budget::Budget;
+use super::fill::Fill;
 use super::outcome::{PlaceError, Placed};
-use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK, FILL_CHUNK};
+use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK};
 use super::protocol::{accept, bind, receive, Message, SOCKET_NAME};
+use super::share::{self, Role, Sharing};
 use super::task::Task;
-use super::verify::{pages_files, place_chunk, PagesFile, Verification};
+use super::verify::{pages_files, Verification};
 
-/// How many fillers a restore's server runs, and the host's budget they
-/// take a slot of for each chunk (none: they place at will).
+/// How many fillers a restore's server runs, the host's budget they take
+/// a slot of for each chunk (none: they place at will), and where the
+/// restores of its artifact share the reading and hashing (none: alone).
 pub struct Fillers {
     pub threads: usize,
     pub budget: Option<Budget>,
+    pub share: Option<Sharing>,
 }
 
 impl From<usize> for Fillers {
@@ -31,6 +35,20 @@ impl From<usize> for Fillers {
         Fillers {
             threads,
             budget: None,
+            share: None,
+        }
+    }
+}
+
+/// This restore's part in its artifact's share, taken before CRIU starts
+/// (a leader listens from then on); only a verified restore shares.
+fn join_share(share: Option<&Sharing>, verify: Option<&Verification>) -> Option<Role> {
+    let (s, v) = (share?, verify?);
+    match share::join(s, v) {
+        Ok(role) => role,
+        Err(e) => {
+            log::warn!("restore: page share: {e}: placing alone");
+            None
         }
     }
 }
@@ -61,10 +79,14 @@ impl PageServer {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (images, flag) = (images.to_path_buf(), stop.clone());
+        let role = join_share(fillers.share.as_ref(), verify.as_ref());
         std::thread::Builder::new()
             .name("vsnap-pages".into())
             .spawn(move || {
-                let _ = tx.send(serve(listener, &images, fillers, verify, &flag));
+                let served = serve(listener, &images, fillers, verify, role.as_ref(), &flag);
+                // A leader lets its followers go (they read what is left).
+                drop(role);
+                let _ = tx.send(served);
             })
             .map_err(|e| format!("start the page server: {e}"))?;
         Ok(PageServer {
@@ -99,6 +121,7 @@ fn serve(
     images: &Path,
     fillers: Fillers,
     verify: Option<Verification>,
+    role: Option<&Role>,
     stop: &AtomicBool,
 ) -> Result<Placed, PlaceError> {
     let conn = accept(&listener, stop)?;
@@ -124,9 +147,16 @@ fn serve(
         dir: &dir,
         stop,
         budget: fillers.budget.as_ref(),
+        share: role,
         waited: AtomicU64::new(0),
     };
     fill.run(fillers.threads.max(1), &mut fault_buf, &faults)?;
+    let all: u64 = files.iter().map(|f| f.size.div_ceil(CHUNK)).sum();
+    let (from_share, read, out) = match role {
+        Some(Role::Follower(f)) => (f.counts().0, f.counts().1, 0),
+        Some(Role::Leader(l)) => (0, all, l.sent()),
+        None => (0, all, 0),
+    };
     // Anything still queued must be a fault, now satisfied.
     let mut buf = Buffer::new(FAULT_CHUNK as usize);
     for t in &tasks {
@@ -142,6 +172,10 @@ fn serve(
         faults: faults.load(Ordering::Relaxed),
         fill: started.elapsed(),
         slot_wait: std::time::Duration::from_nanos(fill.waited.load(Ordering::Relaxed)),
+        share_role: role.map(Role::name),
+        chunks_from_share: from_share,
+        chunks_read: read,
+        chunks_shared_out: out,
     })
 }
 
@@ -170,113 +204,6 @@ fn take_tasks(
                 }
                 Message::Zombie => {}
                 Message::Finished => return Ok(tasks),
-            }
-        }
-    }
-}
-
-/// The pages files to place once the restore finished.
-struct Fill<'a> {
-    files: &'a [PagesFile],
-    tasks: &'a [Task],
-    /// The artifact, named in a damaged chunk's error.
-    dir: &'a Path,
-    stop: &'a AtomicBool,
-    /// The host's filler budget: a slot held for each chunk.
-    budget: Option<&'a Budget>,
-    /// Nanoseconds the fillers waited for a slot, all together.
-    waited: AtomicU64,
-}
-
-impl Fill<'_> {
-    /// Every chunk of every file placed by `threads` fillers, while one more
-    /// thread serves the faults of tasks waiting for a page. The first error
-    /// stops the fillers.
-    fn run(
-        &self,
-        threads: usize,
-        fault_buf: &mut Buffer,
-        faults: &AtomicU64,
-    ) -> Result<(), PlaceError> {
-        let work: Vec<(usize, usize)> = self
-            .files
-            .iter()
-            .enumerate()
-            .flat_map(|(i, f)| (0..f.size.div_ceil(CHUNK) as usize).map(move |c| (i, c)))
-            .collect();
-        let next = AtomicUsize::new(0);
-        let done = AtomicBool::new(false);
-        let tasks = self.tasks;
-        std::thread::scope(|s| {
-            let fillers: Vec<_> = (0..threads)
-                .map(|k| {
-                    let (work, next) = (&work, &next);
-                    s.spawn(move || self.fill(k, work, next))
-                })
-                .collect();
-            // Meanwhile: the faults of tasks waiting for a page.
-            let serving = s.spawn(|| -> Result<(), PlaceError> {
-                while !done.load(Ordering::SeqCst) {
-                    for i in wait(-1, tasks)? {
-                        serve_faults(&tasks[i], fault_buf, faults)?;
-                    }
-                }
-                Ok(())
-            });
-            let mut result = Ok(());
-            for f in fillers {
-                let r = f
-                    .join()
-                    .unwrap_or_else(|_| Err("a filling thread panicked".into()));
-                if result.is_ok() {
-                    result = r;
-                }
-                if result.is_err() {
-                    self.stop.store(true, Ordering::SeqCst);
-                }
-            }
-            done.store(true, Ordering::SeqCst);
-            let served = serving
-                .join()
-                .unwrap_or_else(|_| Err("the fault thread panicked".into()));
-            result.and(served)
-        })
-    }
-
-    /// Filler `k`: takes the next `(file, chunk)` of `work` until none is
-    /// left or the server stops, each under a slot of the budget.
-    fn fill(
-        &self,
-        k: usize,
-        work: &[(usize, usize)],
-        next: &AtomicUsize,
-    ) -> Result<(), PlaceError> {
-        let mut buf = Buffer::new(FILL_CHUNK as usize);
-        // Restores start their fillers on different slots.
-        let from = std::process::id() as usize + k;
-        loop {
-            if self.stop.load(Ordering::SeqCst) {
-                return Err(PlaceError::from("cancelled"));
-            }
-            let Some(&(file, chunk)) = work.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                return Ok(());
-            };
-            let slot = self.budget.map(|b| b.take(from)).transpose()?;
-            if let Some(s) = &slot {
-                self.waited
-                    .fetch_add(s.waited.as_nanos() as u64, Ordering::Relaxed);
-                if self.stop.load(Ordering::SeqCst) {
-                    return Err(PlaceError::from("cancelled"));
-                }
-            }
-            let f = &self.files[file];
-            let task = f.task.map(|t| &self.tasks[t]);
-            place_chunk(f, chunk, task, self.dir, &mut buf)?;
-            if slot.is_some() {
-                // The waiters were woken as it went: one of them, not this
-                // filler again, should have it next.
-                drop(slot);
-                std::thread::yield_now();
             }
         }
     }

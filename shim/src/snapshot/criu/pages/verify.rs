@@ -10,7 +10,7 @@ use vsnap_artifact::content::{ChunkDigest, CHUNK};
 use vsnap_artifact::{ArtifactError, FileDigest};
 
 use super::outcome::PlaceError;
-use super::place::{copy, Buffer, FILL_CHUNK};
+use super::place::{copy, FILL_CHUNK};
 use super::task::Task;
 
 /// The pages files the server checks while placing them: `dir` is the
@@ -25,7 +25,7 @@ pub struct Verification {
 /// A pages file read whole once the restore finished: every chunk checked
 /// against its digest (when verifying), the lazy ranges of its task placed.
 pub(super) struct PagesFile {
-    rel: String,
+    pub(super) rel: String,
     file: File,
     pub(super) size: u64,
     digest: Option<FileDigest>,
@@ -133,21 +133,25 @@ fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PlaceError> {
 
 /// Reads chunk `chunk` of `f` a piece at a time: hashes each piece (when
 /// verifying) and places the lazy pages in it into `task`'s memory from
-/// the same buffer; then checks the chunk's digest.
+/// the same buffer; then checks the chunk's digest. `buf` is a filler's
+/// buffer, each piece read to its start, or one as long as the chunk (a
+/// memfd shared with other restores), which then holds the whole chunk.
 pub(super) fn place_chunk(
     f: &PagesFile,
     chunk: usize,
     task: Option<&Task>,
     dir: &Path,
-    buf: &mut Buffer,
+    buf: &mut [u8],
 ) -> Result<(), PlaceError> {
     let start = chunk as u64 * CHUNK;
     let end = (start + CHUNK).min(f.size);
+    let whole = buf.len() as u64 >= end - start;
     let mut digest = f.digest.as_ref().map(|_| ChunkDigest::new());
     let mut at = start;
     while at < end {
         let n = FILL_CHUNK.min(end - at);
-        let data = &mut buf.as_mut()[..n as usize];
+        let from = if whole { (at - start) as usize } else { 0 };
+        let data = &mut buf[from..from + n as usize];
         f.file
             .read_exact_at(data, at)
             .map_err(|e| format!("read {n} bytes at {at} of {}: {e}", f.rel))?;
@@ -155,20 +159,53 @@ pub(super) fn place_chunk(
             d.update(data);
         }
         if let Some(t) = task {
-            for r in t.lazy.overlapping(at, at + n) {
-                let (s, e) = (r.offset.max(at), (r.offset + r.len).min(at + n));
-                copy(
-                    t,
-                    r.vaddr + (s - r.offset),
-                    &data[(s - at) as usize..(e - at) as usize],
-                )?;
-            }
+            place_piece(t, at, data)?;
         }
         at += n;
     }
     if let (Some(d), Some(want)) = (digest, &f.digest) {
         d.check(dir, &f.rel, want, chunk)
             .map_err(PlaceError::Damaged)?;
+    }
+    Ok(())
+}
+
+/// Places chunk `chunk` of `f` into `task`'s memory from `data`, the
+/// chunk's bytes as another restore read and checked them.
+pub(super) fn place_checked(
+    f: &PagesFile,
+    chunk: usize,
+    task: Option<&Task>,
+    data: &[u8],
+) -> Result<(), PlaceError> {
+    let start = chunk as u64 * CHUNK;
+    let end = (start + CHUNK).min(f.size);
+    if data.len() as u64 != end - start {
+        return Err(format!(
+            "{} chunk {chunk}: {} bytes shared, the chunk has {}",
+            f.rel,
+            data.len(),
+            end - start
+        )
+        .into());
+    }
+    match task {
+        Some(t) => Ok(place_piece(t, start, data)?),
+        None => Ok(()),
+    }
+}
+
+/// The lazy pages of `task` among the bytes `data` at `at` of its pages
+/// file, placed.
+fn place_piece(task: &Task, at: u64, data: &[u8]) -> Result<(), String> {
+    let end = at + data.len() as u64;
+    for r in task.lazy.overlapping(at, end) {
+        let (s, e) = (r.offset.max(at), (r.offset + r.len).min(end));
+        copy(
+            task,
+            r.vaddr + (s - r.offset),
+            &data[(s - at) as usize..(e - at) as usize],
+        )?;
     }
     Ok(())
 }
