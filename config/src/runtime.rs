@@ -90,6 +90,8 @@ pub struct RuntimeConfig {
     /// 8, for every restore of the host together). Every shim of a host
     /// must name the same folder; a test names its own.
     pub runtime_dir: PathBuf,
+    /// Restores of one artifact at once share reading and hashing its pages.
+    pub share_pages: bool,
     /// Refuse a restore, in its preflight before CRIU runs, when the
     /// container's memory limit (or one of its parent cgroups') is below
     /// what the artifact's tree held at capture (its manifest's `memory`).
@@ -238,6 +240,7 @@ impl Default for RuntimeConfig {
             donor_stop_grace_s: 10,
             page_placement: PagePlacement::Parallel,
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            share_pages: true,
             memory_preflight: true,
             elide_zero_pages: true,
             pull_timeout_s: 900,
@@ -405,6 +408,13 @@ mod tests {
         assert_eq!(c.runc_binary, PathBuf::from("/usr/sbin/runc"));
         assert_eq!(c.runc_root, Some(PathBuf::from("/run/x")));
         assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn pages_are_shared_unless_turned_off() {
+        assert!(RuntimeConfig::default().share_pages);
+        let off = RuntimeConfig::parse("share_pages = false", "inline").unwrap();
+        assert!(!off.share_pages);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
+use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::fallback;
 use crate::snapshot::plan::refusal::start_cause;
 use crate::snapshot::plan::{ReadLock, RestorePlan};
@@ -286,6 +287,10 @@ fn restore_job(
         prepared: Some(prepared),
         place_pages,
         runtime_dir: plan.map(|r| r.runtime_dir.clone()),
+        page_share: plan.and_then(|r| {
+            let mac = r.share_pages.as_deref()?;
+            Some(Sharing::new(&r.runtime_dir, mac, &r.common.artifact_dir()))
+        }),
         page_verification,
         placed: None,
         // Its own token below the kill's: the verification stops CRIU

@@ -16,7 +16,7 @@ use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
 use crate::snapshot::criu::pages::{
-    Budget, Fillers, PageServer, PlaceError, Placed, Verification, MAX_FILLERS,
+    Budget, Fillers, PageServer, PlaceError, Placed, Sharing, Verification, MAX_FILLERS,
 };
 use crate::snapshot::criu::restore_oom::RestoreOom;
 
@@ -37,6 +37,9 @@ pub struct RestoreJob {
     /// The host's shared runtime state, where the page server's fillers
     /// take their slots of the host's budget (none: no budget).
     pub runtime_dir: Option<PathBuf>,
+    /// Where the restores of this artifact under way at once share its
+    /// pages (none: this one reads and hashes them alone).
+    pub page_share: Option<Sharing>,
     /// The pages files the page server checks against their digests while
     /// placing them (taken out of the restore's other verification).
     pub page_verification: Option<Verification>,
@@ -145,8 +148,13 @@ impl RestoreJob {
             None => None,
         };
         let verify = self.page_verification.take();
-        PageServer::start(&self.work, &self.image, Fillers { threads, budget }, verify)
-            .map_err(fail)
+        let share = self.page_share.clone();
+        let fillers = Fillers {
+            threads,
+            budget,
+            share,
+        };
+        PageServer::start(&self.work, &self.image, fillers, verify).map_err(fail)
     }
 
     /// Waits for the page server to place every page (within the deadline,

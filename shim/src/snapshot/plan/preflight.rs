@@ -38,6 +38,9 @@ struct Preflight {
     owner: Tenant,
     /// What the artifact's tree held in memory at capture.
     memory: Option<Memory>,
+    /// The sealed manifest's MAC: what names these bytes to the other
+    /// restores of the artifact (the page share).
+    mac: String,
 }
 
 fn preflight_error(e: ArtifactError) -> Error {
@@ -73,6 +76,9 @@ pub(super) fn prepare_restore(
         }
     };
     let place_pages = engine.gpus.is_empty() && config.page_placement == PagePlacement::Parallel;
+    // Only what is verified is shared: the leader hands on chunks it
+    // checked against the digests.
+    let share_pages = (config.share_pages && found.contents.is_some()).then_some(found.mac);
     let mut plan = RestorePlan {
         common: common_part(inputs, engine, name)?,
         lock: Some(lock),
@@ -85,6 +91,7 @@ pub(super) fn prepare_restore(
         // follow a running tree's address space (pages/).
         place_pages,
         runtime_dir: config.runtime_dir.clone(),
+        share_pages,
         memory: found.memory,
         create_began: inputs.create_began,
         preflight: started.elapsed(),
@@ -198,6 +205,7 @@ fn preflight(
         carried,
         owner,
         memory,
+        mac: manifest.mac,
     })
 }
 

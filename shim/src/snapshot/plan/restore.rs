@@ -38,6 +38,10 @@ pub struct RestorePlan {
     /// The host's shared runtime state (`runtime_dir`): the page server's
     /// filler budget is under it.
     pub runtime_dir: PathBuf,
+    /// The page servers of the restores of this artifact under way at
+    /// once share its pages (`share_pages`, with verification): the
+    /// manifest's MAC, which names the artifact's bytes to them.
+    pub share_pages: Option<String>,
     /// What the artifact's tree held in memory at capture (its manifest's,
     /// when recorded), named when the restore runs out of memory.
     pub memory: Option<Memory>,
