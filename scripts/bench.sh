@@ -19,7 +19,8 @@
 # (CARGO_TARGET_DIR, else target/). Their settings and defaults:
 #   cri            BENCH_RUNS=1 (pairs), BENCH_RESIDENT_MB=1024
 #   concurrent     BENCH_RUNS=2 (rounds per shim), BENCH_COPIES=8, BENCH_RESIDENT_MB=1024,
-#                  BENCH_AGAINST=SHIM (each round also by that shim binary, ABBA)
+#                  BENCH_AGAINST=SHIM (each round also by that shim binary, ABBA),
+#                  BENCH_SHARE_OFF=1 (each round also with share_pages = false, ABBA)
 #   fallback       BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512, BENCH_INIT_MS=2000
 #   fleet          BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512
 #   fleet-crypt    BENCH_RUNS=3, BENCH_RESIDENT_MB=512

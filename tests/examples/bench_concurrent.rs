@@ -20,9 +20,11 @@
 //!
 //! With `BENCH_AGAINST` (another shim binary: the build before a change)
 //! each round also runs the copies under that shim, in the same
-//! containerd, ABBA across rounds. Run by `scripts/bench.sh concurrent`
-//! (release builds). Environment: BENCH_RUNS (rounds per shim, 2),
-//! BENCH_COPIES (8), BENCH_RESIDENT_MB (1024).
+//! containerd, ABBA across rounds; with `BENCH_SHARE_OFF=1`, under this
+//! shim with `share_pages = false` (each copy reads and hashes every chunk
+//! itself). Run by `scripts/bench.sh concurrent` (release builds).
+//! Environment: BENCH_RUNS (rounds per case, 2), BENCH_COPIES (8),
+//! BENCH_RESIDENT_MB (1024).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -41,6 +43,9 @@ struct Copy {
     verify: f64,
     activation: f64,
     placed: u64,
+    /// Chunks placed from another copy's sealed chunk, and read itself.
+    from_share: f64,
+    read: f64,
 }
 
 /// One round of a shim: the copies started together.
@@ -64,6 +69,8 @@ impl Round {
 struct Case {
     name: String,
     shim: Option<PathBuf>,
+    /// A line added to the runtime config for its rounds.
+    config: Option<&'static str>,
     rounds: Vec<Round>,
 }
 
@@ -80,6 +87,8 @@ fn copy_of(e: &Env, id: &str, wall: f64) -> Copy {
         verify: ms("verify_ms"),
         activation: ms("activation_ms"),
         placed: json["pages_placed_bytes"].as_u64().unwrap_or(0),
+        from_share: ms("page_chunks_from_share"),
+        read: ms("page_chunks_read"),
     }
 }
 
@@ -135,17 +144,33 @@ fn main() {
     let mut cases = vec![Case {
         name: "this shim".into(),
         shim: None,
+        config: None,
         rounds: Vec::new(),
     }];
+    if std::env::var("BENCH_SHARE_OFF").is_ok_and(|v| v == "1") {
+        cases.push(Case {
+            name: "this shim, `share_pages = false`".into(),
+            shim: None,
+            config: Some("share_pages = false\n"),
+            rounds: Vec::new(),
+        });
+    }
     if let Ok(against) = std::env::var("BENCH_AGAINST") {
         let against = std::fs::canonicalize(&against)
             .unwrap_or_else(|err| panic!("BENCH_AGAINST={against}: {err}"));
         cases.push(Case {
             name: format!("shim {}", against.display()),
             shim: Some(against),
+            config: None,
             rounds: Vec::new(),
         });
     }
+    let config = std::fs::read_to_string(&e.config).unwrap();
+    let use_case = |c: &Case| {
+        use_shim(&e, c.shim.as_deref());
+        let text = config.clone() + c.config.unwrap_or("");
+        std::fs::write(&e.config, text).unwrap();
+    };
     let reference = answers(HostEngine::start().port);
     e.mount_points_in_rootfs();
     eprintln!("bench: creating the artifact ({resident})");
@@ -168,7 +193,7 @@ fn main() {
     // One restore by each shim, not counted: in three runs without it the
     // first round (always the shim under test's) was the slowest of all.
     for (k, c) in cases.iter().enumerate() {
-        use_shim(&e, c.shim.as_deref());
+        use_case(c);
         round(&e, &format!("w{k}"), 1, &resident, &reference);
     }
     let mut fills = Vec::new();
@@ -181,7 +206,7 @@ fn main() {
             let (b, s) = fill(std::slice::from_ref(&largest), cores, false);
             let limit = b as f64 / s / 1e9;
             fills.push(limit);
-            use_shim(&e, cases[k].shim.as_deref());
+            use_case(&cases[k]);
             eprintln!(
                 "bench: round {r}, {}: fill limit {limit:.2} GB/s",
                 cases[k].name
@@ -194,7 +219,7 @@ fn main() {
             cases[k].rounds.push(round);
         }
     }
-    use_shim(&e, None);
+    use_case(&cases[0]);
     e.assert_nothing_left();
     report(cores, copies, image_bytes, &fills, &cases);
 }
@@ -272,6 +297,10 @@ fn report(cores: usize, copies: usize, image_bytes: u64, fills: &[f64], cases: &
             "    of it: the fillers' wait for a slot, all fillers added",
             &|x| x.slot_wait,
         );
+        row("    chunks placed from another copy's (share)", &|x| {
+            x.from_share
+        });
+        row("    chunks read and hashed itself", &|x| x.read);
         row("verification of the other files (beside CRIU)", &|x| {
             x.verify
         });

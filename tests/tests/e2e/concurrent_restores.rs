@@ -2,9 +2,10 @@
 //! eight GPUs starts eight engines from one artifact), each its own shim,
 //! under one private containerd: every copy answers like a cold start, the
 //! shims' page servers share the host's filler budget (in this test's own
-//! `runtime_dir`), and a damaged chunk of the shared pages image refuses
-//! every copy that would run from it. Nothing is left: no process, mount,
-//! bundle, runc state, or held slot.
+//! `runtime_dir`) and the reading and hashing of the pages (a leader hands
+//! its checked chunks to the followers), and a damaged chunk of the shared
+//! pages image refuses every copy that would run from it. Nothing is left:
+//! no process, mount, bundle, runc state, held slot, or share.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -65,6 +66,7 @@ fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_e
     e.create_good("cc-donor", "shared", &[RESIDENT]);
 
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let (mut followers, mut from_share) = (0, 0);
     for (id, port, out) in restore_all(&e, "cc-", "shared") {
         assert!(out.ok(), "{id}: {out:?}\n{}", e.c.log_tail());
         assert_eq!(answers(port), reference, "{id} answers like a cold start");
@@ -77,7 +79,20 @@ fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_e
             "{id}: its page server placed the engine's memory: {timings}"
         );
         eprintln!("{id}: {timings}");
+        let (shared, read) = (
+            timings["page_chunks_from_share"].as_u64().unwrap(),
+            timings["page_chunks_read"].as_u64().unwrap(),
+        );
+        assert!(shared + read >= 4, "{id}: every chunk placed: {timings}");
+        if timings["page_share_role"] == "follower" {
+            followers += 1;
+            from_share += shared;
+        }
     }
+    assert!(
+        followers > 0 && from_share > 0,
+        "the copies shared their pages: {followers} followers placed {from_share} chunks from the share"
+    );
     let fillers = runtime.join("fillers");
     assert_eq!(
         slots_free(&fillers).len(),
@@ -113,9 +128,16 @@ fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_e
     }
     e.assert_nothing_left();
     slots_free(&fillers);
+    let mut names = vsnap_e2e::containerd::list(&runtime);
+    names.sort();
     assert_eq!(
-        vsnap_e2e::containerd::list(&runtime),
-        vec!["fillers".to_string()],
+        names,
+        vec!["fillers".to_string(), "share".to_string()],
         "nothing else in the runtime folder"
+    );
+    assert_eq!(
+        vsnap_e2e::containerd::list(&runtime.join("share")),
+        Vec::<String>::new(),
+        "every leader's lock and socket went with it"
     );
 }
