@@ -1,7 +1,8 @@
 //! A node that changes: under `auto`, an artifact this host cannot restore
 //! (damaged, or made with another runc) is set aside and the start becomes
-//! a create; a restore that fails after CRIU started sets it aside so the
-//! next start is cold. `restore` stays fail-closed. Issue 33.
+//! a create; a restore that fails after CRIU started sets it aside and the
+//! same start goes on cold, capturing anew. `restore` stays fail-closed.
+//! Issue 33.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -132,28 +133,32 @@ fn auto_on_an_upgraded_runc_captures_anew_and_restore_refuses_before_criu() {
     assert_fell_back(&e, "ncr-1", "ncr", &old["mac"], "host");
 }
 
+/// The start `id`'s record of its fallback: the cause, and how the
+/// start went on after its restore failed.
+fn went_on(e: &Env, id: &str) -> serde_json::Value {
+    let path = e.bundle(id).join("vsnap-fallback.json");
+    let record = std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    serde_json::from_slice(&record).unwrap()
+}
+
 #[test]
-fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold() {
+fn a_flipped_byte_found_during_the_restore_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-flip");
     let old = published_by_auto(&e, "ncf");
     flip_middle_byte(&largest_image(&e.artifact("ncf"), true));
-    // Found beside CRIU: this start fails once, naming the damage...
-    let out = e.run("ncf-1", "auto", "ncf", free_port(), &[]);
+    // Found beside CRIU: `restore` fails naming the damage...
+    let out = e.run("ncf-r", "restore", "ncf", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(&out.stderr, &["restore: verify", "does not match"]);
-    e.remove("ncf-1");
-    // ...and the artifact is aside: the next start is cold and captures.
-    let (_, reason) = quarantined(&e, "ncf");
-    assert_eq!(reason["cause"], "damaged", "{reason}");
-    assert!(!serve_auto(&e, "ncf-2", "ncf"), "a cold start");
-    let fresh = e.wait_manifest("ncf");
-    assert_ne!(fresh["mac"], old["mac"]);
-    e.remove("ncf-2");
-    assert!(
-        serve_auto(&e, "ncf-3", "ncf"),
-        "the fresh artifact restores"
-    );
-    e.remove("ncf-3");
+    e.remove("ncf-r");
+    // ...and `auto` sets it aside and goes on cold in the same start,
+    // capturing anew.
+    assert!(!serve_auto(&e, "ncf-1", "ncf"), "a cold start");
+    let record = went_on(&e, "ncf-1");
+    assert_eq!(record["cause"], "damaged", "{record}");
+    assert_eq!(record["start"], "cold, capturing", "{record}");
+    assert_fell_back(&e, "ncf-1", "ncf", &old["mac"], "damaged");
+    e.assert_nothing_left();
 }
 
 /// `manifest.json` of `name` rewritten as the previous vsnap wrote it: the
@@ -269,31 +274,33 @@ fn a_pod_with_auto_on_a_node_whose_runc_changed_starts_on_its_first_attempt() {
 }
 
 #[test]
-fn a_copy_whose_canary_does_not_match_fails_once_and_the_next_start_is_cold() {
+fn a_copy_whose_canary_does_not_match_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-canary");
     // The engine's fault injection: every copy answers its canary wrong.
     let drift = ["--env", "VSNAP_ENGINE_CANARY_DRIFT=1"];
-    let run = |id: &str| {
+    let run = |id: &str, plan: &str| {
         let port = free_port();
-        (e.run(id, "auto", "ncd", port, &drift), port)
+        (e.run(id, plan, "ncd", port, &drift), port)
     };
-    let (out, port) = run("ncd-0");
+    let (out, port) = run("ncd-0", "auto");
     assert!(out.ok(), "{out:?}");
-    e.wait_manifest("ncd");
+    let old = e.wait_manifest("ncd");
     wait_listening(port, Duration::from_secs(120));
     e.remove("ncd-0");
-    let (out, _) = run("ncd-1");
+    let (out, _) = run("ncd-r", "restore");
     assert!(!out.ok(), "a drifting copy never becomes visible: {out:?}");
     assert_has(&out.stderr, &["restore: activation", "canary"]);
-    e.remove("ncd-1");
-    let (_, reason) = quarantined(&e, "ncd");
-    assert_eq!(reason["cause"], "restore", "{reason}");
-    // The next start is cold (and captures anew), not a second failure.
-    let (out, port) = run("ncd-2");
+    e.remove("ncd-r");
+    // Under `auto` the same start goes on cold and captures anew.
+    let (out, port) = run("ncd-1", "auto");
     assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
     wait_listening(port, Duration::from_secs(120));
-    e.wait_manifest("ncd");
-    e.remove("ncd-2");
+    assert_eq!(went_on(&e, "ncd-1")["start"], "cold, capturing");
+    let (_, reason) = quarantined(&e, "ncd");
+    assert_eq!(reason["cause"], "restore", "{reason}");
+    assert_ne!(e.wait_manifest("ncd")["mac"], old["mac"], "captured anew");
+    e.remove("ncd-1");
+    e.assert_nothing_left();
 }
 
 #[test]
@@ -310,23 +317,20 @@ fn auto_on_an_upgraded_criu_captures_anew() {
 }
 
 #[test]
-fn a_flipped_byte_in_a_criu_image_fails_one_start_and_the_next_is_cold() {
+fn a_flipped_byte_in_a_criu_image_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-img");
     let old = published_by_auto(&e, "nci");
     // The largest image that is not memory: the process tree's own state.
     flip_middle_byte(&largest_image(&e.artifact("nci"), false));
-    let out = e.run("nci-1", "auto", "nci", free_port(), &[]);
-    assert!(!out.ok(), "{out:?}");
-    assert_has(&out.stderr, &["restore: "]);
-    e.remove("nci-1");
     // Found by the verification beside CRIU, or by CRIU itself: either way
-    // the artifact is aside and the next start is cold.
+    // the artifact is aside and the same start goes on cold.
+    assert!(!serve_auto(&e, "nci-1", "nci"), "a cold start");
     let (_, reason) = quarantined(&e, "nci");
     assert!(
         reason["cause"] == "damaged" || reason["cause"] == "restore",
         "{reason}"
     );
-    assert!(!serve_auto(&e, "nci-2", "nci"), "a cold start");
-    assert_ne!(e.wait_manifest("nci")["mac"], old["mac"]);
-    e.remove("nci-2");
+    let cause = reason["cause"].as_str().unwrap().to_string();
+    assert_fell_back(&e, "nci-1", "nci", &old["mac"], &cause);
+    e.assert_nothing_left();
 }

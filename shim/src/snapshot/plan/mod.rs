@@ -32,4 +32,4 @@ pub use engine::Inputs;
 pub use lock::{ReadLock, WriteLock};
 pub use prepare::prepare;
 pub use prepared_plan::Prepared;
-pub use restore::RestorePlan;
+pub use restore::{ColdCapture, ColdStart, RestorePlan};
