@@ -85,6 +85,14 @@ impl Container {
         if let Some(upper) = &cold.upper {
             self.empty_layer(upper)?;
         }
+        for file in &cold.shm {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(step(&format!("remove {}", file.display())), e))
+                }
+                _ => {}
+            }
+        }
         self.init.pid = 0;
         self.init.transition("start", Transition::Abandon)?;
         let prepared = match stdio {

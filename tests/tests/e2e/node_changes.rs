@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
+use vsnap_e2e::cri::{container_config, envs, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::snapshot_env::{
     assert_has, flip_middle_byte, largest_image, setup, truncate_a_page, Env,
@@ -231,17 +231,68 @@ fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside(
 
 /// An `auto` pod of the reference engine listening on `port`.
 fn auto_pod(e: &CriEnv, name: &str, port: u16) -> String {
+    auto_pod_of(e, "ncc", name, port, &[]).0
+}
+
+/// An `auto` pod of artifact `artifact` listening on `port`, and where its
+/// engine's log is.
+fn auto_pod_of(
+    e: &CriEnv,
+    artifact: &str,
+    name: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> (String, PathBuf) {
     let listen = format!("127.0.0.1:{port}");
     let ann = [
         ("vsnap.io/plan", "auto"),
-        ("vsnap.io/artifact", "ncc"),
+        ("vsnap.io/artifact", artifact),
         ("vsnap.io/listen", listen.as_str()),
     ];
     let config = e.pod_config(name, true, &ann);
     let pod = e.run_pod(&config, VSNAP);
-    let engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    let mut engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    engine.envs = envs(env);
     e.run_container(&pod, &config, engine);
-    pod
+    let log = PathBuf::from(&config.log_directory).join("engine.log");
+    (pod, log)
+}
+
+/// Kubernetes, a restore that fails after CRIU started (a flipped byte
+/// found beside CRIU): the pod starts on its first attempt, as a cold
+/// start whose output reaches the container's log, and captures anew;
+/// the next pod restores.
+#[test]
+fn a_pod_whose_restore_fails_after_criu_started_starts_cold_on_its_first_attempt() {
+    let e = CriEnv::start("nc-cri-cold");
+    // A named file in the pod's /dev/shm (a host folder, carried by vsnap):
+    // the restore puts it back, and the cold start creates it anew, which
+    // fails if the one put back is still there.
+    let shm = [("VSNAP_ENGINE_SHM_KB", "64"), ("VSNAP_ENGINE_SHM_NAMED", "1")];
+    let port = free_port();
+    let (pod, _) = auto_pod_of(&e, "ncp", "first", port, &shm);
+    let old = e.wait_manifest("ncp");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove_pod(&pod);
+    flip_middle_byte(&largest_image(&e.artifact("ncp"), true));
+    let port = free_port();
+    let (pod, log) = auto_pod_of(&e, "ncp", "damaged", port, &shm);
+    wait_listening(port, Duration::from_secs(120));
+    let (_, reason) = quarantined(&e, "ncp");
+    assert_eq!(reason["cause"], "damaged", "{reason}");
+    let fresh = e.wait_manifest("ncp");
+    assert_ne!(fresh["mac"], old["mac"]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_has(&text, &["vsnap-ref-engine: serving"]);
+    e.remove_pod(&pod);
+    let port = free_port();
+    let (pod, _) = auto_pod_of(&e, "ncp", "restored", port, &shm);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "restored: listening when StartContainer returned"
+    );
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
 }
 
 /// Kubernetes on a node whose runc changed: the pod with `auto` starts on

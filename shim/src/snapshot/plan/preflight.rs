@@ -145,10 +145,13 @@ fn make_ready(
         plan.rootfs_unpack = t.elapsed();
     }
     if let Some(host_shm) = &plan.common.host_shm {
-        shm::put_back(
+        let put = shm::put_back(
             &plan.common.artifact_dir().join(shm::ARTIFACT_DIR),
             host_shm,
         )?;
+        if let Some(cold) = &mut plan.cold {
+            cold.shm = put.iter().map(|name| host_shm.join(name)).collect();
+        }
     }
     Ok(())
 }

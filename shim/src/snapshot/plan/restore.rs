@@ -66,6 +66,9 @@ pub struct RestorePlan {
 pub struct ColdStart {
     pub spec: PathBuf,
     pub upper: Option<PathBuf>,
+    /// The files the restore put back into the pod's `/dev/shm` (a host
+    /// folder), which a cold start must not find.
+    pub shm: Vec<PathBuf>,
     /// None where the tenant may create nothing: a cold start without a
     /// capture.
     pub capture: Option<ColdCapture>,
@@ -100,6 +103,7 @@ impl ColdStart {
         Some(ColdStart {
             spec: bundle.join(Self::SPEC_FILE),
             upper,
+            shm: Vec::new(),
             capture: None,
         })
     }
