@@ -16,8 +16,8 @@
 //! ```
 //!
 //! Abandon: under `auto`, a restore that failed is given up for a cold
-//! start of the container's own spec, in the same Start: the init is made
-//! anew (a fresh pid) and started.
+//! start in the same Start (a capture's spec, or the container's own): the
+//! init is made anew (a fresh pid) and started.
 //!
 //! Restoring: runc and CRIU are restoring the init (no pid of it yet).
 //! Activating: the restored init exists (its pid is known) but is not

@@ -50,7 +50,7 @@ pub struct RestorePlan {
     /// How long checking and unpacking the carried layer took.
     pub rootfs_unpack: Duration,
     /// The plan asked was `auto`: a restore that fails after CRIU started
-    /// sets the artifact aside, so that the next start is cold.
+    /// sets the artifact aside (and goes on as `cold`).
     pub auto: bool,
     /// Under `auto`, where the same Start can go on as a cold start of the
     /// container's own spec after the restore failed (None: it cannot,
