@@ -268,7 +268,10 @@ fn a_pod_whose_restore_fails_after_criu_started_starts_cold_on_its_first_attempt
     // A named file in the pod's /dev/shm (a host folder, carried by vsnap):
     // the restore puts it back, and the cold start creates it anew, which
     // fails if the one put back is still there.
-    let shm = [("VSNAP_ENGINE_SHM_KB", "64"), ("VSNAP_ENGINE_SHM_NAMED", "1")];
+    let shm = [
+        ("VSNAP_ENGINE_SHM_KB", "64"),
+        ("VSNAP_ENGINE_SHM_NAMED", "1"),
+    ];
     let port = free_port();
     let (pod, _) = auto_pod_of(&e, "ncp", "first", port, &shm);
     let old = e.wait_manifest("ncp");
