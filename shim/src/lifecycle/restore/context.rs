@@ -228,9 +228,16 @@ impl RestoreRun {
             c.cold_start_failed().await;
             return Err(e);
         }
-        let pid = c.init.pid;
-        self.shared.watch(&c.id, "", pid, self.mark);
-        let pid = plain::start(&self.shared, c).await?;
+        self.shared.watch(&c.id, "", c.init.pid, self.mark);
+        let pid = match plain::start(&self.shared, c).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                // Nothing of it runs: Start fails as the restore did.
+                c.cold_start_failed().await;
+                c.init.pid = 0;
+                return Err(e);
+            }
+        };
         log::warn!(
             "{}: auto: the restore failed ({failed}); this start went on {how} (pid {pid})",
             self.id
