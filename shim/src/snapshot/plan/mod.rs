@@ -10,6 +10,7 @@ pub(crate) mod argparse;
 mod bundle;
 mod capture;
 mod choose;
+mod cold;
 pub(crate) mod common;
 mod engine;
 pub(crate) mod fallback;

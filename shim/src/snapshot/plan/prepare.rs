@@ -6,23 +6,21 @@
 //! shared part and the bundle's spec edited once (bundle.rs).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vsnap_artifact::{self as artifact, ArtifactError, ArtifactName, Workload};
 
 use super::annotations::{Mode, Plan};
-use super::bundle::{capture_timeout, common_part, edit_spec, write_capture_spec};
+use super::bundle::{common_part, edit_spec};
 use super::capture::CapturePlan;
 use super::choose::{choose, Choice, OnDisk};
-use super::common::Common;
+use super::cold::capture_plan;
 use super::engine::{Engine, Inputs};
 use super::fallback::{self, Fallback};
 use super::lock::WriteLock;
 use super::prepared_plan::Prepared;
-use super::restore::ColdStart;
-use super::spec;
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, plan::tenant, rootfs, store::fetch};
+use crate::snapshot::{artifact_error, plan::tenant, rootfs};
 
 /// Prepares the container for its plan: the control dir, the spec edits
 /// and, for a restore, the validated artifact. `None`: the container
@@ -97,58 +95,6 @@ fn prepare_capture(
         unreachable!("made above")
     };
     Ok(Some(plan))
-}
-
-/// A capture's plan of the container, on its shared part `common`.
-fn capture_plan(
-    inputs: &Inputs<'_>,
-    engine: &Engine,
-    common: Common,
-    lock: Option<WriteLock>,
-    layer: rootfs::WritableLayer,
-) -> Box<CapturePlan> {
-    let config = inputs.config;
-    Box::new(CapturePlan {
-        common,
-        lock,
-        capture_timeout: capture_timeout(inputs),
-        checkpoint_timeout: Duration::from_secs(config.checkpoint_timeout_s),
-        after_capture: engine.after_capture,
-        donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
-        layer,
-        layer_limit: config.rootfs_diff_limit_bytes,
-        elide_zero_pages: config.elide_zero_pages,
-        push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
-        spec: inputs.spec.clone(),
-    })
-}
-
-/// Under `auto`, the cold start an artifact restore goes on as should it
-/// fail at Start (after CRIU started, for the artifact's sake): the
-/// container's own spec kept in the bundle, and where the tenant may
-/// create, the capture that replaces the artifact, its spec and CRIU
-/// config beside (its lock is taken when the artifact is set aside).
-/// Called before the restore's edits of the spec.
-pub(super) fn cold_start(
-    inputs: &Inputs<'_>,
-    engine: &Engine,
-    common: &Common,
-    layer: &rootfs::WritableLayer,
-    cold: ColdStart,
-) -> Result<ColdStart> {
-    spec::write_to(&cold.spec, &inputs.spec)?;
-    // Never over another tenant's artifact (one shared with this one).
-    let own = &common.workload.tenant() == inputs.tenant;
-    if !own || !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
-        return Ok(cold);
-    }
-    let plan = capture_plan(inputs, engine, common.clone(), None, layer.clone());
-    let prepared = Prepared::Capture(plan);
-    write_capture_spec(inputs, &prepared, &engine.argv, ColdStart::CAPTURE_FILES)?;
-    let Prepared::Capture(plan) = prepared else {
-        unreachable!("made above")
-    };
-    Ok(cold.with_capture(inputs.bundle, plan))
 }
 
 /// The layer a capture carries: for a rootfs without mounts in the request,
