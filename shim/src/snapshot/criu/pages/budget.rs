@@ -251,7 +251,9 @@ mod tests {
         assert!(!finished.is_finished(), "no chunk is placed without a slot");
         drop(held);
         let placed = finished.await.unwrap().unwrap();
-        assert!(placed.slot_wait >= Duration::from_millis(200), "{placed:?}");
+        // Counted, but not bounded below: on a loaded host the filler may
+        // have asked for the slot late in the 200 ms.
+        assert!(placed.slot_wait > Duration::ZERO, "{placed:?}");
         // SAFETY: the region is mapped and every page of it is now present.
         let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
         assert!(memory == &data[..]);
