@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use vsnap_artifact::Tenant;
+
 use super::bundle::{capture_timeout, write_capture_spec};
 use super::capture::CapturePlan;
 use super::common::Common;
@@ -49,14 +51,14 @@ pub(super) fn capture_plan(
 pub(super) fn cold_start(
     inputs: &Inputs<'_>,
     engine: &Engine,
-    common: &Common,
+    (common, owner): (&Common, &Tenant),
     layer: &rootfs::WritableLayer,
     cold: ColdStart,
 ) -> Result<ColdStart> {
     spec::write_to(&cold.spec, &inputs.spec)?;
-    // Never over another tenant's artifact (one shared with this one).
-    let own = &common.workload.tenant() == inputs.tenant;
-    if !own || !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
+    // Never over another tenant's artifact (`owner`: one shared with
+    // this container's tenant).
+    if owner != inputs.tenant || !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
         return Ok(cold);
     }
     let plan = capture_plan(inputs, engine, common.clone(), None, layer.clone());

@@ -103,7 +103,7 @@ pub(super) fn prepare_restore(
         return Err(e);
     }
     if let Some(cold) = plan.cold.take() {
-        match super::cold::cold_start(inputs, engine, &plan.common, layer, cold) {
+        match super::cold::cold_start(inputs, engine, (&plan.common, &plan.owner), layer, cold) {
             Ok(cold) => plan.cold = Some(cold),
             Err(e) => {
                 plan.common.cleanup();
