@@ -37,6 +37,9 @@ fn page(fill: Option<u8>) -> Vec<u8> {
     p
 }
 
+/// A VMA: start, end, `(flags, status)`.
+type Vma = (u64, u64, (u32, u32));
+
 /// One pagemap entry and its pages (None: no pages in the file).
 struct Range {
     vaddr: u64,
@@ -54,7 +57,7 @@ fn range(vaddr: u64, flags: u32, pages: &[Option<u8>]) -> Range {
 
 /// Writes task `pid`'s images into `dir` (pages file 3) as CRIU 4.2 does:
 /// `vaddr`, `compat_nr_pages` 0, `flags`, `nr_pages`.
-fn write_task(dir: &Path, pid: u32, vmas: &[(u64, u64, (u32, u32))], ranges: &[Range]) {
+fn write_task(dir: &Path, pid: u32, vmas: &[Vma], ranges: &[Range]) {
     let head = pb::PagemapHead { pages_id: Some(3) }.encode_to_vec();
     let mut messages = vec![head];
     let mut pages = Vec::new();
@@ -344,7 +347,7 @@ fn digests_taken_in_the_compaction_are_those_of_the_final_files() {
             false => Some((i % 251) as u8 + 1),
         })
         .collect();
-    let cases: [(&[(u64, u64, (u32, u32))], Vec<Range>); 3] = [
+    let cases: [(&[Vma], Vec<Range>); 3] = [
         // Elided: pages move down from every piece.
         (
             &[(0x100000, 0x100000 + n * P, ANON)],
