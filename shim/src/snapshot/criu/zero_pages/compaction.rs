@@ -1,14 +1,15 @@
 //! One task's pages file compacted in place, a piece at a time: every page
-//! is read once, the all-zero elidable ones dropped, the others moved down
-//! where the file's kept pages end, and the kept bytes handed, in the
-//! file's final order, to the thread that takes its content digest.
+//! is read once, the all-zero elidable ones dropped, and the kept bytes
+//! handed, in the file's final order, to the thread that writes them down
+//! the file where the kept pages end and takes the file's content digest
+//! (`output`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use vsnap_artifact::FileDigest;
 
-use super::hashing::Hashing;
+use super::output::Output;
 use super::vmas::Elidable;
 use crate::snapshot::criu::images::{PagemapEntry, PAGE_SIZE, PE_PRESENT};
 
@@ -28,7 +29,7 @@ pub(super) enum Out<'a> {
 pub(super) struct Compaction<'a, 's> {
     file: &'a File,
     name: &'a str,
-    hashing: Hashing<'s>,
+    output: Output<'s>,
     read_at: u64,
     write_at: u64,
     elided: u64,
@@ -47,11 +48,11 @@ pub(super) struct Compacted {
 }
 
 impl<'a, 's> Compaction<'a, 's> {
-    pub(super) fn new(file: &'a File, name: &'a str, hashing: Hashing<'s>) -> Self {
+    pub(super) fn new(file: &'a File, name: &'a str, output: Output<'s>) -> Self {
         Compaction {
             file,
             name,
-            hashing,
+            output,
             read_at: 0,
             write_at: 0,
             elided: 0,
@@ -60,12 +61,13 @@ impl<'a, 's> Compaction<'a, 's> {
         }
     }
 
-    pub(super) fn finish(self) -> Compacted {
-        Compacted {
+    /// Once every kept page is written.
+    pub(super) fn finish(self) -> Result<Compacted, String> {
+        Ok(Compacted {
             elided: self.elided,
             len: self.write_at,
-            digest: self.hashing.finish(),
-        }
+            digest: self.output.finish()?,
+        })
     }
 
     /// Entry `e` (`raw` as written) into `out`: whole, or as its runs of
@@ -107,13 +109,13 @@ impl<'a, 's> Compaction<'a, 's> {
     }
 
     /// The pages of `piece` (part of one entry): read, the all-zero
-    /// elidable ones dropped (none without `vmas`), the others moved down
-    /// and written where the file's kept pages end, then hashed.
+    /// elidable ones dropped (none without `vmas`), the others handed over
+    /// to be written where the file's kept pages end, and hashed.
     fn piece(&mut self, vmas: Option<&Elidable>, piece: &PagemapEntry) -> Result<(), String> {
         let page = PAGE_SIZE as usize;
         let n = piece.nr_pages as usize;
         let at = self.read_at;
-        let mut buf = self.hashing.buffer();
+        let mut buf = self.output.buffer();
         self.file
             .read_exact_at(&mut buf[..n * page], at)
             .map_err(|e| format!("read {} bytes at {at} of {}: {e}", n * page, self.name))?;
@@ -124,13 +126,9 @@ impl<'a, 's> Compaction<'a, 's> {
                 n
             }
         };
-        if kept > 0 && (self.write_at != at || kept != n) {
-            let w = self.write_at;
-            self.file
-                .write_all_at(&buf[..kept * page], w)
-                .map_err(|e| format!("write {} bytes at {w} of {}: {e}", kept * page, self.name))?;
-        }
-        self.hashing.hash(buf, kept * page);
+        let moved = self.write_at != at || kept != n;
+        self.output
+            .put(buf, kept * page, moved.then_some(self.write_at));
         self.read_at += (n * page) as u64;
         self.write_at += (kept * page) as u64;
         Ok(())

@@ -9,10 +9,10 @@
 //! (`elidable`) is dropped, the pagemap entry holding it split around the
 //! hole and the pages file compacted in place (`compaction`). The same
 //! pass takes the compacted file's content digest from the bytes it keeps
-//! (`hashing`, on a second thread), so the capture's digest pass does not
-//! read the pages files again: elision costs one read of every page, not
-//! two. A pages file without a zero page to drop is read and hashed, never
-//! written.
+//! (`output`, on a second thread that also writes them), so the capture's
+//! digest pass does not read the pages files again: elision costs one
+//! read of every page, not two. A pages file without a zero page to drop
+//! is read and hashed, never written.
 //!
 //! Why a hole reads back as zeros (CRIU 4.2, `criu/mem.c`, `criu/uffd.c`):
 //! - a restore reads a pages file sequentially: each `PE_PRESENT` entry's
@@ -34,7 +34,7 @@
 //! images, untouched here.
 
 mod compaction;
-mod hashing;
+mod output;
 #[cfg(test)]
 mod tests;
 mod vmas;
@@ -47,7 +47,7 @@ use prost::Message;
 use vsnap_artifact::{FileDigest, ZeroPages};
 
 use compaction::{Compaction, Out, PIECE_PAGES};
-use hashing::Hashing;
+use output::Output;
 use vmas::Elidable;
 
 use super::images::{
@@ -172,13 +172,13 @@ impl TaskImages {
             ));
         }
         let (out, c) = std::thread::scope(|s| {
-            let hashing = Hashing::start(s, (PIECE_PAGES * PAGE_SIZE) as usize);
-            let mut c = Compaction::new(&file, &name, hashing);
+            let output = Output::start(s, &file, &name, (PIECE_PAGES * PAGE_SIZE) as usize);
+            let mut c = Compaction::new(&file, &name, output);
             let mut out = Vec::with_capacity(self.entries.len());
             for (e, raw) in self.entries.iter().zip(&self.raw) {
                 c.entry(&self.vmas, e, raw, &mut out)?;
             }
-            Ok::<_, String>((out, c.finish()))
+            Ok::<_, String>((out, c.finish()?))
         })?;
         if c.elided == 0 {
             return Ok((0, c.digest));
