@@ -24,8 +24,8 @@ mod stream;
 #[cfg(test)]
 mod testing;
 
-pub use check::{digest, verify, verify_except, verify_except_until, verify_sizes};
-pub use stream::{ChunkDigest, VerifyingReader};
+pub use check::{digest, digest_with, verify, verify_except, verify_except_until, verify_sizes};
+pub use stream::{ChunkDigest, VerifyingReader, WrittenDigest};
 
 /// Bytes per digested chunk.
 pub const CHUNK: u64 = 64 << 20;
