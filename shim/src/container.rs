@@ -32,7 +32,11 @@ pub struct Container {
     /// The spec's cgroup and memory settings (`linux.cgroupsPath`,
     /// `linux.resources.memory`), from the spec read once at create.
     pub cgroup_spec: serde_json::Value,
+    /// The rootfs mounts of the Create request, and whether they are mounted.
+    rootfs: Vec<RootMount>,
     rootfs_mounted: bool,
+    /// Whether a restored copy's exit is held back (container_cold.rs).
+    pub copy_exit: CopyExit,
 }
 
 /// A CheckpointTask request, unwrapped from the wire.
@@ -79,9 +83,11 @@ impl Container {
             start: cfg.start,
             starting: None,
             cgroup_spec: cgroup_spec(spec),
+            rootfs: cfg.rootfs,
             rootfs_mounted: false,
+            copy_exit: CopyExit::Publish,
         };
-        if let Err(e) = c.mount_rootfs(&cfg.rootfs) {
+        if let Err(e) = c.mount_rootfs() {
             c.unmount_rootfs();
             c.start.cleanup();
             return Err(e);
@@ -98,14 +104,14 @@ impl Container {
         }
     }
 
-    fn mount_rootfs(&mut self, mounts: &[RootMount]) -> Result<()> {
-        if mounts.is_empty() {
+    fn mount_rootfs(&mut self) -> Result<()> {
+        if self.rootfs.is_empty() {
             return Ok(());
         }
         let rootfs = self.bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs)
             .map_err(|e| Error::io(format!("create: mkdir {}", rootfs.display()), e))?;
-        for m in mounts {
+        for m in &self.rootfs {
             let fs_type = (!m.kind.is_empty()).then_some(m.kind.as_str());
             let source = (!m.source.is_empty()).then_some(m.source.as_str());
             mount_rootfs(fs_type, source, &m.options, &rootfs).map_err(|e| {
@@ -114,6 +120,7 @@ impl Container {
                     m.source, m.kind
                 ))
             })?;
+            // Each mount made is one to take off, should a later one fail.
             self.rootfs_mounted = true;
         }
         Ok(())
@@ -130,8 +137,13 @@ impl Container {
     }
 
     async fn runc_create(&mut self) -> Result<()> {
-        let pid_file = self.bundle.join("init.pid");
         let prepared = Prepared::new(&mut self.init)?;
+        self.runc_create_with(prepared).await
+    }
+
+    /// `runc create` of the init with its stdio `prepared`.
+    async fn runc_create_with(&mut self, prepared: Prepared) -> Result<()> {
+        let pid_file = self.bundle.join("init.pid");
         let created = self
             .runc
             .create(
@@ -550,6 +562,9 @@ mod tests {
     }
 }
 
+#[path = "container_cold.rs"]
+mod cold;
+pub use cold::{ColdWay, CopyExit};
 #[cfg(test)]
 #[path = "container_kill_tests.rs"]
 mod kill_tests;

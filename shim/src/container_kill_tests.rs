@@ -55,7 +55,9 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         start: InitStart::Plain,
         starting,
         cgroup_spec: serde_json::Value::Null,
+        rootfs: Vec::new(),
         rootfs_mounted: false,
+        copy_exit: super::CopyExit::Publish,
     }
 }
 

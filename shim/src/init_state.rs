@@ -6,12 +6,18 @@
 //!            Start                     Pause
 //!  Created ---------------> Running <-------> Paused
 //!     |                        ^      Resume
-//!     | BeginRestore           | Visible
-//!     v                        |
-//!  Restoring --Restored--> Activating
+//!   ^ | BeginRestore           | Visible
+//!   | v                        |
+//!   | Restoring --Restored--> Activating
+//!   |     |                        |
+//!   +-----+------- Abandon --------+
 //!
 //!  any state but Stopped --Exit--> Stopped
 //! ```
+//!
+//! Abandon: under `auto`, a restore that failed is given up for a cold
+//! start in the same Start (a capture's spec, or the container's own): the
+//! init is made anew (a fresh pid) and started.
 //!
 //! Restoring: runc and CRIU are restoring the init (no pid of it yet).
 //! Activating: the restored init exists (its pid is known) but is not
@@ -41,6 +47,9 @@ pub enum Transition {
     Restored,
     /// The restored copy proved itself: it counts as running.
     Visible,
+    /// The restore failed and is given up for a cold start: the init is
+    /// to be created anew.
+    Abandon,
     Pause,
     Resume,
     /// The process exited (or was recorded as killed).
@@ -65,6 +74,7 @@ impl Status {
             (Created, BeginRestore) => Restoring,
             (Restoring, Restored) => Activating,
             (Activating, Visible) => Running,
+            (Restoring | Activating, Abandon) => Created,
             (Running, Pause) => Paused,
             (Paused, Resume) => Running,
             (Stopped, Exit) => return Err(Illegal { from: self, via }),
@@ -103,7 +113,16 @@ mod tests {
     use super::*;
 
     const ALL: [Status; 6] = [Created, Restoring, Activating, Running, Paused, Stopped];
-    const MOVES: [Transition; 7] = [Start, BeginRestore, Restored, Visible, Pause, Resume, Exit];
+    const MOVES: [Transition; 8] = [
+        Start,
+        BeginRestore,
+        Restored,
+        Visible,
+        Abandon,
+        Pause,
+        Resume,
+        Exit,
+    ];
 
     #[test]
     fn a_plain_start_and_a_restore_reach_running() {
@@ -117,6 +136,14 @@ mod tests {
             Running.next(Pause).and_then(|s| s.next(Resume)),
             Ok(Running)
         );
+    }
+
+    #[test]
+    fn a_restore_given_up_is_created_anew_and_then_starts() {
+        for failed in [Restoring, Activating] {
+            let cold = failed.next(Abandon).and_then(|s| s.next(Start));
+            assert_eq!(cold, Ok(Running), "{failed}");
+        }
     }
 
     #[test]
@@ -135,6 +162,10 @@ mod tests {
             (Activating, Pause),
             (Stopped, Exit),
             (Stopped, Resume),
+            // Only a restore is given up, and never once it is visible.
+            (Created, Abandon),
+            (Running, Abandon),
+            (Paused, Abandon),
         ] {
             let e = from.next(via).unwrap_err();
             assert_eq!(e, Illegal { from, via });
@@ -164,7 +195,8 @@ mod tests {
             .iter()
             .map(|s| MOVES.iter().filter(|m| s.next(**m).is_ok()).count())
             .sum();
-        // 6 edges of the picture plus Exit from the 5 live states.
-        assert_eq!(legal, 6 + 5);
+        // 8 edges of the picture (Abandon from two states) plus Exit from
+        // the 5 states that are not Stopped.
+        assert_eq!(legal, 8 + 5);
     }
 }

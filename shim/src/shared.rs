@@ -73,6 +73,13 @@ impl Shared {
             let Ok(exit) = rx.await else { return };
             let Ok(handle) = shared.get(&id) else { return };
             let mut c = handle.lock().await;
+            if exec_id.is_empty() && c.holds_exit(pid, exit) {
+                debug!(
+                    "{id}: the restored copy (pid {pid}) exited with {}: held back",
+                    exit.code
+                );
+                return;
+            }
             let Ok(p) = c.process_mut(&exec_id) else {
                 return;
             };

@@ -6,7 +6,10 @@
 //! 2. a fallback at create: `auto` of a name whose artifact was truncated
 //!    (the restore preflight refuses it, it is set aside, the same create
 //!    starts cold and captures anew);
-//! 3. for scale, a warm restore of the fresh artifact.
+//! 3. a fallback at Start: `auto` of a name whose pages image has a byte
+//!    flipped (found beside CRIU: the restore attempt fails, the artifact
+//!    is set aside, the same Start goes on as a cold start and captures);
+//! 4. for scale, a warm restore of the fresh artifact.
 //!
 //! Each is timed from `ctr run -d` to the engine listening (serving) and
 //! to the new manifest (published). Run by `scripts/bench.sh fallback`
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use vsnap_e2e::bench::{env_num, median};
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{largest_image, setup, truncate_a_page, Env};
+use vsnap_e2e::snapshot_env::{flip_middle_byte, largest_image, setup, truncate_a_page, Env};
 
 /// Seconds from now until `done` holds, polled every 5 ms (panics at 300 s).
 fn until(started: Instant, what: &str, mut done: impl FnMut() -> bool) -> f64 {
@@ -53,30 +56,31 @@ fn main() {
     let init = format!("VSNAP_ENGINE_INIT_MS={}", env_num("BENCH_INIT_MS", 2000));
     let env = ["--env", resident.as_str(), "--env", init.as_str()];
     let e = setup("bench-fb");
-    let (mut create, mut fallback, mut restore) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut create, mut fallback, mut at_start, mut restore) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..runs {
-        // The artifact the fallback will refuse, made and damaged first.
-        let bad = format!("fb-{i}");
-        auto_start(&e, &format!("{bad}-0"), &bad, &env);
-        e.remove(&format!("{bad}-0"));
+        // The artifacts the fallbacks will refuse, made and damaged first:
+        // one the preflight refuses, one whose damage is found at Start.
+        let (bad, late) = (format!("fb-{i}"), format!("fs-{i}"));
+        for name in [&bad, &late] {
+            auto_start(&e, &format!("{name}-0"), name, &env);
+            e.remove(&format!("{name}-0"));
+        }
         truncate_a_page(&largest_image(&e.artifact(&bad), true));
-        let plain = || {
-            let r = auto_start(&e, &format!("new-{i}"), &format!("new-{i}"), &env);
-            e.remove(&format!("new-{i}"));
+        flip_middle_byte(&largest_image(&e.artifact(&late), true));
+        let once = |id: String, name: &str| {
+            let r = auto_start(&e, &id, name, &env);
+            e.remove(&id);
             r
         };
-        let fall = || {
-            let r = auto_start(&e, &format!("{bad}-1"), &bad, &env);
-            e.remove(&format!("{bad}-1"));
-            r
-        };
-        eprintln!("bench: pair {} of {runs}", i + 1);
-        if i % 2 == 0 {
-            create.push(plain());
-            fallback.push(fall());
-        } else {
-            fallback.push(fall());
-            create.push(plain());
+        eprintln!("bench: round {} of {runs}", i + 1);
+        // Each order in turn: no case always runs first.
+        for k in 0..3 {
+            match (i as usize + k) % 3 {
+                0 => create.push(once(format!("new-{i}"), &format!("new-{i}"))),
+                1 => fallback.push(once(format!("{bad}-1"), &bad)),
+                _ => at_start.push(once(format!("{late}-1"), &late)),
+            }
         }
         let t = Instant::now();
         let port = free_port();
@@ -87,35 +91,53 @@ fn main() {
         }));
         e.remove(&format!("{bad}-2"));
     }
-    report(runs, &resident, &init, &create, &fallback, &restore);
+    let starts = Starts {
+        create,
+        fallback,
+        at_start,
+    };
+    report(runs, &resident, &init, &starts, &restore);
 }
 
-fn report(
-    runs: u64,
-    resident: &str,
-    init: &str,
-    create: &[(f64, f64)],
-    fallback: &[(f64, f64)],
-    restore: &[f64],
-) {
+/// (serving, published) of each start, per case.
+struct Starts {
+    create: Vec<(f64, f64)>,
+    fallback: Vec<(f64, f64)>,
+    at_start: Vec<(f64, f64)>,
+}
+
+fn report(runs: u64, resident: &str, init: &str, starts: &Starts, restore: &[f64]) {
     let col = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(xs.iter().map(f).collect());
-    let (cs, cp) = (col(create, |x| x.0), col(create, |x| x.1));
-    let (fs, fp) = (col(fallback, |x| x.0), col(fallback, |x| x.1));
-    println!("### `auto` that falls back vs a plain create ({runs} pairs; {resident}, {init})");
+    let (cs, cp) = (col(&starts.create, |x| x.0), col(&starts.create, |x| x.1));
+    let (fs, fp) = (
+        col(&starts.fallback, |x| x.0),
+        col(&starts.fallback, |x| x.1),
+    );
+    let (ss, sp) = (
+        col(&starts.at_start, |x| x.0),
+        col(&starts.at_start, |x| x.1),
+    );
+    println!("### `auto` that falls back vs a plain create ({runs} rounds; {resident}, {init})");
     println!();
-    println!("| start | serving (median s) | published (median s) |");
-    println!("|---|---:|---:|");
-    println!("| plain create (`auto`, no artifact) | {cs:.2} | {cp:.2} |");
-    println!("| fallback (`auto`, truncated artifact set aside) | {fs:.2} | {fp:.2} |");
+    println!("| start | serving (median s) | published (median s) | serving / create |");
+    println!("|---|---:|---:|---:|");
+    println!("| plain create (`auto`, no artifact) | {cs:.2} | {cp:.2} | 1.00 |");
     println!(
-        "| warm restore of the fresh artifact | {:.2} | |",
+        "| fallback at create (`auto`, truncated artifact set aside) | {fs:.2} | {fp:.2} | {:.2} |",
+        fs / cs
+    );
+    println!(
+        "| fallback at Start (`auto`, flipped byte found beside CRIU, same Start cold) | {ss:.2} | {sp:.2} | {:.2} |",
+        ss / cs
+    );
+    println!(
+        "| warm restore of the fresh artifact | {:.2} | | |",
         median(restore.to_vec())
     );
     println!();
     println!(
-        "fallback / create: serving {:.2}, published {:.2}; fallback - create: {:+.0} ms of serving (the refused preflight and the set aside, against the run's noise)",
-        fs / cs,
-        fp / cp,
-        (fs - cs) * 1000.0
+        "fallback at create - create: {:+.0} ms of serving; fallback at Start - create: {:+.0} ms (the failed restore attempt and the undo, against the run's noise)",
+        (fs - cs) * 1000.0,
+        (ss - cs) * 1000.0
     );
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use super::files::{covered_files, open_all};
+use super::files::{covered_files, open_all, open_regular};
 use super::hash::{chunk_count, hash_chunks, hash_chunks_until};
 use super::{Contents, FileDigest, CHUNK};
 use crate::error::{ArtifactError, Result};
@@ -27,7 +27,37 @@ pub fn chunk_mismatch(dir: &Path, rel: &str, chunk: usize, size: u64) -> Artifac
 
 /// The digests of every covered file of `dir` (at capture, in staging).
 pub fn digest(dir: &Path, threads: usize) -> Result<Contents> {
-    let files = open_all(dir, &covered_files(dir)?)?;
+    digest_with(dir, threads, Contents::new())
+}
+
+/// As [`digest`], with the digests in `written` (files hashed as they were
+/// written, [`WrittenDigest`](super::WrittenDigest)) taken as they are
+/// rather than read again. Each must name a covered file that holds its
+/// recorded size.
+pub fn digest_with(dir: &Path, threads: usize, written: Contents) -> Result<Contents> {
+    let mut covered = covered_files(dir)?;
+    for (rel, d) in &written {
+        let Ok(i) = covered.binary_search(rel) else {
+            return Err(damaged(
+                dir,
+                rel,
+                "was hashed as it was written but is not a covered file".into(),
+            ));
+        };
+        covered.remove(i);
+        let (_, size) = open_regular(dir, rel)?;
+        if size != d.size {
+            return Err(damaged(
+                dir,
+                rel,
+                format!(
+                    "holds {size} bytes, {} were hashed as it was written",
+                    d.size
+                ),
+            ));
+        }
+    }
+    let files = open_all(dir, &covered)?;
     let digests: Vec<Mutex<Vec<String>>> = files
         .iter()
         .map(|(_, _, size)| Mutex::new(vec![String::new(); chunk_count(*size)]))
@@ -43,6 +73,7 @@ pub fn digest(dir: &Path, threads: usize) -> Result<Contents> {
             let chunks = chunks.into_inner().expect("lock");
             (rel, FileDigest { size, chunks })
         })
+        .chain(written)
         .collect())
 }
 

@@ -43,7 +43,7 @@ pub(super) fn covered_files(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Opens `dir/rel` without following a symlink; a regular file only.
-fn open_regular(dir: &Path, rel: &str) -> Result<(File, u64)> {
+pub(super) fn open_regular(dir: &Path, rel: &str) -> Result<(File, u64)> {
     let path = dir.join(rel);
     let file = File::options()
         .read(true)

@@ -24,8 +24,10 @@ mod stream;
 #[cfg(test)]
 mod testing;
 
-pub use check::{chunk_mismatch, digest, verify, verify_except, verify_except_until, verify_sizes};
-pub use stream::{ChunkDigest, VerifyingReader};
+pub use check::{
+    chunk_mismatch, digest, digest_with, verify, verify_except, verify_except_until, verify_sizes,
+};
+pub use stream::{ChunkDigest, VerifyingReader, WrittenDigest};
 
 /// Bytes per digested chunk.
 pub const CHUNK: u64 = 64 << 20;

@@ -1,5 +1,9 @@
-//! Checking chunks as their bytes are used: a chunk hashed piece by piece
-//! by its reader, and a file read as a stream.
+//! Chunk digests taken as a file's bytes stream by: a chunk hashed piece by
+//! piece by its reader, a file read as a stream and checked, and a file's
+//! digest taken by the code that writes it, as it writes it
+//! ([`WrittenDigest`]: the shim's compaction of the page images, so the
+//! capture's digest pass, [`digest_with`](super::digest_with), need not
+//! read the file again).
 
 use std::path::Path;
 
@@ -131,10 +135,64 @@ impl<R: std::io::Read> std::io::Read for VerifyingReader<R> {
     }
 }
 
+/// The digest of a file's bytes handed over in order, from its first: the
+/// same [`FileDigest`] as [`digest`](super::digest) takes of a file that
+/// holds those bytes.
+#[derive(Default)]
+pub struct WrittenDigest {
+    chunks: Vec<String>,
+    hasher: blake3::Hasher,
+    in_chunk: u64,
+    size: u64,
+}
+
+impl WrittenDigest {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The file's next `bytes`, right after those handed over before.
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.size += bytes.len() as u64;
+        while !bytes.is_empty() {
+            let take = bytes.len().min((CHUNK - self.in_chunk) as usize);
+            self.hasher.update(&bytes[..take]);
+            self.in_chunk += take as u64;
+            bytes = &bytes[take..];
+            if self.in_chunk == CHUNK {
+                self.end_chunk();
+            }
+        }
+    }
+
+    /// The bytes handed over so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The digest of a file that holds exactly the bytes handed over.
+    pub fn finish(mut self) -> FileDigest {
+        if self.in_chunk > 0 {
+            self.end_chunk();
+        }
+        FileDigest {
+            size: self.size,
+            chunks: self.chunks,
+        }
+    }
+
+    fn end_chunk(&mut self) {
+        self.chunks
+            .push(self.hasher.finalize().to_hex().to_string());
+        self.hasher.reset();
+        self.in_chunk = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::artifact;
-    use super::super::{digest, verify, verify_except};
+    use super::super::{digest, digest_with, verify, verify_except, Contents};
     use super::*;
 
     #[test]
@@ -189,6 +247,58 @@ mod tests {
             .to_string();
         assert!(
             e.contains("damaged") && e.contains("images/pages-1.img chunk 0 (bytes 0-67108863)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bytes_handed_over_in_any_pieces_digest_as_the_file_does() {
+        let dir = artifact();
+        let c = digest(dir.path(), 2).unwrap();
+        for rel in ["images/pages-1.img", "images/core-1.img"] {
+            let bytes = std::fs::read(dir.path().join(rel)).unwrap();
+            for piece in [1 << 20, 4096 * 3 + 1, bytes.len().max(1)] {
+                let mut d = WrittenDigest::new();
+                for p in bytes.chunks(piece) {
+                    d.update(p);
+                }
+                assert_eq!(d.size(), bytes.len() as u64);
+                assert_eq!(d.finish(), c[rel], "{rel} in pieces of {piece}");
+            }
+        }
+        // An empty file has no chunk, as digest records it.
+        std::fs::write(dir.path().join("control/empty"), b"").unwrap();
+        let c = digest(dir.path(), 1).unwrap();
+        assert_eq!(WrittenDigest::new().finish(), c["control/empty"]);
+    }
+
+    #[test]
+    fn digests_taken_as_written_are_kept_and_the_rest_read() {
+        let dir = artifact();
+        let whole = digest(dir.path(), 2).unwrap();
+        let rel = "images/pages-1.img";
+        let mut d = WrittenDigest::new();
+        d.update(&std::fs::read(dir.path().join(rel)).unwrap());
+        let written = Contents::from([(rel.to_string(), d.finish())]);
+        assert_eq!(digest_with(dir.path(), 2, written.clone()).unwrap(), whole);
+
+        // Not read again: a digest handed over is taken as it is...
+        let mut other = written.clone();
+        other.get_mut(rel).unwrap().chunks[0] = "0".repeat(64);
+        let got = digest_with(dir.path(), 1, other.clone()).unwrap();
+        assert_eq!(got[rel], other[rel]);
+        // ...but only for a covered file of that size.
+        let mut short = written.clone();
+        short.get_mut(rel).unwrap().size -= 1;
+        let e = digest_with(dir.path(), 1, short).unwrap_err().to_string();
+        assert!(
+            e.contains("images/pages-1.img holds") && e.contains("hashed as it was written"),
+            "{e}"
+        );
+        let stray = Contents::from([("work/dump.log".to_string(), written[rel].clone())]);
+        let e = digest_with(dir.path(), 1, stray).unwrap_err().to_string();
+        assert!(
+            e.contains("work/dump.log") && e.contains("not a covered file"),
             "{e}"
         );
     }

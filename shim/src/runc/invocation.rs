@@ -15,6 +15,17 @@ pub struct ChildStdio {
     pub stderr: OwnedFd,
 }
 
+impl ChildStdio {
+    /// The same pipes again (each descriptor duplicated).
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(ChildStdio {
+            stdin: self.stdin.try_clone()?,
+            stdout: self.stdout.try_clone()?,
+            stderr: self.stderr.try_clone()?,
+        })
+    }
+}
+
 /// Flags of `runc checkpoint` that a caller chooses.
 #[derive(Default, Debug, Clone)]
 pub struct CheckpointFlags {

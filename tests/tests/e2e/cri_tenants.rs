@@ -10,7 +10,7 @@ use k8s_cri::v1::*;
 use vsnap_e2e::cri::*;
 use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::registry::Registry;
-use vsnap_e2e::snapshot_env::{answers, poll};
+use vsnap_e2e::snapshot_env::{answers, flip_middle_byte, largest_image, poll};
 
 const A: &str = "team-a";
 const B: &str = "team-b";
@@ -270,5 +270,45 @@ fn kubernetes_namespaces_are_tenants_on_one_node() {
     // as A's engine.
     assert_eq!(restores(&e, C, "c-restore", &a), reference);
     assert_eq!(restores(&e, A, "a-restore", &a), reference);
+    e.assert_nothing_left();
+}
+
+/// A tenant that restores another's shared artifact under `auto`, the
+/// restore failing at Start (a flipped byte found beside CRIU): its start
+/// goes on cold without a capture, never writing over the owner's name.
+#[test]
+fn a_shared_artifact_that_fails_at_start_is_never_replaced_by_its_borrower() {
+    let e = CriEnv::start("cri-tenants-cold");
+    let policy = format!(
+        "\n[[tenants.share]]\nowner = \"k8s.io/{A}\"\nartifacts = [\"auto-*\"]\nto = [\"k8s.io/{C}\"]\n"
+    );
+    let mut config = std::fs::read_to_string(&e.config).unwrap();
+    config.push_str(&policy);
+    std::fs::write(&e.config, config).unwrap();
+    let a = auto_create(&e, A, "a-auto");
+    flip_middle_byte(&largest_image(&e.artifact(&a), true));
+    let ann = [("vsnap.io/plan", "auto"), ("vsnap.io/artifact", a.as_str())];
+    let (pod, _, id) = pod_in(&e, C, "c-auto", free_port(), &ann, &[]);
+    e.cri
+        .start(&id)
+        .unwrap_or_else(|err| panic!("StartContainer c-auto: {err}\n{}", e.c.log_tail()));
+    // The container's own spec runs: the engine serves where its command
+    // line says (not on the plan's port), so the record in the bundle,
+    // written once the cold init started, is what is checked.
+    let bundle =
+        e.c.dir
+            .join("state/io.containerd.runtime.v2.task")
+            .join(NAMESPACE)
+            .join(&id);
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("vsnap-fallback.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["cause"], "damaged", "{record}");
+    assert_eq!(record["start"], "cold, without a capture", "{record}");
+    e.remove_pod(&pod);
+    assert!(
+        !e.artifact(&a).exists(),
+        "nothing was published under A's name"
+    );
     e.assert_nothing_left();
 }

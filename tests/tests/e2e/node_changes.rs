@@ -1,12 +1,13 @@
 //! A node that changes: under `auto`, an artifact this host cannot restore
 //! (damaged, or made with another runc) is set aside and the start becomes
-//! a create; a restore that fails after CRIU started sets it aside so the
-//! next start is cold. `restore` stays fail-closed. Issue 33.
+//! a create; a restore that fails after CRIU started sets it aside and the
+//! same start goes on cold, capturing anew. `restore` stays fail-closed.
+//! Issue 33.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vsnap_e2e::cri::{container_config, CriEnv, ENGINE_IMAGE, VSNAP};
+use vsnap_e2e::cri::{container_config, envs, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::snapshot_env::{
     assert_has, flip_middle_byte, largest_image, setup, truncate_a_page, Env,
@@ -132,28 +133,32 @@ fn auto_on_an_upgraded_runc_captures_anew_and_restore_refuses_before_criu() {
     assert_fell_back(&e, "ncr-1", "ncr", &old["mac"], "host");
 }
 
+/// The start `id`'s record of its fallback: the cause, and how the
+/// start went on after its restore failed.
+fn went_on(e: &Env, id: &str) -> serde_json::Value {
+    let path = e.bundle(id).join("vsnap-fallback.json");
+    let record = std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    serde_json::from_slice(&record).unwrap()
+}
+
 #[test]
-fn a_flipped_byte_found_during_the_restore_fails_one_start_and_the_next_is_cold() {
+fn a_flipped_byte_found_during_the_restore_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-flip");
     let old = published_by_auto(&e, "ncf");
     flip_middle_byte(&largest_image(&e.artifact("ncf"), true));
-    // Found beside CRIU: this start fails once, naming the damage...
-    let out = e.run("ncf-1", "auto", "ncf", free_port(), &[]);
+    // Found beside CRIU: `restore` fails naming the damage...
+    let out = e.run("ncf-r", "restore", "ncf", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(&out.stderr, &["restore: verify", "does not match"]);
-    e.remove("ncf-1");
-    // ...and the artifact is aside: the next start is cold and captures.
-    let (_, reason) = quarantined(&e, "ncf");
-    assert_eq!(reason["cause"], "damaged", "{reason}");
-    assert!(!serve_auto(&e, "ncf-2", "ncf"), "a cold start");
-    let fresh = e.wait_manifest("ncf");
-    assert_ne!(fresh["mac"], old["mac"]);
-    e.remove("ncf-2");
-    assert!(
-        serve_auto(&e, "ncf-3", "ncf"),
-        "the fresh artifact restores"
-    );
-    e.remove("ncf-3");
+    e.remove("ncf-r");
+    // ...and `auto` sets it aside and goes on cold in the same start,
+    // capturing anew.
+    assert!(!serve_auto(&e, "ncf-1", "ncf"), "a cold start");
+    let record = went_on(&e, "ncf-1");
+    assert_eq!(record["cause"], "damaged", "{record}");
+    assert_eq!(record["start"], "cold, capturing", "{record}");
+    assert_fell_back(&e, "ncf-1", "ncf", &old["mac"], "damaged");
+    e.assert_nothing_left();
 }
 
 /// `manifest.json` of `name` rewritten as the previous vsnap wrote it: the
@@ -226,17 +231,71 @@ fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside(
 
 /// An `auto` pod of the reference engine listening on `port`.
 fn auto_pod(e: &CriEnv, name: &str, port: u16) -> String {
+    auto_pod_of(e, "ncc", name, port, &[]).0
+}
+
+/// An `auto` pod of artifact `artifact` listening on `port`, and where its
+/// engine's log is.
+fn auto_pod_of(
+    e: &CriEnv,
+    artifact: &str,
+    name: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> (String, PathBuf) {
     let listen = format!("127.0.0.1:{port}");
     let ann = [
         ("vsnap.io/plan", "auto"),
-        ("vsnap.io/artifact", "ncc"),
+        ("vsnap.io/artifact", artifact),
         ("vsnap.io/listen", listen.as_str()),
     ];
     let config = e.pod_config(name, true, &ann);
     let pod = e.run_pod(&config, VSNAP);
-    let engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    let mut engine = container_config("engine", ENGINE_IMAGE, &["/vsnap-ref-engine"]);
+    engine.envs = envs(env);
     e.run_container(&pod, &config, engine);
-    pod
+    let log = PathBuf::from(&config.log_directory).join("engine.log");
+    (pod, log)
+}
+
+/// Kubernetes, a restore that fails after CRIU started (a flipped byte
+/// found beside CRIU): the pod starts on its first attempt, as a cold
+/// start whose output reaches the container's log, and captures anew;
+/// the next pod restores.
+#[test]
+fn a_pod_whose_restore_fails_after_criu_started_starts_cold_on_its_first_attempt() {
+    let e = CriEnv::start("nc-cri-cold");
+    // A named file in the pod's /dev/shm (a host folder, carried by vsnap):
+    // the restore puts it back, and the cold start creates it anew, which
+    // fails if the one put back is still there.
+    let shm = [
+        ("VSNAP_ENGINE_SHM_KB", "64"),
+        ("VSNAP_ENGINE_SHM_NAMED", "1"),
+    ];
+    let port = free_port();
+    let (pod, _) = auto_pod_of(&e, "ncp", "first", port, &shm);
+    let old = e.wait_manifest("ncp");
+    wait_listening(port, Duration::from_secs(120));
+    e.remove_pod(&pod);
+    flip_middle_byte(&largest_image(&e.artifact("ncp"), true));
+    let port = free_port();
+    let (pod, log) = auto_pod_of(&e, "ncp", "damaged", port, &shm);
+    wait_listening(port, Duration::from_secs(120));
+    let (_, reason) = quarantined(&e, "ncp");
+    assert_eq!(reason["cause"], "damaged", "{reason}");
+    let fresh = e.wait_manifest("ncp");
+    assert_ne!(fresh["mac"], old["mac"]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_has(&text, &["vsnap-ref-engine: serving"]);
+    e.remove_pod(&pod);
+    let port = free_port();
+    let (pod, _) = auto_pod_of(&e, "ncp", "restored", port, &shm);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "restored: listening when StartContainer returned"
+    );
+    e.remove_pod(&pod);
+    e.assert_nothing_left();
 }
 
 /// Kubernetes on a node whose runc changed: the pod with `auto` starts on
@@ -269,31 +328,33 @@ fn a_pod_with_auto_on_a_node_whose_runc_changed_starts_on_its_first_attempt() {
 }
 
 #[test]
-fn a_copy_whose_canary_does_not_match_fails_once_and_the_next_start_is_cold() {
+fn a_copy_whose_canary_does_not_match_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-canary");
     // The engine's fault injection: every copy answers its canary wrong.
     let drift = ["--env", "VSNAP_ENGINE_CANARY_DRIFT=1"];
-    let run = |id: &str| {
+    let run = |id: &str, plan: &str| {
         let port = free_port();
-        (e.run(id, "auto", "ncd", port, &drift), port)
+        (e.run(id, plan, "ncd", port, &drift), port)
     };
-    let (out, port) = run("ncd-0");
+    let (out, port) = run("ncd-0", "auto");
     assert!(out.ok(), "{out:?}");
-    e.wait_manifest("ncd");
+    let old = e.wait_manifest("ncd");
     wait_listening(port, Duration::from_secs(120));
     e.remove("ncd-0");
-    let (out, _) = run("ncd-1");
+    let (out, _) = run("ncd-r", "restore");
     assert!(!out.ok(), "a drifting copy never becomes visible: {out:?}");
     assert_has(&out.stderr, &["restore: activation", "canary"]);
-    e.remove("ncd-1");
-    let (_, reason) = quarantined(&e, "ncd");
-    assert_eq!(reason["cause"], "restore", "{reason}");
-    // The next start is cold (and captures anew), not a second failure.
-    let (out, port) = run("ncd-2");
+    e.remove("ncd-r");
+    // Under `auto` the same start goes on cold and captures anew.
+    let (out, port) = run("ncd-1", "auto");
     assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
     wait_listening(port, Duration::from_secs(120));
-    e.wait_manifest("ncd");
-    e.remove("ncd-2");
+    assert_eq!(went_on(&e, "ncd-1")["start"], "cold, capturing");
+    let (_, reason) = quarantined(&e, "ncd");
+    assert_eq!(reason["cause"], "restore", "{reason}");
+    assert_ne!(e.wait_manifest("ncd")["mac"], old["mac"], "captured anew");
+    e.remove("ncd-1");
+    e.assert_nothing_left();
 }
 
 #[test]
@@ -310,23 +371,20 @@ fn auto_on_an_upgraded_criu_captures_anew() {
 }
 
 #[test]
-fn a_flipped_byte_in_a_criu_image_fails_one_start_and_the_next_is_cold() {
+fn a_flipped_byte_in_a_criu_image_is_set_aside_and_the_same_start_goes_on_cold() {
     let e = setup("nc-img");
     let old = published_by_auto(&e, "nci");
     // The largest image that is not memory: the process tree's own state.
     flip_middle_byte(&largest_image(&e.artifact("nci"), false));
-    let out = e.run("nci-1", "auto", "nci", free_port(), &[]);
-    assert!(!out.ok(), "{out:?}");
-    assert_has(&out.stderr, &["restore: "]);
-    e.remove("nci-1");
     // Found by the verification beside CRIU, or by CRIU itself: either way
-    // the artifact is aside and the next start is cold.
+    // the artifact is aside and the same start goes on cold.
+    assert!(!serve_auto(&e, "nci-1", "nci"), "a cold start");
     let (_, reason) = quarantined(&e, "nci");
     assert!(
         reason["cause"] == "damaged" || reason["cause"] == "restore",
         "{reason}"
     );
-    assert!(!serve_auto(&e, "nci-2", "nci"), "a cold start");
-    assert_ne!(e.wait_manifest("nci")["mac"], old["mac"]);
-    e.remove("nci-2");
+    let cause = reason["cause"].as_str().unwrap().to_string();
+    assert_fell_back(&e, "nci-1", "nci", &old["mac"], &cause);
+    e.assert_nothing_left();
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::engine::{engine_rootfs, free_port, wait_listening};
 use vsnap_e2e::image::import_image;
-use vsnap_e2e::snapshot_env::{answers, assert_has, setup, Env};
+use vsnap_e2e::snapshot_env::{answers, assert_has, flip_middle_byte, largest_image, setup, Env};
 
 const IMAGE: &str = "localhost/vsnap-ref-engine:rootfs";
 
@@ -375,4 +375,29 @@ fn under_auto_a_tampered_layer_is_set_aside_and_the_start_captures_anew() {
     ]);
     assert_eq!(so.stdout, "launcher\n", "{so:?}");
     e.remove("la-2");
+}
+
+/// Under `auto`, a restore that fails at Start after its carried layer was
+/// unpacked (a flipped byte of memory, found beside CRIU): the same start
+/// goes on cold on the writable layer emptied again. The script refuses to
+/// start on a layer that still holds the file the capture carried, so the
+/// fresh artifact is published only if the layer was emptied.
+#[test]
+fn under_auto_a_restore_that_fails_at_start_goes_on_cold_on_an_emptied_layer() {
+    let e = image_env("rootfs-cold");
+    let fresh_only =
+        format!("[ ! -e /root/.triton/cache/ab12/cuda_utils.so ] || exit 7; {WRITES_ITS_ROOTFS}");
+    let old = create(&e, "lc-0", &[], &fresh_only);
+    flip_middle_byte(&largest_image(&e.artifact("layer"), true));
+    let out = run_image(&e, "lc-1", "auto", free_port(), &[], &fresh_only);
+    assert!(out.ok(), "{out:?}\n{}", e.c.log_tail());
+    let reason = e.artifacts.join(".quarantine/layer/quarantine.json");
+    let reason: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&reason).unwrap()).unwrap();
+    assert_eq!(reason["cause"], "damaged", "{reason}");
+    let fresh = e.wait_manifest("layer");
+    assert_ne!(fresh["mac"], old["mac"], "the cold start captured anew");
+    e.wait_stopped("lc-1");
+    e.remove("lc-1");
+    e.assert_nothing_left();
 }

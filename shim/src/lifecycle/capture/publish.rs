@@ -9,7 +9,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use log::info;
 use vsnap_artifact::rootfs as artifact_rootfs;
-use vsnap_artifact::{layout, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
+use vsnap_artifact::{layout, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
 
 use super::context::CaptureRun;
 use crate::error::{Error, Result};
@@ -17,6 +17,9 @@ use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::criu::{memory, zero_pages};
 use crate::snapshot::{artifact_error, rootfs::shm, DIGEST_THREADS};
+
+/// The images folder of an artifact, as its content digests name it.
+const IMAGES: &str = "images";
 
 pub struct Digest;
 
@@ -31,6 +34,9 @@ impl Phase<CaptureRun> for Digest {
         let staging = run.staging();
         layout::copy_files(&run.plan.common.control_dir, &staging.control())
             .map_err(|e| artifact_error("capture", e))?;
+        // Digests the elision took of the pages files as it wrote them:
+        // the digest pass does not read those again.
+        let mut written = Contents::new();
         if run.plan.elide_zero_pages {
             let images = staging.images();
             let elided = blocking(PhaseName::Digest, move || {
@@ -40,17 +46,20 @@ impl Phase<CaptureRun> for Digest {
             })
             .await?;
             info!(
-                "{}: {} zero pages ({} bytes) elided in {:?}",
+                "{}: {} zero pages ({} bytes) elided, {} pages files hashed, in {:?}",
                 run.id,
-                elided.elided_pages,
-                elided.elided_bytes,
+                elided.zero_pages.elided_pages,
+                elided.zero_pages.elided_bytes,
+                elided.digests.len(),
                 t.elapsed()
             );
-            run.zero_pages = Some(elided);
+            run.zero_pages = Some(elided.zero_pages);
+            let digests = elided.digests.into_iter();
+            written.extend(digests.map(|(name, d)| (format!("{IMAGES}/{name}"), d)));
         }
         let dir = run.staging().dir.clone();
         let contents = blocking(PhaseName::Digest, move || {
-            vsnap_artifact::content::digest(&dir, DIGEST_THREADS)
+            vsnap_artifact::content::digest_with(&dir, DIGEST_THREADS, written)
                 .map_err(|e| artifact_error("capture: content digests", e))
         })
         .await?;

@@ -11,19 +11,20 @@ use log::info;
 
 use super::job::{MemoryWatch, RestoreJob};
 use super::verify::Verify;
-use crate::container::Container;
+use crate::container::{ColdWay, Container, CopyExit};
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
 use crate::init_start::{InitStart, RestoreSource};
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::{PhaseName, Stop};
+use crate::lifecycle::plain;
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::fallback;
-use crate::snapshot::plan::refusal::start_cause;
-use crate::snapshot::plan::{ReadLock, RestorePlan};
+use crate::snapshot::plan::refusal::{start_cause, Cause};
+use crate::snapshot::plan::{ReadLock, RestorePlan, WriteLock};
 use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
 use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
 use vsnap_artifact::journal::Op;
@@ -73,6 +74,8 @@ pub struct RestoreRun {
     pub(super) criu_started: bool,
     pub(super) criu_undone: bool,
     pub(super) pid: i32,
+    /// Under `auto`, the pid of the cold start the failed restore became.
+    pub(super) cold_pid: Option<i32>,
 }
 
 impl RestoreRun {
@@ -119,6 +122,7 @@ impl RestoreRun {
             criu_started: false,
             criu_undone: false,
             pid: 0,
+            cold_pid: None,
         })
     }
 
@@ -180,20 +184,67 @@ impl RestoreRun {
 }
 
 impl RestoreRun {
-    /// Under `auto`, a restore that failed for the artifact's sake sets it
-    /// aside before Start answers, so that the next start is cold and
-    /// captures it anew: one failure per cause (plan/fallback.rs).
-    async fn set_aside_under_auto(&self, phase: PhaseName, e: &Error) {
-        let Some(plan) = self.plan.as_ref().filter(|p| p.auto) else {
-            return;
-        };
-        let cause = start_cause(phase.slug(), e);
+    /// Under `auto`, the cause of a failure that is the artifact's (it is
+    /// set aside, plan/fallback.rs); None: the failure stands as it is.
+    fn artifact_cause(&self, phase: PhaseName, e: &Error) -> Option<Cause> {
+        self.plan.as_ref().filter(|p| p.auto)?;
+        Some(start_cause(phase.slug(), e)).filter(|c| c.sets_aside())
+    }
+
+    /// The artifact set aside before Start answers, so that no later start
+    /// runs into it again; the exclusive lock it was set aside under.
+    async fn set_aside(&self, cause: Cause, e: &Error) -> Option<WriteLock> {
+        let plan = self.plan.as_ref()?;
         let (root, name) = (plan.common.root.clone(), plan.common.artifact.to_string());
         let (id, bundle, message) = (self.id.clone(), self.bundle.clone(), e.to_string());
-        let _ = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             fallback::after_start(&root, &name, &id, &bundle, cause, &message)
         })
-        .await;
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// The failed restore given up for a cold start in the same Start
+    /// (`auto`, a failure of the artifact's, where the plan allows it;
+    /// what the restore left, the copy too, is gone): the init created
+    /// again and started as a create would have, capturing the artifact
+    /// anew where `lock` (the one it was set aside under) allows. The pid,
+    /// or why not (then Start fails as without it).
+    async fn go_on_cold(
+        &mut self,
+        c: &mut Container,
+        failed: &Error,
+        lock: Option<WriteLock>,
+    ) -> Result<i32> {
+        let Some(cold) = self.plan.as_ref().and_then(|p| p.cold.clone()) else {
+            return Err(Error::FailedPrecondition("no cold start planned".into()));
+        };
+        let (way, how) = match (cold.capture.clone(), lock) {
+            (Some(capture), Some(lock)) => (ColdWay::Capture(capture, lock), "cold, capturing"),
+            _ => (ColdWay::Plain, "cold, without a capture"),
+        };
+        let stdio = self.job.spare_stdio.take();
+        if let Err(e) = c.create_cold(&cold, way, stdio).await {
+            c.cold_start_failed().await;
+            return Err(e);
+        }
+        self.shared.watch(&c.id, "", c.init.pid, self.mark);
+        let pid = match plain::start(&self.shared, c).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                // Nothing of it runs: Start fails as the restore did.
+                c.cold_start_failed().await;
+                c.init.pid = 0;
+                return Err(e);
+            }
+        };
+        log::warn!(
+            "{}: auto: the restore failed ({failed}); this start went on {how} (pid {pid})",
+            self.id
+        );
+        fallback::record_start(&self.bundle, how);
+        Ok(pid)
     }
 }
 
@@ -229,13 +280,41 @@ impl Run for RestoreRun {
     /// is killed (its exit comes through the reaper) or, with no process,
     /// the init is recorded as killed and its exit published here.
     async fn abort(&mut self, phase: PhaseName, e: &Error) {
-        if self.criu_started && !self.criu_undone && self.pid == 0 {
+        let cause = self.artifact_cause(phase, e);
+        let cold = cause.is_some() && self.plan.as_ref().is_some_and(|p| p.cold.is_some());
+        if cold {
+            // The copy's exit is no longer the container's: a new init
+            // takes its place (shared.watch compares the pid).
+            let mut c = self.handle.lock().await;
+            c.init.pid = 0;
+            c.copy_exit = CopyExit::Publish;
+        }
+        if self.criu_started && !self.criu_undone && (cold || self.pid == 0) {
             self.job.undo().await;
             self.criu_undone = true;
         }
-        self.set_aside_under_auto(phase, e).await;
-        let mut c = self.handle.lock().await;
+        let lock = match cause {
+            Some(cause) => self.set_aside(cause, e).await,
+            None => None,
+        };
+        let handle = self.handle.clone();
+        let mut c = handle.lock().await;
         c.starting = None;
+        if cold {
+            match self.go_on_cold(&mut c, e, lock).await {
+                Ok(pid) => {
+                    self.cold_pid = Some(pid);
+                    return;
+                }
+                Err(cold) => {
+                    log::warn!("{}: auto: no cold start after the restore: {cold}", self.id)
+                }
+            }
+        }
+        drop(self.job.spare_stdio.take());
+        if let Some(exit) = c.release_exit() {
+            self.shared.publish_exit(&c.id, "", c.init.pid, exit).await;
+        }
         if let Some(exit) = c.start_failed().await {
             self.shared.publish_exit(&c.id, "", 0, exit).await;
         }
@@ -285,6 +364,8 @@ fn restore_job(
         },
         cgroups_path,
         prepared: Some(prepared),
+        keep_stdio: plan.is_some_and(|r| r.cold.is_some()),
+        spare_stdio: None,
         place_pages,
         runtime_dir: plan.map(|r| r.runtime_dir.clone()),
         page_share: plan.and_then(|r| {

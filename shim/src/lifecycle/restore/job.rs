@@ -11,7 +11,7 @@ use crate::cleanup::undo_runc_state;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::prepared::Prepared;
-use crate::runc::{CheckpointFlags, RestoreFiles, RuncVerbs};
+use crate::runc::{CheckpointFlags, ChildStdio, RestoreFiles, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
@@ -32,6 +32,12 @@ pub struct RestoreJob {
     pub flags: CheckpointFlags,
     pub cgroups_path: Option<PathBuf>,
     pub prepared: Option<Prepared>,
+    /// Where a failed restore may go on as a cold start: the stdio pipes
+    /// given to runc are kept open by the shim (`spare_stdio`) until the
+    /// restore's outcome is known, so that their copies to containerd do
+    /// not end with runc's.
+    pub keep_stdio: bool,
+    pub spare_stdio: Option<ChildStdio>,
     /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
     pub place_pages: bool,
     /// The host's shared runtime state, where the page server's fillers
@@ -69,6 +75,9 @@ impl RestoreJob {
     /// so that removing runc's state can never reach the rootfs.
     pub async fn run(&mut self) -> Result<()> {
         let child_stdio = self.prepared.as_mut().and_then(|p| p.child_stdio.take());
+        if self.keep_stdio {
+            self.spare_stdio = child_stdio.as_ref().and_then(|s| s.try_clone().ok());
+        }
         let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
         // Listening before CRIU starts: it connects first thing.
         let pages = match self.place_pages {

@@ -56,6 +56,9 @@ pub async fn drive(mut run: RestoreRun) -> Result<i32> {
     let (stop, units) = (run.stop.clone(), phases(run.kind()));
     match driver::drive(&mut run, units, &stop, driver::GRACE).await {
         Ok(phases) => {
+            // The copy holds its stdio now: the shim's hold must not keep
+            // its output open after it exits.
+            drop(run.job.spare_stdio.take());
             log::debug!("{}: restore phases: {phases:?}", run.id);
             run.record_timings(&phases);
             Ok(run.pid)
@@ -68,7 +71,8 @@ pub async fn drive(mut run: RestoreRun) -> Result<i32> {
                 failed.timings.of(failed.phase)
             );
             run.journal_failure(&failed);
-            Err(failed.error)
+            // Under `auto`, the start went on cold (context.rs).
+            run.cold_pid.ok_or(failed.error)
         }
     }
 }

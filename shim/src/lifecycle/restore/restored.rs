@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 
 use super::context::RestoreRun;
+use crate::container::CopyExit;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::activation::listener;
@@ -22,6 +23,11 @@ impl Phase<RestoreRun> for Restored {
         let mut c = run.handle.lock().await;
         let pid = c.finish_restore(prepared, Ok(())).await?;
         run.pid = pid;
+        if run.plan.as_ref().is_some_and(|p| p.cold.is_some()) {
+            // Should the copy fail, the start goes on cold: its exit is
+            // not the container's until it is visible.
+            c.copy_exit = CopyExit::Hold(None);
+        }
         run.shared.watch(&c.id, "", pid, run.mark);
         if run.plan.is_some() {
             resume(pid);

@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 
 use super::context::RestoreRun;
+use crate::container::CopyExit;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::lifecycle::plain::publish_start;
@@ -25,6 +26,13 @@ impl Phase<RestoreRun> for Visible {
                 c.id
             )));
         }
+        if let CopyExit::Hold(Some(exit)) = &c.copy_exit {
+            return Err(Error::FailedPrecondition(format!(
+                "restore: {}: the copy exited ({}) before it was started",
+                c.id, exit.code
+            )));
+        }
+        c.copy_exit = CopyExit::Publish;
         if let Some(exit) = c.init.exit() {
             return Err(Error::FailedPrecondition(format!(
                 "restore: {}: the copy exited ({}) before it was started",

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use serde_json::Value;
 use vsnap_artifact::ArtifactName;
 use vsnap_protocol::ControlDir;
 
@@ -66,10 +67,40 @@ pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) 
 }
 
 fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+    let mut spec = std::mem::take(&mut inputs.spec);
+    let edited = edit(inputs, &mut spec, p, argv, criu::BUNDLE_CONFIG);
+    inputs.spec = spec;
+    edited?;
+    spec::write(inputs.bundle, &inputs.spec)
+}
+
+/// The spec and CRIU config a capture of the container would run with,
+/// written to the bundle's `spec_file` and `criu_file`, not to config.json:
+/// an `auto` restore's way on should it fail at Start (restore.rs,
+/// `ColdCapture`). The container's own spec is untouched.
+pub(super) fn write_capture_spec(
+    inputs: &Inputs<'_>,
+    p: &Prepared,
+    argv: &[String],
+    (spec_file, criu_file): (&str, &str),
+) -> Result<()> {
+    let mut spec = inputs.spec.clone();
+    edit(inputs, &mut spec, p, argv, criu_file)?;
+    spec::write_to(&inputs.bundle.join(spec_file), &spec)
+}
+
+/// Edits `spec` for `p`: the control dir, the snapshot config, CRIU's
+/// config (written to the bundle's `criu_file`), the preflight hooks.
+fn edit(
+    inputs: &Inputs<'_>,
+    spec: &mut Value,
+    p: &Prepared,
+    argv: &[String],
+    criu_file: &str,
+) -> Result<()> {
     let (bundle, config) = (inputs.bundle, inputs.config);
     let timeout = capture_timeout(inputs).as_secs();
     let common = p.common();
-    let spec = &mut inputs.spec;
     let startup = common.profile == Profile::Startup;
     spec::add_control_dir(spec, &common.control_dir, startup.then_some(timeout))?;
     if startup && vllm_command::is_vllm_serve(argv) {
@@ -90,12 +121,12 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Res
     spec::add_criu_config(
         spec,
         bundle,
+        criu_file,
         &config.criu_config,
         &config.cuda_plugin_dir,
         criu,
     )?;
-    super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)?;
-    spec::write(bundle, spec)
+    super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
 }
 
 /// A fresh control dir for the container, owned by its engine's user.

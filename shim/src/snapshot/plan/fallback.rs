@@ -64,25 +64,39 @@ pub(super) fn at_create(
 }
 
 /// After a restore under `auto` failed at Start with `error` for `cause`
-/// (refusal::start_cause): the artifact set aside when it is the artifact's,
-/// so that the next start is cold (blocking: call it off the runtime).
-/// Not while another restore of it holds it: that one decides for itself.
-pub fn after_start(root: &Path, name: &str, id: &str, bundle: &Path, cause: Cause, error: &str) {
+/// (refusal::start_cause): the artifact set aside when it is the artifact's
+/// (blocking: call it off the runtime), and the exclusive lock it was set
+/// aside under, which a capture replacing it holds next. Not while another
+/// restore of it holds it: that one decides for itself.
+pub fn after_start(
+    root: &Path,
+    name: &str,
+    id: &str,
+    bundle: &Path,
+    cause: Cause,
+    error: &str,
+) -> Option<WriteLock> {
     if !cause.sets_aside() {
-        return;
+        return None;
     }
-    let _lock = match WriteLock::take(root, name) {
+    let lock = match WriteLock::take(root, name) {
         Ok(lock) => lock,
         Err(e) => {
             log::warn!(
                 "{id}: auto: artifact {name} not set aside ({e}): it stays for the next start"
             );
-            return;
+            return None;
         }
     };
     match set_aside(root, name, id, cause, error) {
-        Ok(()) => write_record(bundle, name, cause, error),
-        Err(e) => log::error!("{id}: {e}"),
+        Ok(()) => {
+            write_record(bundle, name, cause, error);
+            Some(lock)
+        }
+        Err(e) => {
+            log::error!("{id}: {e}");
+            None
+        }
     }
 }
 
@@ -121,6 +135,22 @@ fn write_record(bundle: &Path, name: &str, cause: Cause, error: &str) {
         "error": error,
     });
     let path = bundle.join("vsnap-fallback.json");
+    if let Err(e) = vsnap_protocol::write_atomic(&path, record.to_string().as_bytes()) {
+        log::warn!("write {}: {e}", path.display());
+    }
+}
+
+/// Adds to `vsnap-fallback.json` how the Start whose restore failed went
+/// on (`how`: a cold start, with or without a capture). Best effort.
+pub fn record_start(bundle: &Path, how: &str) {
+    let path = bundle.join("vsnap-fallback.json");
+    let Ok(mut record) = std::fs::read(&path)
+        .map_err(drop)
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).map_err(drop))
+    else {
+        return;
+    };
+    record["start"] = serde_json::Value::String(how.to_string());
     if let Err(e) = vsnap_protocol::write_atomic(&path, record.to_string().as_bytes()) {
         log::warn!("write {}: {e}", path.display());
     }

@@ -23,7 +23,7 @@ use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
 use super::prepared_plan::Prepared;
 use super::refusal::{layer_cause, Cause, Refusal};
-use super::restore::RestorePlan;
+use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs, rootfs::shm, store::journal};
 
@@ -79,6 +79,12 @@ pub(super) fn prepare_restore(
     // Only what is verified is shared: the leader hands on chunks it
     // checked against the digests.
     let share_pages = (config.share_pages && found.contents.is_some()).then_some(found.mac);
+    let auto = inputs.plan.mode == super::annotations::Mode::Auto;
+    // Only an overlay's upper dir is unpacked into (put_back_layer).
+    let unpacked = matches!(&found.carried, Some((RootfsLayer::OverlayUpper { .. }, _)));
+    let cold = auto
+        .then(|| ColdStart::of(inputs.bundle, layer, unpacked))
+        .flatten();
     let mut plan = RestorePlan {
         common: common_part(inputs, engine, name)?,
         lock: Some(lock),
@@ -96,11 +102,21 @@ pub(super) fn prepare_restore(
         create_began: inputs.create_began,
         preflight: started.elapsed(),
         rootfs_unpack: std::time::Duration::ZERO,
-        auto: inputs.plan.mode == super::annotations::Mode::Auto,
+        auto,
+        cold,
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
         return Err(e);
+    }
+    if let Some(cold) = plan.cold.take() {
+        match super::cold::cold_start(inputs, engine, (&plan.common, &plan.owner), layer, cold) {
+            Ok(cold) => plan.cold = Some(cold),
+            Err(e) => {
+                plan.common.cleanup();
+                return Err(e.into());
+            }
+        }
     }
     let prepared = Prepared::Restore(Box::new(plan));
     edit_spec(inputs, &prepared, &engine.argv)?;
@@ -136,10 +152,13 @@ fn make_ready(
         plan.rootfs_unpack = t.elapsed();
     }
     if let Some(host_shm) = &plan.common.host_shm {
-        shm::put_back(
+        let put = shm::put_back(
             &plan.common.artifact_dir().join(shm::ARTIFACT_DIR),
             host_shm,
         )?;
+        if let Some(cold) = &mut plan.cold {
+            cold.shm = put.iter().map(|name| host_shm.join(name)).collect();
+        }
     }
     Ok(())
 }

@@ -6,20 +6,21 @@
 //! shared part and the bundle's spec edited once (bundle.rs).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vsnap_artifact::{self as artifact, ArtifactError, ArtifactName, Workload};
 
 use super::annotations::{Mode, Plan};
-use super::bundle::{capture_timeout, common_part, edit_spec};
+use super::bundle::{common_part, edit_spec};
 use super::capture::CapturePlan;
 use super::choose::{choose, Choice, OnDisk};
+use super::cold::capture_plan;
 use super::engine::{Engine, Inputs};
 use super::fallback::{self, Fallback};
 use super::lock::WriteLock;
 use super::prepared_plan::Prepared;
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, plan::tenant, rootfs, store::fetch};
+use crate::snapshot::{artifact_error, plan::tenant, rootfs};
 
 /// Prepares the container for its plan: the control dir, the spec edits
 /// and, for a restore, the validated artifact. `None`: the container
@@ -86,21 +87,9 @@ fn prepare_capture(
             None => return Ok(None),
         },
     };
-    let capture_timeout = capture_timeout(inputs);
-    let plan = CapturePlan {
-        common: common_part(inputs, &engine, name)?,
-        lock: Some(lock),
-        capture_timeout,
-        checkpoint_timeout: Duration::from_secs(config.checkpoint_timeout_s),
-        after_capture: engine.after_capture,
-        donor_stop_grace: Duration::from_secs(config.donor_stop_grace_s),
-        layer,
-        layer_limit: config.rootfs_diff_limit_bytes,
-        elide_zero_pages: config.elide_zero_pages,
-        push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
-        spec: inputs.spec.clone(),
-    };
-    let prepared = Prepared::Capture(Box::new(plan));
+    let common = common_part(inputs, &engine, name)?;
+    let plan = capture_plan(inputs, &engine, common, Some(lock), layer);
+    let prepared = Prepared::Capture(plan);
     edit_spec(inputs, &prepared, &engine.argv)?;
     let Prepared::Capture(plan) = prepared else {
         unreachable!("made above")

@@ -2,14 +2,16 @@
 //! CRIU's restore, the verification and the activation use, and nothing a
 //! capture needs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use vsnap_artifact::{Contents, Memory, Tenant};
 use vsnap_protocol::Oracle;
 
+use super::capture::CapturePlan;
 use super::common::Common;
 use super::lock::ReadLock;
+use crate::snapshot::rootfs::WritableLayer;
 
 #[derive(Clone, Debug)]
 pub struct RestorePlan {
@@ -52,8 +54,74 @@ pub struct RestorePlan {
     /// How long checking and unpacking the carried layer took.
     pub rootfs_unpack: Duration,
     /// The plan asked was `auto`: a restore that fails after CRIU started
-    /// sets the artifact aside, so that the next start is cold.
+    /// sets the artifact aside (and goes on as `cold`).
     pub auto: bool,
+    /// Under `auto`, where the same Start can go on as a cold start of the
+    /// container's own spec after the restore failed (None: it cannot,
+    /// and Start fails once).
+    pub cold: Option<ColdStart>,
+}
+
+/// What a cold start of the container needs after its restore failed at
+/// Start: the spec as containerd gave it (saved before the plan edited
+/// it), the writable layer the carried one was unpacked into, to be
+/// emptied again, and the capture that replaces the artifact.
+#[derive(Clone, Debug)]
+pub struct ColdStart {
+    pub spec: PathBuf,
+    pub upper: Option<PathBuf>,
+    /// The files the restore put back into the pod's `/dev/shm` (a host
+    /// folder), which a cold start must not find.
+    pub shm: Vec<PathBuf>,
+    /// None where the tenant may create nothing: a cold start without a
+    /// capture.
+    pub capture: Option<ColdCapture>,
+}
+
+/// The capture a cold start after a failed restore runs, as a create
+/// would have: its plan (its lock taken when the artifact is set aside)
+/// and its spec and CRIU config, written at create beside the restore's.
+#[derive(Clone, Debug)]
+pub struct ColdCapture {
+    pub plan: Box<CapturePlan>,
+    pub spec: PathBuf,
+    pub criu_config: PathBuf,
+}
+
+impl ColdStart {
+    /// Where the container's own spec is kept in its bundle.
+    pub const SPEC_FILE: &'static str = "vsnap-config-cold.json";
+    /// Where the capture's spec and CRIU config are kept in the bundle.
+    pub const CAPTURE_FILES: (&'static str, &'static str) =
+        ("vsnap-config-capture.json", "vsnap-criu-capture.conf");
+
+    /// Under `auto`: a cold start of a container whose layer is `layer`,
+    /// with a layer carried into it or not; None where what was unpacked
+    /// cannot be taken out again (an overlay mounted by the caller).
+    pub fn of(bundle: &Path, layer: &WritableLayer, carried: bool) -> Option<Self> {
+        let upper = match (carried, layer) {
+            (false, _) => None,
+            (true, WritableLayer::Upper(upper)) => Some(upper.clone()),
+            (true, _) => return None,
+        };
+        Some(ColdStart {
+            spec: bundle.join(Self::SPEC_FILE),
+            upper,
+            shm: Vec::new(),
+            capture: None,
+        })
+    }
+
+    /// The capture's files in `bundle`, for its `plan`.
+    pub fn with_capture(mut self, bundle: &Path, plan: Box<CapturePlan>) -> Self {
+        let (spec, criu) = Self::CAPTURE_FILES;
+        self.capture = Some(ColdCapture {
+            plan,
+            spec: bundle.join(spec),
+            criu_config: bundle.join(criu),
+        });
+        self
+    }
 }
 
 impl RestorePlan {

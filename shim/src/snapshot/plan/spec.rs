@@ -135,9 +135,13 @@ pub const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 /// `/etc/criu/runc.conf`) held, then vsnap's options (criu.rs), and points
 /// the annotation at it. runc reads one file or the other, never both, so
 /// nothing the operator configured is lost and vsnap's options always hold.
+/// The config is written to `file` in the bundle; the spec names the
+/// bundle's `criu::BUNDLE_CONFIG`, which it is moved to if it is another
+/// (a capture's config kept beside a restore's until it is needed).
 pub fn add_criu_config(
     spec: &mut Value,
     bundle: &Path,
+    file: &str,
     base_default: &Path,
     plugin_dir: &Path,
     setup: criu::CriuSetup<'_>,
@@ -159,12 +163,12 @@ pub fn add_criu_config(
         }
         None => None,
     };
-    let path = bundle.join(criu::BUNDLE_CONFIG);
+    let (path, named_path) = (bundle.join(file), bundle.join(criu::BUNDLE_CONFIG));
     let named = spec["annotations"][CRIU_CONFIG_ANNOTATION]
         .as_str()
         .map(str::to_string)
         // A create retried on the same bundle: the spec already names ours.
-        .filter(|p| Path::new(p) != path);
+        .filter(|p| Path::new(p) != named_path);
     let base = criu::base_config(named.as_deref(), base_default)?;
     let body = criu::config_text(
         base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
@@ -177,7 +181,7 @@ pub fn add_criu_config(
     if !spec["annotations"].is_object() {
         spec["annotations"] = json!({});
     }
-    spec["annotations"][CRIU_CONFIG_ANNOTATION] = Value::String(path.display().to_string());
+    spec["annotations"][CRIU_CONFIG_ANNOTATION] = Value::String(named_path.display().to_string());
     Ok(())
 }
 
@@ -261,9 +265,13 @@ pub fn add_hooks(spec: &mut Value, hook: &Path, checks: &[Vec<String>]) -> Resul
 
 /// Replaces the bundle's config.json whole (`write_atomic`).
 pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
-    let path = bundle.join("config.json");
+    write_to(&bundle.join("config.json"), spec)
+}
+
+/// Writes `spec` to `path` whole (`write_atomic`).
+pub fn write_to(path: &Path, spec: &Value) -> Result<()> {
     let bytes = serde_json::to_vec(spec).map_err(|e| Error::Other(format!("create: spec: {e}")))?;
-    vsnap_protocol::write_atomic(&path, &bytes).map_err(|e| {
+    vsnap_protocol::write_atomic(path, &bytes).map_err(|e| {
         Error::io(
             format!("create: write {}", path.display()),
             std::io::Error::other(e),

@@ -106,11 +106,12 @@ pub fn remove_link_remaps(host_shm: &Path) {
 
 /// Copies the carried files into the new container's `/dev/shm` folder,
 /// refusing to overwrite what is already there; a link-remap file that was
-/// another name of a carried file becomes a hard link to it again.
-pub fn put_back(from: &Path, host_shm: &Path) -> Result<()> {
+/// another name of a carried file becomes a hard link to it again. The
+/// names put back.
+pub fn put_back(from: &Path, host_shm: &Path) -> Result<Vec<String>> {
     let phase = "restore: /dev/shm";
     if !from.is_dir() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let links: std::collections::BTreeMap<String, String> = match fs::read(from.join(LINKS_FILE)) {
         Ok(bytes) => serde_json::from_slice(&bytes)
@@ -150,7 +151,7 @@ pub fn put_back(from: &Path, host_shm: &Path) -> Result<()> {
         fs::hard_link(host_shm.join(name), host_shm.join(remap))
             .map_err(|e| Error::io(format!("{phase}: link {remap} to {name}"), e))?;
     }
-    Ok(())
+    Ok(names.into_iter().chain(links.into_keys()).collect())
 }
 
 /// Most bytes of shared memory carried per file (as CRIU's ghost limit).
@@ -186,7 +187,14 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left.len(), 2, "only psm_1 and sem.mp-a stay: {left:?}");
-        put_back(&art, &new).unwrap();
+        let mut put = put_back(&art, &new).unwrap();
+        put.sort();
+        let mut there: Vec<String> = fs::read_dir(&new)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        there.sort();
+        assert_eq!(put, there, "every name put back is named");
         assert_eq!(fs::read(new.join("psm_1")).unwrap(), b"shared");
         assert_eq!(fs::read(new.join("link_remap.4")).unwrap(), b"orphan");
         let (a, b) = (

@@ -195,13 +195,16 @@ mod tests {
         let held = budget.take(0).unwrap();
         let waiter = {
             let budget = budget.clone();
-            std::thread::spawn(move || budget.take(0).map(|s| s.waited))
+            std::thread::spawn(move || budget.take(0).map(|_| Instant::now()))
         };
         std::thread::sleep(Duration::from_millis(100));
         assert!(!waiter.is_finished(), "the only slot is held");
+        // The waiter's take returns only once the slot goes (on a loaded
+        // host its thread may not even have asked yet: no bound on when).
+        let dropped = Instant::now();
         drop(held);
-        let waited = waiter.join().unwrap().unwrap();
-        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        let got = waiter.join().unwrap().unwrap();
+        assert!(got >= dropped, "got the slot before it went");
     }
 
     #[test]
@@ -258,7 +261,9 @@ mod tests {
         assert!(!finished.is_finished(), "no chunk is placed without a slot");
         drop(held);
         let placed = finished.await.unwrap().unwrap();
-        assert!(placed.slot_wait >= Duration::from_millis(200), "{placed:?}");
+        // Counted, but not bounded below: on a loaded host the filler may
+        // have asked for the slot late in the 200 ms.
+        assert!(placed.slot_wait > Duration::ZERO, "{placed:?}");
         // SAFETY: the region is mapped and every page of it is now present.
         let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
         assert!(memory == &data[..]);

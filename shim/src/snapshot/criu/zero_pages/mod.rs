@@ -7,7 +7,12 @@
 //! each task's `pagemap-<pid>.img` and `pages-<id>.img` are rewritten here:
 //! every all-zero 4 KiB page that lies in a private anonymous VMA
 //! (`elidable`) is dropped, the pagemap entry holding it split around the
-//! hole and the pages file compacted in place.
+//! hole and the pages file compacted in place (`compaction`). The same
+//! pass takes the compacted file's content digest from the bytes it keeps
+//! (`output`, on a second thread that also writes them), so the capture's
+//! digest pass does not read the pages files again: elision costs one
+//! read of every page, not two. A pages file without a zero page to drop
+//! is read and hashed, never written.
 //!
 //! Why a hole reads back as zeros (CRIU 4.2, `criu/mem.c`, `criu/uffd.c`):
 //! - a restore reads a pages file sequentially: each `PE_PRESENT` entry's
@@ -28,55 +33,41 @@
 //! file's bytes, not zeros. Shared memory (shmem, memfd, SysV) has its own
 //! images, untouched here.
 
+mod compaction;
+mod output;
 #[cfg(test)]
 mod tests;
+mod vmas;
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use prost::Message;
-use vsnap_artifact::ZeroPages;
+use vsnap_artifact::{FileDigest, ZeroPages};
+
+use compaction::{Compaction, Out, PIECE_PAGES};
+use output::Output;
+use vmas::Elidable;
 
 use super::images::{
-    self, decode, messages, pb, PagemapEntry, IMG_COMMON_MAGIC, MM_MAGIC, PAGEMAP_MAGIC, PAGE_SIZE,
-    PE_PRESENT,
+    self, messages, pb, PagemapEntry, IMG_COMMON_MAGIC, PAGEMAP_MAGIC, PAGE_SIZE, PE_PRESENT,
 };
 
-/// Pages read, checked and moved at once.
-const PIECE_PAGES: u64 = 512;
-
-// `mmap(2)` flags as CRIU records them in `vma_entry.flags`.
-const MAP_SHARED: u32 = 0x01;
-const MAP_PRIVATE: u32 = 0x02;
-const MAP_ANONYMOUS: u32 = 0x20;
-const MAP_HUGETLB: u32 = 0x4_0000;
-// `criu/include/image.h`: `vma_entry.status`.
-const VMA_AREA_REGULAR: u32 = 1 << 0;
-const VMA_ANON_PRIVATE: u32 = 1 << 9;
-/// Every status bit that makes a VMA more than plain private anonymous
-/// memory: stack, vsyscall, vDSO, file-backed (private or shared), shared
-/// anonymous, SysV IPC, socket, vvar, AIO ring, memfd, shadow stack,
-/// guard, uprobes, a plugin's.
-const VMA_NOT_PLAIN: u32 = (1 << 1)
-    | (1 << 2)
-    | (1 << 3)
-    | (1 << 6)
-    | (1 << 7)
-    | (1 << 8)
-    | (1 << 10)
-    | (1 << 11)
-    | (1 << 12)
-    | (1 << 13)
-    | (1 << 14)
-    | (1 << 15)
-    | (1 << 16)
-    | (1 << 17)
-    | (1 << 27);
+/// What [`elide`] did to a dump folder.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Elided {
+    pub zero_pages: ZeroPages,
+    /// The content digest of each task's pages file, by file name
+    /// (`pages-<id>.img`), taken from its final bytes as they were kept:
+    /// what `content::digest` would take of the file afterwards.
+    pub digests: Vec<(String, FileDigest)>,
+}
 
 /// Rewrites every task's pagemap and pages file under `images` (a CRIU
-/// dump folder) without their all-zero pages of private anonymous memory.
-pub fn elide(images: &Path) -> Result<ZeroPages, String> {
+/// dump folder) without their all-zero pages of private anonymous memory,
+/// and takes each pages file's digest on the way.
+pub fn elide(images: &Path) -> Result<Elided, String> {
     let mut pids = Vec::new();
     let entries =
         std::fs::read_dir(images).map_err(|e| format!("read {}: {e}", images.display()))?;
@@ -96,6 +87,7 @@ pub fn elide(images: &Path) -> Result<ZeroPages, String> {
     pids.sort_unstable();
     let mut pages_ids = Vec::new();
     let mut elided = 0;
+    let mut digests = Vec::new();
     for pid in pids {
         let task = TaskImages::read(images, pid)?;
         if pages_ids.contains(&task.pages_id) {
@@ -105,36 +97,14 @@ pub fn elide(images: &Path) -> Result<ZeroPages, String> {
             ));
         }
         pages_ids.push(task.pages_id);
-        elided += task.elide(images).map_err(|e| format!("pid {pid}: {e}"))?;
+        let (n, digest) = task.elide(images).map_err(|e| format!("pid {pid}: {e}"))?;
+        elided += n;
+        digests.push((format!("pages-{}.img", task.pages_id), digest));
     }
-    Ok(ZeroPages::of_pages(elided))
-}
-
-/// The VMAs of `mm-<pid>.img` whose missing pages read as zeros: private
-/// anonymous memory, not hugetlb, nothing CRIU treats apart; as sorted
-/// `(start, end)`.
-pub fn elidable(mm: &[u8]) -> Result<Vec<(u64, u64)>, String> {
-    let mm: pb::MmEntry = decode(
-        messages(mm, MM_MAGIC)?.next().ok_or("no mm entry")??,
-        "mm entry",
-    )?;
-    let mut vmas = Vec::new();
-    for vma in mm.vmas {
-        let (flags, status) = (vma.flags.unwrap_or(0), vma.status.unwrap_or(0));
-        let plain = status & VMA_AREA_REGULAR != 0
-            && status & VMA_ANON_PRIVATE != 0
-            && status & VMA_NOT_PLAIN == 0
-            && flags & (MAP_PRIVATE | MAP_ANONYMOUS) == MAP_PRIVATE | MAP_ANONYMOUS
-            && flags & (MAP_SHARED | MAP_HUGETLB) == 0;
-        if plain {
-            vmas.push((
-                vma.start.ok_or("a VMA has no start")?,
-                vma.end.ok_or("a VMA has no end")?,
-            ));
-        }
-    }
-    vmas.sort_unstable();
-    Ok(vmas)
+    Ok(Elided {
+        zero_pages: ZeroPages::of_pages(elided),
+        digests,
+    })
 }
 
 /// One task's images as the rewrite needs them.
@@ -145,15 +115,7 @@ struct TaskImages {
     head: Vec<u8>,
     raw: Vec<Vec<u8>>,
     entries: Vec<PagemapEntry>,
-    vmas: Vec<(u64, u64)>,
-}
-
-/// One entry of the rewritten pagemap.
-enum Out<'a> {
-    /// Unchanged: its bytes as CRIU wrote them.
-    Kept(&'a [u8]),
-    /// A run of pages of a split entry.
-    Run(PagemapEntry),
+    vmas: Elidable,
 }
 
 impl TaskImages {
@@ -170,8 +132,8 @@ impl TaskImages {
         let raw = bodies
             .map(|b| b.map(<[u8]>::to_vec))
             .collect::<Result<_, _>>()?;
-        let vmas =
-            elidable(&read(format!("mm-{pid}.img"))?).map_err(|e| format!("mm-{pid}.img: {e}"))?;
+        let vmas = Elidable::of_mm(&read(format!("mm-{pid}.img"))?)
+            .map_err(|e| format!("mm-{pid}.img: {e}"))?;
         Ok(TaskImages {
             pid,
             pages_id,
@@ -182,19 +144,10 @@ impl TaskImages {
         })
     }
 
-    fn is_elidable(&self, vaddr: u64) -> bool {
-        let i = self.vmas.partition_point(|v| v.1 <= vaddr);
-        self.vmas.get(i).is_some_and(|v| v.0 <= vaddr)
-    }
-
-    fn overlaps_elidable(&self, start: u64, end: u64) -> bool {
-        let i = self.vmas.partition_point(|v| v.1 <= start);
-        self.vmas.get(i).is_some_and(|v| v.0 < end)
-    }
-
     /// Compacts the pages file, then writes the pagemap with its holes;
-    /// returns the pages elided. Nothing is written when none is.
-    fn elide(&self, images: &Path) -> Result<u64, String> {
+    /// returns the pages elided and the pages file's digest. Nothing is
+    /// written when no page is elided.
+    fn elide(&self, images: &Path) -> Result<(u64, FileDigest), String> {
         let name = format!("pages-{}.img", self.pages_id);
         let path = images.join(&name);
         let file = File::options()
@@ -218,24 +171,19 @@ impl TaskImages {
                 "its pagemap has {present} bytes of pages, {name} holds {size}"
             ));
         }
-        let mut c = Compaction {
-            file: &file,
-            name: &name,
-            buf: vec![0u8; (PIECE_PAGES * PAGE_SIZE) as usize],
-            read_at: 0,
-            write_at: 0,
-            elided: 0,
-            run: None,
-            runs: Vec::new(),
-        };
-        let mut out = Vec::with_capacity(self.entries.len());
-        for (e, raw) in self.entries.iter().zip(&self.raw) {
-            c.entry(self, e, raw, &mut out)?;
-        }
+        let (out, c) = std::thread::scope(|s| {
+            let output = Output::start(s, &file, &name, (PIECE_PAGES * PAGE_SIZE) as usize);
+            let mut c = Compaction::new(&file, &name, output);
+            let mut out = Vec::with_capacity(self.entries.len());
+            for (e, raw) in self.entries.iter().zip(&self.raw) {
+                c.entry(&self.vmas, e, raw, &mut out)?;
+            }
+            Ok::<_, String>((out, c.finish()?))
+        })?;
         if c.elided == 0 {
-            return Ok(0);
+            return Ok((0, c.digest));
         }
-        file.set_len(c.write_at)
+        file.set_len(c.len)
             .map_err(|e| format!("truncate {name}: {e}"))?;
         let pagemap = format!("pagemap-{}.img", self.pid);
         let tmp = images.join(format!(".{pagemap}.zero"));
@@ -249,121 +197,8 @@ impl TaskImages {
             .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, images.join(&pagemap))
             .map_err(|e| format!("replace {pagemap}: {e}"))?;
-        Ok(c.elided)
+        Ok((c.elided, c.digest))
     }
-}
-
-/// A pages file compacted in place: pages are read at `read_at` and the
-/// kept ones written at `write_at`, never past what was read.
-struct Compaction<'a> {
-    file: &'a File,
-    name: &'a str,
-    buf: Vec<u8>,
-    read_at: u64,
-    write_at: u64,
-    elided: u64,
-    /// The run of kept pages under way in the current entry, and those
-    /// it ended.
-    run: Option<PagemapEntry>,
-    runs: Vec<PagemapEntry>,
-}
-
-impl<'a> Compaction<'a> {
-    /// Entry `e` (`raw` as written) into `out`: whole, or as its runs of
-    /// pages that are not elided.
-    fn entry(
-        &mut self,
-        task: &TaskImages,
-        e: &PagemapEntry,
-        raw: &'a [u8],
-        out: &mut Vec<Out<'a>>,
-    ) -> Result<(), String> {
-        let len = e.nr_pages * PAGE_SIZE;
-        if e.flags & PE_PRESENT == 0 {
-            out.push(Out::Kept(raw));
-            return Ok(());
-        }
-        if self.read_at == self.write_at && !task.overlaps_elidable(e.vaddr, e.vaddr + len) {
-            // Nothing moves and nothing here can go: not even read.
-            self.read_at += len;
-            self.write_at += len;
-            out.push(Out::Kept(raw));
-            return Ok(());
-        }
-        let before = self.elided;
-        let mut page = 0u64;
-        while page < e.nr_pages {
-            let n = PIECE_PAGES.min(e.nr_pages - page);
-            let piece = PagemapEntry {
-                vaddr: e.vaddr + page * PAGE_SIZE,
-                nr_pages: n,
-                flags: e.flags,
-            };
-            self.piece(task, &piece)?;
-            page += n;
-        }
-        let mut runs = std::mem::take(&mut self.runs);
-        runs.extend(self.run.take());
-        if self.elided == before {
-            out.push(Out::Kept(raw));
-        } else {
-            out.extend(runs.into_iter().map(Out::Run));
-        }
-        Ok(())
-    }
-
-    /// The pages of `piece` (part of one entry): read, the all-zero
-    /// elidable ones dropped, the others moved down and written where the
-    /// file's kept pages end.
-    fn piece(&mut self, task: &TaskImages, piece: &PagemapEntry) -> Result<(), String> {
-        let (vaddr, n) = (piece.vaddr, piece.nr_pages);
-        let page = PAGE_SIZE as usize;
-        let bytes = n as usize * page;
-        let at = self.read_at;
-        self.file
-            .read_exact_at(&mut self.buf[..bytes], at)
-            .map_err(|e| format!("read {bytes} bytes at {at} of {}: {e}", self.name))?;
-        let mut kept = 0usize;
-        for k in 0..n as usize {
-            let addr = vaddr + (k * page) as u64;
-            let data = &self.buf[k * page..(k + 1) * page];
-            if task.is_elidable(addr) && is_zero(data) {
-                self.runs.extend(self.run.take());
-                self.elided += 1;
-                continue;
-            }
-            match &mut self.run {
-                Some(r) => r.nr_pages += 1,
-                None => {
-                    self.run = Some(PagemapEntry {
-                        vaddr: addr,
-                        nr_pages: 1,
-                        flags: piece.flags,
-                    })
-                }
-            }
-            if kept != k {
-                self.buf.copy_within(k * page..(k + 1) * page, kept * page);
-            }
-            kept += 1;
-        }
-        if kept > 0 && (self.write_at != at || kept != n as usize) {
-            let w = self.write_at;
-            self.file
-                .write_all_at(&self.buf[..kept * page], w)
-                .map_err(|e| format!("write {} bytes at {w} of {}: {e}", kept * page, self.name))?;
-        }
-        self.read_at += bytes as u64;
-        self.write_at += (kept * page) as u64;
-        Ok(())
-    }
-}
-
-/// Whether `page` holds only zeros (64 bytes at a time, which the compiler
-/// vectorizes).
-pub fn is_zero(page: &[u8]) -> bool {
-    page.chunks(64)
-        .all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
 
 /// A pagemap image: the magics, `head` and each entry as CRIU frames them

@@ -6,9 +6,13 @@ use std::path::Path;
 
 use prost::Message;
 
+use super::compaction::is_zero;
+use super::vmas::*;
 use super::*;
 use crate::snapshot::criu::images::testing::image;
-use crate::snapshot::criu::images::{lazy_ranges, parse_pagemap, parse_vmas, PE_LAZY, PE_PARENT};
+use crate::snapshot::criu::images::{
+    lazy_ranges, parse_pagemap, parse_vmas, MM_MAGIC, PE_LAZY, PE_PARENT,
+};
 
 const P: u64 = PAGE_SIZE;
 const ANON: (u32, u32) = (
@@ -33,6 +37,9 @@ fn page(fill: Option<u8>) -> Vec<u8> {
     p
 }
 
+/// A VMA: start, end, `(flags, status)`.
+type Vma = (u64, u64, (u32, u32));
+
 /// One pagemap entry and its pages (None: no pages in the file).
 struct Range {
     vaddr: u64,
@@ -50,7 +57,7 @@ fn range(vaddr: u64, flags: u32, pages: &[Option<u8>]) -> Range {
 
 /// Writes task `pid`'s images into `dir` (pages file 3) as CRIU 4.2 does:
 /// `vaddr`, `compat_nr_pages` 0, `flags`, `nr_pages`.
-fn write_task(dir: &Path, pid: u32, vmas: &[(u64, u64, (u32, u32))], ranges: &[Range]) {
+fn write_task(dir: &Path, pid: u32, vmas: &[Vma], ranges: &[Range]) {
     let head = pb::PagemapHead { pages_id: Some(3) }.encode_to_vec();
     let mut messages = vec![head];
     let mut pages = Vec::new();
@@ -151,8 +158,8 @@ fn zero_pages_of_private_anonymous_memory_become_holes_and_the_rest_reads_back()
     let before = memory(dir.path(), 41);
 
     let elided = elide(dir.path()).unwrap();
-    assert_eq!(elided, ZeroPages::of_pages(6));
-    assert_eq!(elided.elided_bytes, 6 * P);
+    assert_eq!(elided.zero_pages, ZeroPages::of_pages(6));
+    assert_eq!(elided.zero_pages.elided_bytes, 6 * P);
     let after = memory(dir.path(), 41);
     for (addr, bytes) in &before {
         let in_anon = (0x10000..0x20000).contains(addr);
@@ -218,9 +225,25 @@ fn images_without_zero_pages_are_left_byte_for_byte() {
     );
     let read = |n: &str| std::fs::read(dir.path().join(n)).unwrap();
     let (pagemap, pages) = (read("pagemap-7.img"), read("pages-3.img"));
-    assert_eq!(elide(dir.path()).unwrap(), ZeroPages::default());
+    // Not rewritten either: its modification time stays.
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000);
+    let modified = || {
+        let md = std::fs::metadata(dir.path().join("pages-3.img")).unwrap();
+        md.modified().unwrap()
+    };
+    File::options()
+        .write(true)
+        .open(dir.path().join("pages-3.img"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let elided = elide(dir.path()).unwrap();
+    assert_eq!(elided.zero_pages, ZeroPages::default());
+    assert_eq!(modified(), old, "pages-3.img was not written");
     assert_eq!(read("pagemap-7.img"), pagemap);
     assert_eq!(read("pages-3.img"), pages);
+    let d = &elided.digests;
+    assert!(d.len() == 1 && d[0].0 == "pages-3.img" && d[0].1.size == pages.len() as u64);
     let names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -250,7 +273,7 @@ fn an_entry_longer_than_a_piece_is_compacted_across_pieces() {
         &[range(0x100000, PE_PRESENT | PE_LAZY, &pages)],
     );
     let before = memory(dir.path(), 5);
-    assert_eq!(elide(dir.path()).unwrap().elided_pages, zeros);
+    assert_eq!(elide(dir.path()).unwrap().zero_pages.elided_pages, zeros);
     let after = memory(dir.path(), 5);
     assert_eq!(after.len() as u64, 1300 - zeros);
     for (addr, bytes) in &after {
@@ -306,5 +329,56 @@ fn only_plain_private_anonymous_vmas_are_elidable() {
         (ANON.0, VMA_ANON_PRIVATE),   // not regular
     ] {
         assert!(mm(flags, status).is_empty(), "{flags:#x} {status:#x}");
+    }
+}
+
+/// The pages files' digests taken as they were compacted, against those a
+/// separate pass (`content::digest`, what a restore verifies against)
+/// takes of the final files: elided or not, across pieces and chunks.
+#[test]
+fn digests_taken_in_the_compaction_are_those_of_the_final_files() {
+    use vsnap_artifact::content::{digest, CHUNK};
+    // 20000 pages (78 MiB), one in 7 zero, and a zero run across a piece's
+    // end: the kept pages still span two 64 MiB chunks.
+    let n = 20_000u64;
+    let pages: Vec<Option<u8>> = (0..n)
+        .map(|i| match i % 7 == 0 || (500..530).contains(&i) {
+            true => None,
+            false => Some((i % 251) as u8 + 1),
+        })
+        .collect();
+    let cases: [(&[Vma], Vec<Range>); 3] = [
+        // Elided: pages move down from every piece.
+        (
+            &[(0x100000, 0x100000 + n * P, ANON)],
+            vec![range(0x100000, PE_PRESENT | PE_LAZY, &pages)],
+        ),
+        // Nothing elidable (a private file mapping): read and hashed only.
+        (
+            &[(0x100000, 0x100000 + n * P, FILE_PRIVATE)],
+            vec![range(0x100000, PE_PRESENT, &pages)],
+        ),
+        // A mix: an entry that cannot lose a page after one that does.
+        (
+            &[(0x10000, 0x20000, ANON), (0x30000, 0x34000, FILE_PRIVATE)],
+            vec![
+                range(0x10000, PE_PRESENT, &[Z, D, Z, Some(7)]),
+                range(0x30000, PE_PRESENT, &[Z, D, Some(5)]),
+            ],
+        ),
+    ];
+    for (i, (vmas, ranges)) in cases.iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images).unwrap();
+        write_task(&images, 11, vmas, ranges);
+        let elided = elide(&images).unwrap();
+        let separate = digest(dir.path(), 2).unwrap();
+        assert_eq!(elided.digests.len(), 1);
+        let (name, d) = &elided.digests[0];
+        assert_eq!(d, &separate[&format!("images/{name}")], "case {i}");
+        if i == 0 {
+            assert!(d.size > CHUNK && d.chunks.len() == 2, "case {i}: {d:?}");
+        }
     }
 }
