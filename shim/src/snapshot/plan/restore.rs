@@ -96,10 +96,10 @@ impl ColdStart {
         ("vsnap-config-capture.json", "vsnap-criu-capture.conf");
 
     /// Under `auto`: a cold start of a container whose layer is `layer`,
-    /// with a layer carried into it or not; None where what was unpacked
-    /// cannot be taken out again (an overlay mounted by the caller).
-    pub fn of(bundle: &Path, layer: &WritableLayer, carried: bool) -> Option<Self> {
-        let upper = match (carried, layer) {
+    /// `unpacked` into by the restore or not; None where what was
+    /// unpacked cannot be taken out again (an overlay mounted by the caller).
+    pub fn of(bundle: &Path, layer: &WritableLayer, unpacked: bool) -> Option<Self> {
+        let upper = match (unpacked, layer) {
             (false, _) => None,
             (true, WritableLayer::Upper(upper)) => Some(upper.clone()),
             (true, _) => return None,
