@@ -139,7 +139,7 @@ impl Container {
     fn empty_layer(&mut self, upper: &Path) -> Result<()> {
         self.unmount_rootfs();
         let rootfs = self.bundle.join("rootfs");
-        if is_mount_point(&rootfs, &self.bundle) {
+        if crate::mounts::has_mounts_under(&rootfs) {
             return Err(Error::FailedPrecondition(step(&format!(
                 "{} is still mounted: its upper dir cannot be emptied",
                 rootfs.display()
@@ -166,15 +166,6 @@ fn rename(from: &Path, to: &Path) -> Result<()> {
             e,
         )
     })
-}
-
-/// Whether `dir` is on another device than its parent `parent`.
-fn is_mount_point(dir: &Path, parent: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(dir), std::fs::metadata(parent)) {
-        (Ok(d), Ok(p)) => d.dev() != p.dev(),
-        _ => false,
-    }
 }
 
 /// Removes everything in `dir`, leaving it.
@@ -210,14 +201,5 @@ mod tests {
             Path::new("/etc").is_dir(),
             "a link is removed, not followed"
         );
-    }
-
-    #[test]
-    fn a_folder_on_its_parents_device_is_not_a_mount_point() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("rootfs")).unwrap();
-        assert!(!is_mount_point(&dir.path().join("rootfs"), dir.path()));
-        // /proc is a mount of its own on every Linux host.
-        assert!(is_mount_point(Path::new("/proc"), Path::new("/")));
     }
 }

@@ -217,10 +217,10 @@ impl RestoreRun {
         failed: &Error,
         lock: Option<WriteLock>,
     ) -> Result<i32> {
-        let Some(cold) = self.plan.as_ref().and_then(|p| p.cold.clone()) else {
+        let Some(mut cold) = self.plan.as_mut().and_then(|p| p.cold.take()) else {
             return Err(Error::FailedPrecondition("no cold start planned".into()));
         };
-        let (way, how) = match (cold.capture.clone(), lock) {
+        let (way, how) = match (cold.capture.take(), lock) {
             (Some(capture), Some(lock)) => (ColdWay::Capture(capture, lock), "cold, capturing"),
             _ => (ColdWay::Plain, "cold, without a capture"),
         };
