@@ -32,6 +32,11 @@
 //! With `--strip-snapshot-config-arg` (the shim passes it when it appended
 //! `--snapshot-config` to a `vllm serve` argv) that trailing pair is not
 //! part of the comparison.
+//!
+//! With `--root-folder DIR` (the shim passes it when it restores a root
+//! folder other containers may share on a private bind of it at the
+//! bundle's `rootfs`, which the spec then names) the workload's root is
+//! DIR, once the spec's root is found to be DIR itself (same inode).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,6 +64,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--owner",
     "--bundle",
     "--state",
+    "--root-folder",
 ];
 pub const BOOL_FLAGS: &[&str] = &["--strip-snapshot-config-arg", "--artifact-from-state"];
 
@@ -88,6 +94,9 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
     let mut spec = read_spec(&bundle)?;
     if flags.has("--strip-snapshot-config-arg") {
         strip_snapshot_config_arg(&mut spec);
+    }
+    if let Some(folder) = flags.abs_path("--root-folder")? {
+        root_folder_as_given(&mut spec, &bundle, &folder).map_err(Failure::Check)?;
     }
     let mut live = HostIdentity::probe_cached(&tools, shim_version, Some(&root));
     // The shim records GPUs (from nvidia-smi) only for containers with NVIDIA
@@ -198,6 +207,28 @@ pub fn strip_snapshot_config_arg(spec: &mut Value) -> bool {
     ours
 }
 
+/// The spec's root, a bind of `folder` at the bundle's `rootfs`, named by
+/// `folder` again: the root containerd gave, which the workload's identity
+/// holds. Refused where the spec's root is not `folder` itself.
+pub fn root_folder_as_given(spec: &mut Value, bundle: &Path, folder: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let root = bundle.join(spec["root"]["path"].as_str().unwrap_or_default());
+    let id = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| format!("root folder {}: {e}", p.display()))
+    };
+    if id(&root)? != id(folder)? {
+        return Err(format!(
+            "the container's root {} is not its root folder {}",
+            root.display(),
+            folder.display()
+        ));
+    }
+    spec["root"]["path"] = Value::from(folder.display().to_string());
+    Ok(())
+}
+
 /// The manifest, MAC verified with this host's key.
 pub fn load(root: &Path, name: &str) -> Result<Manifest, Failure> {
     Manifest::load_verified(root, name).map_err(|e| Failure::Check(e.to_string()))
@@ -287,6 +318,31 @@ fn is_overlay_mount_point(path: &str, mountinfo: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_folder_is_named_as_given_only_where_the_root_is_that_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bundle, folder, other) = (
+            dir.path().join("b"),
+            dir.path().join("shared"),
+            dir.path().join("other"),
+        );
+        for d in [&bundle, &folder, &other] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // The bind's stand-in: a link in the bundle to the same inode.
+        std::os::unix::fs::symlink(&folder, bundle.join("rootfs")).unwrap();
+        let mut spec = serde_json::json!({"root": {"path": "rootfs"}});
+        root_folder_as_given(&mut spec, &bundle, &folder).unwrap();
+        assert_eq!(spec["root"]["path"], folder.display().to_string());
+        let mut spec = serde_json::json!({"root": {"path": "rootfs"}});
+        let e = root_folder_as_given(&mut spec, &bundle, &other).unwrap_err();
+        assert!(
+            e.contains("is not its root folder") && e.contains("other"),
+            "{e}"
+        );
+        assert_eq!(spec["root"]["path"], "rootfs", "left as it was");
+    }
 
     #[test]
     fn a_root_folder_the_caller_mounted_as_an_overlay_is_recognised() {

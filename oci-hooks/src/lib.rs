@@ -57,7 +57,7 @@ checks:
                [--runc P] [--criu P] [--nvidia-smi P]
                [--cuda-plugin P] [--shim-version V] [--strip-snapshot-config-arg]
                [--fingerprint-key P] [--tenant T [--owner O]]
-               [--bundle DIR] [--state FILE]
+               [--root-folder DIR] [--bundle DIR] [--state FILE]
 
 exit: 0 pass, 1 check failed, 2 usage, 3 input unreadable (all non-zero stop
 the container); one line on stderr names the check and the object.";

@@ -16,6 +16,7 @@ use crate::init_start::InitStart;
 use crate::prepared::Prepared;
 use crate::process::{Process, Status, Transition};
 use crate::runc::{CheckpointFlags, RuncVerbs};
+use crate::snapshot::plan::RestorePlan;
 use crate::snapshot::rootfs::RootMount;
 
 pub struct Container {
@@ -106,7 +107,7 @@ impl Container {
 
     fn mount_rootfs(&mut self) -> Result<()> {
         if self.rootfs.is_empty() {
-            return Ok(());
+            return self.bind_shared_root();
         }
         let rootfs = self.bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs)
@@ -123,6 +124,26 @@ impl Container {
             // Each mount made is one to take off, should a later one fail.
             self.rootfs_mounted = true;
         }
+        Ok(())
+    }
+
+    /// A restore's private bind of a shared root folder at the bundle's
+    /// `rootfs` (`RestorePlan::shared_root`), which the restore's spec names.
+    fn bind_shared_root(&mut self) -> Result<()> {
+        let Some(folder) = self.start.shared_root() else {
+            return Ok(());
+        };
+        let rootfs = self.bundle.join(RestorePlan::SHARED_ROOT_MOUNT);
+        std::fs::create_dir_all(&rootfs)
+            .map_err(|e| Error::io(format!("create: mkdir {}", rootfs.display()), e))?;
+        crate::mounts::bind_private(folder, &rootfs).map_err(|e| {
+            Error::FailedPrecondition(format!(
+                "create: bind the shared root folder {} at {}: {e}",
+                folder.display(),
+                rootfs.display()
+            ))
+        })?;
+        self.rootfs_mounted = true;
         Ok(())
     }
 

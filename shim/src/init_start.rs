@@ -72,6 +72,15 @@ impl InitStart {
         }
     }
 
+    /// The shared root folder an artifact's restore runs on a private bind
+    /// of (`RestorePlan::shared_root`).
+    pub fn shared_root(&self) -> Option<&std::path::Path> {
+        match self {
+            InitStart::Restore(RestoreSource::Artifact(r)) => r.shared_root.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Whether Start runs `runc restore` (not `runc create` at create).
     pub fn restores(&self) -> bool {
         matches!(self, InitStart::Restore(_))

@@ -89,6 +89,31 @@ pub fn has_mounts_under(dir: &Path) -> bool {
     !points_under(dir, own_rows()).is_empty()
 }
 
+/// Binds `source` (not what is mounted below it) at `target` and makes the
+/// bind private: what is mounted on either side later stays there. Where
+/// the second step fails, the bind is taken off again.
+pub fn bind_private(source: &Path, target: &Path) -> nix::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )?;
+    let private = mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    );
+    if private.is_err() {
+        let _ = umount2(target, MntFlags::MNT_DETACH);
+    }
+    private
+}
+
 /// Unmounts whatever is mounted at or below `dir`, deepest first.
 pub fn unmount_under(dir: &Path) {
     for p in points_under(dir, own_rows()) {

@@ -7,9 +7,13 @@
 //! pages image refuses every copy that would run from it. Nothing is left:
 //! no process, mount, bundle, runc state, held slot, or share.
 
+use std::ffi::CString;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use vsnap_e2e::cmd::{run, CmdOutput};
@@ -140,4 +144,99 @@ fn eight_restores_at_once_answer_like_a_cold_start_and_a_damaged_chunk_refuses_e
         Vec::<String>::new(),
         "every leader's lock and socket went with it"
     );
+}
+
+/// What another `runc restore` of the same root folder does on the
+/// folder's host side before CRIU runs (runc 1.1): binds the host's
+/// `/etc/hosts` and `/etc/resolv.conf` onto the folder's and detaches them
+/// again; here over and over until `stop`. Returns the rounds made.
+/// How long each bind stays: runc holds its own for the rest of its
+/// preparation; long enough here for a restore's runc to open it.
+const HOLD: Duration = Duration::from_micros(30);
+
+fn other_restores_mounting_on(
+    rootfs: &Path,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let pairs: Vec<(CString, CString)> = ["hosts", "resolv.conf"]
+        .iter()
+        .map(|f| {
+            (
+                c(&Path::new("/etc").join(f)),
+                c(&rootfs.join("etc").join(f)),
+            )
+        })
+        .collect();
+    std::thread::spawn(move || {
+        let mut rounds = 0;
+        while !stop.load(Ordering::Relaxed) {
+            for (source, target) in &pairs {
+                // SAFETY: plain syscalls on NUL-terminated paths this thread owns.
+                let bound = unsafe {
+                    libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    )
+                };
+                assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+                let held = std::time::Instant::now();
+                while held.elapsed() < HOLD {
+                    std::hint::spin_loop();
+                }
+                // SAFETY: as above.
+                if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+                    // A restore's runc detaches what it finds there, this
+                    // bind too (EINVAL: not mounted any more).
+                    let e = std::io::Error::last_os_error();
+                    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "detach: {e}");
+                }
+            }
+            rounds += 1;
+        }
+        rounds
+    })
+}
+
+/// runc 1.1 prepares a restore by mounting on the root folder's host side
+/// and detaching again, so restores of one shared folder (`--rootfs DIR`)
+/// raced there: one restore's bind detached under another's open handle
+/// ("mount /etc/hosts:/etc/hosts ...: no such file or directory"), and a
+/// failed restore's undo took off every mount below the folder. Each
+/// restore now runs on a private bind of the folder of its own.
+#[test]
+fn restores_of_one_root_folder_never_meet_each_others_mounts() {
+    let e = setup("rootrace");
+    e.mount_points_in_rootfs();
+    e.create_good("rr-donor", "shared", &[]);
+    let reference = answers(HostEngine::start().port);
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = other_restores_mounting_on(Path::new(&e.rootfs), stop.clone());
+    let mut outcomes = Vec::new();
+    for k in 0..3 {
+        let (id, port) = (format!("rr-{k}"), free_port());
+        let out = e.run(&id, "restore", "shared", port, &[]);
+        let answered = out.ok().then(|| answers(port));
+        outcomes.push((id, out, answered));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = other.join().unwrap();
+    assert!(rounds > 0, "the other restores mounted on the folder");
+    for (id, out, answered) in outcomes {
+        assert!(
+            out.ok(),
+            "{id} restores beside the others' mounts: {out:?}\n{}",
+            e.c.log_tail()
+        );
+        assert_eq!(
+            answered.as_ref(),
+            Some(&reference),
+            "{id} answers like a cold start"
+        );
+        e.remove(&id);
+    }
+    e.assert_nothing_left();
 }

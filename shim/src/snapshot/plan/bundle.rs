@@ -12,6 +12,7 @@ use vsnap_protocol::ControlDir;
 use super::common::{self, Common, Listen};
 use super::engine::{tools_of, Engine, Inputs};
 use super::prepared_plan::Prepared;
+use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::{activation::canary, criu, plan::spec, plan::vllm_command};
@@ -69,6 +70,11 @@ pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) 
 fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
     let mut spec = std::mem::take(&mut inputs.spec);
     let edited = edit(inputs, &mut spec, p, argv, criu::BUNDLE_CONFIG);
+    if let Prepared::Restore(r) = p {
+        if r.shared_root.is_some() {
+            spec["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
+        }
+    }
     inputs.spec = spec;
     edited?;
     spec::write(inputs.bundle, &inputs.spec)

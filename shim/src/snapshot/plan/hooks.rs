@@ -102,6 +102,11 @@ fn restore_checks(
         "--owner".to_string(),
         r.owner.to_string(),
     ]);
+    // The root folder containerd gave, restored on a private bind of it.
+    if let Some(folder) = &r.shared_root {
+        fingerprint.push("--root-folder".into());
+        fingerprint.push(text(folder));
+    }
     // The workload's secrets were keyed with the fleet's key.
     if let Some(key) = &r.fingerprint_key {
         fingerprint.push("--fingerprint-key".into());

@@ -104,6 +104,7 @@ pub(super) fn prepare_restore(
         rootfs_unpack: std::time::Duration::ZERO,
         auto,
         cold,
+        shared_root: shared_root(inputs, layer),
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
@@ -292,6 +293,24 @@ fn put_back_layer(
         _ => unpack(upper)?,
     }
     Ok(vec![rel])
+}
+
+/// The container's root folder where other containers may share it: a
+/// folder without mounts (`--rootfs DIR`), not the bundle's own `rootfs`.
+fn shared_root(inputs: &Inputs<'_>, layer: &rootfs::WritableLayer) -> Option<std::path::PathBuf> {
+    let rootfs::WritableLayer::Shared = layer else {
+        return None;
+    };
+    let root = inputs.bundle.join(inputs.spec["root"]["path"].as_str()?);
+    let own = inputs.bundle.join(RestorePlan::SHARED_ROOT_MOUNT);
+    (root.is_dir() && !same_folder(&root, &own)).then_some(root)
+}
+
+fn same_folder(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// Removes what a failed unpack left in the container's own upper dir

@@ -60,6 +60,13 @@ pub struct RestorePlan {
     /// container's own spec after the restore failed (None: it cannot,
     /// and Start fails once).
     pub cold: Option<ColdStart>,
+    /// A root folder other containers may share (`ctr run --rootfs DIR`):
+    /// the restore runs on a private bind mount of it at the bundle's
+    /// `rootfs` (the spec's root names that). runc 1.1 prepares a restore
+    /// by binding `/etc/hosts` and the like onto the root's host side and
+    /// detaching them again, which raced with every other restore of the
+    /// same folder; a bind of its own keeps each restore's mounts its own.
+    pub shared_root: Option<PathBuf>,
 }
 
 /// What a cold start of the container needs after its restore failed at
@@ -125,6 +132,11 @@ impl ColdStart {
 }
 
 impl RestorePlan {
+    /// Where in the bundle a shared root folder is bind-mounted for the
+    /// restore ([`RestorePlan::shared_root`]): containerd's own rootfs
+    /// folder, empty for a container created with `--rootfs DIR`.
+    pub const SHARED_ROOT_MOUNT: &'static str = "rootfs";
+
     /// Whether CRIU leaves the restored tree stopped (`leave-stopped`)
     /// until vsnap verified every byte beside it. Not with GPUs: CRIU stops
     /// the tasks before its late device hook, in which the CUDA plugin must
