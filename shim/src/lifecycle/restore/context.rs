@@ -281,7 +281,7 @@ impl Run for RestoreRun {
     /// the init is recorded as killed and its exit published here.
     async fn abort(&mut self, phase: PhaseName, e: &Error) {
         let cause = self.artifact_cause(phase, e);
-        let cold = cause.is_some() && self.plan.as_ref().is_some_and(|p| p.cold.is_some());
+        let cold = cause.is_some() && self.plan.as_ref().is_some_and(|p| p.may_go_cold());
         if cold {
             // The copy's exit is no longer the container's: a new init
             // takes its place (shared.watch compares the pid).
@@ -364,7 +364,7 @@ fn restore_job(
         },
         cgroups_path,
         prepared: Some(prepared),
-        keep_stdio: plan.is_some_and(|r| r.cold.is_some()),
+        keep_stdio: plan.is_some_and(|r| r.may_go_cold()),
         spare_stdio: None,
         place_pages,
         runtime_dir: plan.map(|r| r.runtime_dir.clone()),

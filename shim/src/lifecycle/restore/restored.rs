@@ -23,7 +23,7 @@ impl Phase<RestoreRun> for Restored {
         let mut c = run.handle.lock().await;
         let pid = c.finish_restore(prepared, Ok(())).await?;
         run.pid = pid;
-        if run.plan.as_ref().is_some_and(|p| p.cold.is_some()) {
+        if run.plan.as_ref().is_some_and(|p| p.may_go_cold()) {
             // Should the copy fail, the start goes on cold: its exit is
             // not the container's until it is visible.
             c.copy_exit = CopyExit::Hold(None);

@@ -137,6 +137,12 @@ impl RestorePlan {
     /// folder, empty for a container created with `--rootfs DIR`.
     pub const SHARED_ROOT_MOUNT: &'static str = "rootfs";
 
+    /// Whether a failure at Start can go on as a cold start in the same
+    /// Start (`auto`, [`ColdStart`]).
+    pub fn may_go_cold(&self) -> bool {
+        self.cold.is_some()
+    }
+
     /// Whether CRIU leaves the restored tree stopped (`leave-stopped`)
     /// until vsnap verified every byte beside it. Not with GPUs: CRIU stops
     /// the tasks before its late device hook, in which the CUDA plugin must
