@@ -19,10 +19,15 @@ pub use crate::layout::MANIFEST;
 /// - 4: CRIU's pagemaps may leave all-zero pages of private anonymous
 ///   memory out (holes a restore maps as zeros), and the manifest says how
 ///   much was left out. A format 3 artifact is a format 4 one without holes.
-pub const SCHEMA_VERSION: u32 = 4;
+/// - 5: runc's masked folders under `/proc` and `/sys` may be external
+///   mounts in CRIU's images (key `vsnap-empty`), which a restore binds
+///   from the host's empty read-only tmpfs; a shim of format 4 has no such
+///   mapping, and its CRIU would fail. A format 4 artifact is a format 5
+///   one whose masks CRIU stored.
+pub const SCHEMA_VERSION: u32 = 5;
 /// Every artifact format this vsnap restores: the current and the previous,
 /// so that an upgrade of vsnap keeps the artifacts its predecessor made.
-pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [3, SCHEMA_VERSION];
+pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [4, SCHEMA_VERSION];
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -369,7 +374,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         HostKey::load_or_create(dir.path()).unwrap();
         let m = sample(dir.path());
-        for (version, extra) in [(SCHEMA_VERSION + 1, true), (2, false), (0, false)] {
+        for (version, extra) in [(SCHEMA_VERSION + 1, true), (3, false), (0, false)] {
             let mut v = serde_json::to_value(&m).unwrap();
             v["schema_version"] = version.into();
             if extra {
@@ -382,7 +387,7 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (3 or {SCHEMA_VERSION})"
+                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (4 or {SCHEMA_VERSION})"
                 ),
             );
         }

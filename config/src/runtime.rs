@@ -104,6 +104,12 @@ pub struct RuntimeConfig {
     /// leaves unmapped: they read as zeros). Off: every page CRIU dumped
     /// is stored, hashed and placed, as before.
     pub elide_zero_pages: bool,
+    /// At capture, tell CRIU that runc's masked folders under `/proc` and
+    /// `/sys` (an empty read-only tmpfs each) are external mounts: not
+    /// stored, and bound from the host's one empty read-only tmpfs
+    /// (`<runtime_dir>/empty`) at restore instead of unpacked with `tar`.
+    /// Off: CRIU stores and unpacks them (an artifact as format 4 made it).
+    pub external_masks: bool,
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
@@ -243,6 +249,7 @@ impl Default for RuntimeConfig {
             share_pages: true,
             memory_preflight: true,
             elide_zero_pages: true,
+            external_masks: true,
             pull_timeout_s: 900,
             push_created: false,
             fleet_signing_key: None,
@@ -422,6 +429,13 @@ mod tests {
         assert!(RuntimeConfig::default().elide_zero_pages);
         let c = RuntimeConfig::parse("elide_zero_pages = false\n", "inline").unwrap();
         assert!(!c.elide_zero_pages);
+    }
+
+    #[test]
+    fn masks_are_external_unless_turned_off() {
+        assert!(RuntimeConfig::default().external_masks);
+        let c = RuntimeConfig::parse("external_masks = false\n", "inline").unwrap();
+        assert!(!c.external_masks);
     }
 
     #[test]

@@ -235,8 +235,13 @@ fn runc_and_criu_get_the_captures_options_and_the_configured_tools() {
     );
     let conf = std::fs::read_to_string(e.bundle("gpt-r0").join("vsnap-criu.conf")).unwrap();
     // A CPU restore: held stopped, its memory placed by vsnap's page server.
+    // Then the mapping of runc's masked folders (criu/masks.rs).
+    let (options, masks) = conf
+        .rsplit_once("lazy-pages\n")
+        .expect("a restore's options");
+    assert!(options.ends_with("leave-stopped\n"), "a restore: {conf}");
     assert!(
-        conf.ends_with("leave-stopped\nlazy-pages\n"),
+        masks.starts_with("external mnt[vsnap-empty]:") && masks.lines().count() == 1,
         "a restore: {conf}"
     );
     e.remove("gpt-r0");

@@ -19,6 +19,7 @@ mod huge_pages;
 mod labels;
 mod lifecycle;
 mod lifecycle_faults;
+mod masks;
 mod memory;
 mod metrics;
 mod no_leaks;

@@ -162,11 +162,12 @@ fn a_flipped_byte_found_during_the_restore_is_set_aside_and_the_same_start_goes_
 }
 
 /// `manifest.json` of `name` rewritten as the previous vsnap wrote it: the
-/// previous artifact format (no field of the current one) and an older
-/// shim, sealed with this host's key. The fixture is made from a fresh
-/// capture rather than checked in, because a manifest binds the host it
-/// was made on (its key, runc, CRIU, kernel): a format 3 manifest is a
-/// format 4 one without the fields format 4 added.
+/// previous artifact format and an older shim, sealed with this host's
+/// key. The fixture is made from a fresh capture rather than checked in,
+/// because a manifest binds the host it was made on (its key, runc, CRIU,
+/// kernel): a format 4 artifact is a format 5 one whose masked folders
+/// CRIU stored (a capture with `external_masks = false`), and its manifest
+/// has the same fields.
 fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     let path = e.manifest(name);
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -174,8 +175,6 @@ fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     assert!(previous < vsnap_artifact::SCHEMA_VERSION);
     v["schema_version"] = previous.into();
     v["host"]["shim_version"] = "0.0.1-older".into();
-    // The field format 4 added (an absent field is not serialized).
-    v.as_object_mut().unwrap().remove("zero_pages");
     let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
     m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());
     std::fs::write(&path, m.to_bytes()).unwrap();
@@ -184,9 +183,9 @@ fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
 #[test]
 fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside() {
     let e = setup("nc-format");
-    // The previous format had no holes in its pagemaps: none are made.
+    // The previous format's CRIU stored runc's masked folders itself.
     let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str("elide_zero_pages = false\n");
+    config.push_str("external_masks = false\n");
     std::fs::write(&e.config, config).unwrap();
     e.create_good("ncv-0", "ncv", &[]);
     // Made by the previous vsnap (a rolling upgrade of the shim): it

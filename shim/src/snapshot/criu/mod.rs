@@ -20,6 +20,7 @@
 //!   restore: CRIU reports success and the copy hangs on its GPU.
 
 pub(crate) mod images;
+pub(crate) mod masks;
 pub(crate) mod memory;
 pub(crate) mod pages;
 pub(crate) mod restore_oom;
@@ -60,6 +61,11 @@ pub struct CriuSetup<'a> {
     pub lazy_pages: bool,
     /// A capture's host /dev/shm, where CRIU's link remaps are kept.
     pub keep_link_remaps_in: Option<&'a Path>,
+    /// A capture's masked folders CRIU is told are external (masks.rs).
+    pub masked_folders: &'a [String],
+    /// A restore's empty read-only tmpfs, bound at each masked folder an
+    /// artifact names external (masks.rs).
+    pub empty_masks: Option<&'a Path>,
 }
 
 /// The config a container's CRIU reads: what the operator's config held
@@ -98,6 +104,10 @@ pub fn config_text(
     }
     if let Some(script) = post_dump_script {
         body.push_str(&format!("action-script {}\n", script.display()));
+    }
+    body.push_str(&masks::dump_lines(setup.masked_folders));
+    if let Some(empty) = setup.empty_masks {
+        body.push_str(&masks::restore_line(empty));
     }
     body
 }
@@ -292,6 +302,8 @@ mod tests {
                 leave_stopped: true,
                 lazy_pages: true,
                 keep_link_remaps_in: None,
+                masked_folders: &["/proc/acpi".into()],
+                empty_masks: Some(Path::new("/run/vsnap/empty")),
             },
             Some(Path::new("/b/vsnap-post-dump.sh")),
         );
@@ -306,7 +318,9 @@ mod tests {
                 "link-remap",
                 "leave-stopped",
                 "lazy-pages",
-                "action-script /b/vsnap-post-dump.sh"
+                "action-script /b/vsnap-post-dump.sh",
+                "external mnt[/proc/acpi]:vsnap-empty",
+                "external mnt[vsnap-empty]:/run/vsnap/empty"
             ]
         );
         assert!(text.starts_with("# from /etc/criu/runc.conf\n"));

@@ -14,8 +14,9 @@ use super::engine::{tools_of, Engine, Inputs};
 use super::prepared_plan::Prepared;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
+use crate::snapshot::criu::{self, masks};
 use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{activation::canary, criu, plan::spec, plan::vllm_command};
+use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
 
 /// The part of the plan both directions share, with a fresh control dir.
 pub(super) fn common_part(
@@ -112,16 +113,25 @@ fn edit(
     if startup && vllm_command::is_vllm_serve(argv) {
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
+    let (masked, empty) = match p {
+        Prepared::Capture(_) if config.external_masks => (masks::masked_folders(spec), None),
+        Prepared::Capture(_) => (Vec::new(), None),
+        Prepared::Restore(_) => (Vec::new(), Some(empty_masks(config)?)),
+    };
     let criu = match p {
         Prepared::Capture(c) => criu::CriuSetup {
             leave_stopped: false,
             lazy_pages: false,
             keep_link_remaps_in: c.common.host_shm.as_deref(),
+            masked_folders: &masked,
+            empty_masks: None,
         },
         Prepared::Restore(r) => criu::CriuSetup {
             leave_stopped: r.holds_stopped(),
             lazy_pages: r.place_pages,
             keep_link_remaps_in: None,
+            masked_folders: &[],
+            empty_masks: empty.as_deref(),
         },
     };
     spec::add_criu_config(
@@ -133,6 +143,20 @@ fn edit(
         criu,
     )?;
     super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
+}
+
+/// The host's empty read-only tmpfs a restore binds at runc's masked
+/// folders (criu/masks.rs), mounted if it is not yet.
+fn empty_masks(config: &vsnap_config::RuntimeConfig) -> Result<std::path::PathBuf> {
+    masks::ensure_empty(&config.runtime_dir).map_err(|e| {
+        Error::io(
+            format!(
+                "restore: mount the empty read-only tmpfs for runc's masked folders under {}",
+                config.runtime_dir.display()
+            ),
+            e,
+        )
+    })
 }
 
 /// A fresh control dir for the container, owned by its engine's user.
