@@ -92,8 +92,7 @@ fn is_read_only_tmpfs(dir: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let top = info
         .lines()
-        .filter(|l| l.split(' ').nth(4).map(Path::new) == Some(dir))
-        .last();
+        .rfind(|l| l.split(' ').nth(4).map(Path::new) == Some(dir));
     top.is_some_and(|l| {
         let options = l.split(' ').nth(5).unwrap_or_default();
         let fs_type = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
