@@ -128,7 +128,8 @@ fn inspect_quarantined_reads_the_reason_and_the_manifest() {
     let e = v["manifest_error"].as_str().unwrap();
     assert!(
         e.contains(&format!(
-            "schema_version 99 is not an artifact format this vsnap reads (3 or {SCHEMA_VERSION})"
+            "schema_version 99 is not an artifact format this vsnap reads ({} or {SCHEMA_VERSION})",
+            vsnap_artifact::READABLE_SCHEMA_VERSIONS[0]
         )),
         "{e}"
     );
