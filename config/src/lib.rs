@@ -8,7 +8,7 @@ pub mod runtime;
 pub mod tenants;
 
 pub use runtime::{
-    ConfigError, ConfigSource, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT,
+    ConfigError, ConfigSource, HugePages, PagePlacement, RuntimeConfig, DEFAULT_ARTIFACT_ROOT,
     DEFAULT_CONFIG_PATH,
 };
 pub use tenants::TenantPolicy;

@@ -92,6 +92,13 @@ pub struct RuntimeConfig {
     pub runtime_dir: PathBuf,
     /// Restores of one artifact at once share reading and hashing its pages.
     pub share_pages: bool,
+    /// Where the page server places memory eligible for huge pages (an
+    /// `MADV_HUGEPAGE` VMA, or any under THP `always`) through the kernel's
+    /// fault path: `when-free` (only while the host's free 2 MiB blocks
+    /// cover it, so no fault waits on reclaim or compaction; the rest is
+    /// placed in 4 KiB pages, for khugepaged to collapse later), `always`,
+    /// or `never` (4 KiB pages, as CRIU places them).
+    pub huge_pages: HugePages,
     /// Refuse a restore, in its preflight before CRIU runs, when the
     /// container's memory limit (or one of its parent cgroups') is below
     /// what the artifact's tree held at capture (its manifest's `memory`).
@@ -186,6 +193,16 @@ pub enum PagePlacement {
     Criu,
 }
 
+/// How eligible memory is placed at restore (`huge_pages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum HugePages {
+    #[default]
+    WhenFree,
+    Always,
+    Never,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
@@ -247,6 +264,7 @@ impl Default for RuntimeConfig {
             page_placement: PagePlacement::Parallel,
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             share_pages: true,
+            huge_pages: HugePages::WhenFree,
             memory_preflight: true,
             elide_zero_pages: true,
             external_masks: true,

@@ -28,6 +28,23 @@ fn pages_are_shared_unless_turned_off() {
 }
 
 #[test]
+fn huge_pages_are_placed_when_free_unless_told_otherwise() {
+    assert_eq!(RuntimeConfig::default().huge_pages, HugePages::WhenFree);
+    for (word, want) in [
+        ("when-free", HugePages::WhenFree),
+        ("always", HugePages::Always),
+        ("never", HugePages::Never),
+    ] {
+        let c = RuntimeConfig::parse(&format!("huge_pages = \"{word}\"\n"), "inline").unwrap();
+        assert_eq!(c.huge_pages, want, "{word}");
+    }
+    let err = RuntimeConfig::parse("huge_pages = \"sometimes\"\n", "inline")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("when-free"), "{err}");
+}
+
+#[test]
 fn zero_pages_are_elided_unless_turned_off() {
     assert!(RuntimeConfig::default().elide_zero_pages);
     let c = RuntimeConfig::parse("elide_zero_pages = false\n", "inline").unwrap();

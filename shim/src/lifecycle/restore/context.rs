@@ -368,6 +368,7 @@ fn restore_job(
         spare_stdio: None,
         place_pages,
         runtime_dir: plan.map(|r| r.runtime_dir.clone()),
+        huge_pages: plan.map(|r| r.huge_pages).unwrap_or_default(),
         page_share: plan.and_then(|r| {
             let mac = r.share_pages.as_deref()?;
             Some(Sharing::new(&r.runtime_dir, mac, &r.common.artifact_dir()))

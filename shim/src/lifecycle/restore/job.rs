@@ -19,6 +19,7 @@ use crate::snapshot::criu::pages::{
     Budget, Fillers, PageServer, PlaceError, Placed, Sharing, Verification, MAX_FILLERS,
 };
 use crate::snapshot::criu::restore_oom::RestoreOom;
+use vsnap_config::HugePages;
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
@@ -46,6 +47,8 @@ pub struct RestoreJob {
     /// Where the restores of this artifact under way at once share its
     /// pages (none: this one reads and hashes them alone).
     pub page_share: Option<Sharing>,
+    /// Which memory eligible for huge pages the page server places so.
+    pub huge_pages: HugePages,
     /// The pages files the page server checks against their digests while
     /// placing them (taken out of the restore's other verification).
     pub page_verification: Option<Verification>,
@@ -162,6 +165,7 @@ impl RestoreJob {
             threads,
             budget,
             share,
+            huge: self.huge_pages,
         };
         PageServer::start(&self.work, &self.image, fillers, verify).map_err(fail)
     }

@@ -98,6 +98,7 @@ pub(super) fn prepare_restore(
         place_pages,
         runtime_dir: config.runtime_dir.clone(),
         share_pages,
+        huge_pages: config.huge_pages,
         memory: found.memory,
         create_began: inputs.create_began,
         preflight: started.elapsed(),

@@ -44,6 +44,9 @@ pub struct RestorePlan {
     /// once share its pages (`share_pages`, with verification): the
     /// manifest's MAC, which names the artifact's bytes to them.
     pub share_pages: Option<String>,
+    /// Which memory eligible for huge pages the page server places so
+    /// (`huge_pages`).
+    pub huge_pages: vsnap_config::HugePages,
     /// What the artifact's tree held in memory at capture (its manifest's,
     /// when recorded), named when the restore runs out of memory.
     pub memory: Option<Memory>,

@@ -52,7 +52,10 @@ impl RestoreTimings {
             "page_chunks_read": self.pages.map(|p| p.chunks_read),
             "page_chunks_shared_out": self.pages.map(|p| p.chunks_shared_out),
             "pages_placed_bytes": self.pages.map(|p| p.bytes),
-            "pages_huge_eligible_bytes": self.pages.map(|p| p.huge_bytes),
+            "pages_huge_eligible_bytes": self.pages.map(|p| p.huge_bytes + p.huge_declined_bytes),
+            "pages_huge_bytes": self.pages.map(|p| p.huge_bytes),
+            "pages_huge_declined_bytes": self.pages.map(|p| p.huge_declined_bytes),
+            "pages_huge_free_blocks": self.pages.and_then(|p| p.huge_free_blocks),
             "page_faults_served": self.pages.map(|p| p.faults),
             "page_server_tasks": self.pages.map(|p| p.tasks),
         });

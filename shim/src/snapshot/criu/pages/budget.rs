@@ -250,6 +250,7 @@ mod tests {
             threads: 2,
             budget: Some(budget),
             share: None,
+            huge: Default::default(),
         };
         let images = dir.path().join("images");
         let server = PageServer::start(dir.path(), &images, fillers, Some(v)).unwrap();

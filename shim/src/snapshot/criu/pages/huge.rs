@@ -139,6 +139,37 @@ impl Huge {
         }
     }
 
+    /// Keeps the VMAs `keep` says yes to, given each one's lazy bytes of
+    /// `lazy` (before they are taken); returns the lazy bytes of the
+    /// others, which stay registered and are copied in 4 KiB pages.
+    pub(super) fn retain(&mut self, lazy: &LazyPages, mut keep: impl FnMut(u64) -> bool) -> u64 {
+        let mut dropped = 0;
+        self.vmas.retain(|&(start, end)| {
+            let bytes = lazy_in(lazy, start, end);
+            let kept = keep(bytes);
+            if !kept {
+                dropped += bytes;
+            }
+            kept
+        });
+        dropped
+    }
+
+    /// Whether no eligible VMA is left.
+    pub(super) fn is_empty(&self) -> bool {
+        self.vmas.is_empty()
+    }
+
+    /// A task's `Huge` of `vmas`, its host pid this process's.
+    #[cfg(test)]
+    pub(super) fn with_vmas(vmas: Vec<(u64, u64)>) -> Self {
+        Huge {
+            host_pid: std::process::id() as i32,
+            vmas,
+            taken: AtomicBool::new(false),
+        }
+    }
+
     /// Lazy bytes of `lazy` in the eligible VMAs.
     pub(super) fn bytes(&self, lazy: &LazyPages) -> u64 {
         lazy.ranges
@@ -202,6 +233,16 @@ impl Huge {
         }
         Ok(())
     }
+}
+
+/// The lazy bytes of `lazy` within `[start, end)`.
+fn lazy_in(lazy: &LazyPages, start: u64, end: u64) -> u64 {
+    let i = lazy.ranges.partition_point(|r| r.vaddr + r.len <= start);
+    lazy.ranges[i..]
+        .iter()
+        .take_while(|r| r.vaddr < end)
+        .map(|r| (r.vaddr + r.len).min(end) - r.vaddr.max(start))
+        .sum()
 }
 
 /// Whether host pid `host` is the task CRIU calls `pid` (the last `NSpid`

@@ -31,6 +31,8 @@
 //! - `place`: `UFFDIO_COPY`, early faults and the poll over the tasks;
 //! - `huge`: the VMAs eligible for huge pages, unregistered and written
 //!   through the kernel's fault path instead;
+//! - `huge_free`: which of them go huge now (`huge_pages`: while the
+//!   host's free 2 MiB blocks cover them, always, or never);
 //! - `verify`: the pages files read chunk by chunk against their digests;
 //! - `server`: the server's thread; `fill`: the fillers;
 //! - `share`: several restores of one artifact sharing the reading and
@@ -41,6 +43,7 @@
 mod budget;
 mod fill;
 mod huge;
+mod huge_free;
 mod outcome;
 mod place;
 mod protocol;

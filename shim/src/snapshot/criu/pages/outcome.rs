@@ -12,6 +12,11 @@ pub struct Placed {
     /// Of `bytes`, those in VMAs eligible for huge pages, written through
     /// the kernel's fault path (`huge.rs`) rather than `UFFDIO_COPY`.
     pub huge_bytes: u64,
+    /// Eligible bytes placed in 4 KiB pages all the same (`huge_pages`:
+    /// `never`, or past the host's free 2 MiB blocks under `when-free`).
+    pub huge_declined_bytes: u64,
+    /// The host's free 2 MiB blocks when the server chose (`when-free`).
+    pub huge_free_blocks: Option<u64>,
     pub faults: u64,
     /// From the end of CRIU's restore to the last page in place.
     pub fill: Duration,

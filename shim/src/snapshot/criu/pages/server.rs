@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vsnap_artifact::content::CHUNK;
+use vsnap_config::HugePages;
 
 use super::budget::Budget;
 use super::fill::Fill;
+use super::huge_free;
 use super::outcome::{PlaceError, Placed};
 use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK};
 use super::protocol::{accept, bind, receive, Message, SOCKET_NAME};
@@ -22,12 +24,14 @@ use super::task::Task;
 use super::verify::{pages_files, Verification};
 
 /// How many fillers a restore's server runs, the host's budget they take
-/// a slot of for each chunk (none: they place at will), and where the
-/// restores of its artifact share the reading and hashing (none: alone).
+/// a slot of for each chunk (none: they place at will), where the
+/// restores of its artifact share the reading and hashing (none: alone),
+/// and which eligible memory they write as huge pages.
 pub struct Fillers {
     pub threads: usize,
     pub budget: Option<Budget>,
     pub share: Option<Sharing>,
+    pub huge: HugePages,
 }
 
 impl From<usize> for Fillers {
@@ -36,6 +40,7 @@ impl From<usize> for Fillers {
             threads,
             budget: None,
             share: None,
+            huge: HugePages::default(),
         }
     }
 }
@@ -128,11 +133,12 @@ fn serve(
     drop(listener);
     let faults = AtomicU64::new(0);
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
-    let tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
+    let mut tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
     let started = Instant::now();
-    // The tree is stopped now: the VMAs eligible for huge pages leave the
-    // userfaultfd (a fault already queued is served first), the fillers
-    // write them.
+    // The tree is stopped now: the VMAs eligible for huge pages that the
+    // policy places so leave the userfaultfd (a fault already queued is
+    // served first), the fillers write them.
+    let huge = huge_free::settle(&mut tasks, fillers.huge);
     for t in &tasks {
         if let Some(h) = &t.huge {
             serve_faults(t, &mut fault_buf, &faults)?;
@@ -169,6 +175,8 @@ fn serve(
             .iter()
             .filter_map(|t| t.huge.as_ref().map(|h| h.bytes(&t.lazy)))
             .sum(),
+        huge_declined_bytes: huge.declined_bytes,
+        huge_free_blocks: huge.free_blocks,
         faults: faults.load(Ordering::Relaxed),
         fill: started.elapsed(),
         slot_wait: std::time::Duration::from_nanos(fill.waited.load(Ordering::Relaxed)),
@@ -415,8 +423,9 @@ mod tests {
         assert!(e.contains("pagemap-10.img"), "{e}");
     }
 
-    #[tokio::test]
-    async fn an_advised_region_is_written_whole_as_huge_pages_not_copied() {
+    /// An advised region of 8 MiB placed under `policy`: what the server
+    /// says it placed, and the region's `AnonHugePages` in bytes.
+    async fn place_advised(policy: HugePages) -> (Placed, u64, u64) {
         use super::super::testing::{huge_region, write_images_advised};
         let dir = tempfile::tempdir().unwrap();
         let len = 8 << 20;
@@ -425,12 +434,15 @@ mod tests {
         // sender (this process) matches it.
         let me = std::process::id() as i32;
         let data = write_images_advised(dir.path(), me, &r, Some(1 << libc::MADV_HUGEPAGE));
-        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let fillers = Fillers {
+            huge: policy,
+            ..Fillers::from(2)
+        };
+        let server = PageServer::start(dir.path(), dir.path(), fillers, None).unwrap();
         let mut conn = connect(dir.path());
         send_task(&mut conn, me, &r.uffd);
         conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
         let placed = server.finish(deadline()).await.unwrap();
-        assert_eq!((placed.bytes, placed.huge_bytes), (len as u64, len as u64));
         // SAFETY: the region is mapped and every page of it is now present.
         let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
         assert!(memory == &data[..], "the region holds the image's bytes");
@@ -441,9 +453,37 @@ mod tests {
             .find_map(|l| l.strip_prefix("AnonHugePages:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap();
-        assert!(
-            huge * 1024 >= len as u64 / 2,
-            "{huge} kB of {len} bytes huge"
+        (placed, len as u64, huge * 1024)
+    }
+
+    #[tokio::test]
+    async fn an_advised_region_is_written_whole_as_huge_pages_not_copied() {
+        let (placed, len, huge) = place_advised(HugePages::Always).await;
+        assert_eq!((placed.bytes, placed.huge_bytes), (len, len));
+        assert_eq!(
+            (placed.huge_declined_bytes, placed.huge_free_blocks),
+            (0, None)
+        );
+        assert!(huge >= len / 2, "{huge} of {len} bytes huge");
+    }
+
+    #[tokio::test]
+    async fn under_never_an_advised_region_is_copied_in_small_pages() {
+        let (placed, len, huge) = place_advised(HugePages::Never).await;
+        assert_eq!((placed.bytes, placed.huge_bytes), (len, 0));
+        assert_eq!(placed.huge_declined_bytes, len);
+        assert_eq!(huge, 0, "UFFDIO_COPY places 4 KiB pages");
+    }
+
+    #[tokio::test]
+    async fn under_when_free_the_choice_is_recorded_with_the_free_blocks() {
+        let (placed, len, _) = place_advised(HugePages::WhenFree).await;
+        assert_eq!(placed.huge_bytes + placed.huge_declined_bytes, len);
+        let free = placed.huge_free_blocks.expect("/proc/buddyinfo read");
+        assert_eq!(
+            placed.huge_bytes == len,
+            free >= len / (2 << 20),
+            "{placed:?}"
         );
     }
 

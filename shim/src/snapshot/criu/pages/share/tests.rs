@@ -24,9 +24,8 @@ use super::*;
 fn copy_server(runtime: &Path, images: &Path, v: &Verification) -> (tempfile::TempDir, PageServer) {
     let work = tempfile::tempdir().unwrap();
     let fillers = Fillers {
-        threads: 2,
-        budget: None,
         share: Some(Sharing::new(runtime, "mac", &v.dir)),
+        ..Fillers::from(2)
     };
     let verify = Verification {
         dir: v.dir.clone(),
