@@ -33,11 +33,14 @@
 #                  that shim binary, the build before a change), BENCH_KEEP_LOGS=DIR
 #   verify         BENCH_RUNS=4 (pairs per cache state), BENCH_RESIDENT_MB=1024
 #   zero-pages     BENCH_RUNS=3 (restores of each), BENCH_RESIDENT_MB=512 (as many MiB of zero pages)
+#   huge-pages     BENCH_RUNS=3 (rounds), BENCH_RESIDENT_MB=1024, BENCH_FRAGMENT=1 (each policy also on
+#                  a host whose free memory the bench cut up: BENCH_FRAGMENT_BLOCKS=64,
+#                  BENCH_FRAGMENT_MAX_MB=all but 2 GiB of the free memory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-NAMES=(shim snapshot cri concurrent fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify zero-pages)
+NAMES=(shim snapshot cri concurrent fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify zero-pages huge-pages)
 declare -A WHAT=(
     [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
     [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
@@ -50,6 +53,7 @@ declare -A WHAT=(
     [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
     [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"
     [zero-pages]="an engine half zero pages captured with and without elision: image bytes, digest phase, warm restores"
+    [huge-pages]="an advised engine restored under huge_pages when-free, always and never, on a host as it is and cut up"
     [restore-limits]="warm and cold restores against the machine's fill limit and the disk's cold read; phases"
     [verify]="restores with verify_contents on vs off, warm page cache and after dropping it"
 )

@@ -5,9 +5,7 @@
 //! has none at hand (its memory held by the page cache, or cut up), the
 //! kernel's fault in a VMA marked `MADV_HUGEPAGE` reclaims and compacts
 //! memory until it has one (THP `defrag` = `madvise`, the default; every
-//! fault under `always`): measured on this project's 2-core VM, such a
-//! restore placed 1 GiB in 661 ms where 4 KiB pages took 356 ms
-//! (docs/benchmarks.md). Under `when-free`, the server writes an eligible
+//! fault under `always`), a stall per 2 MiB. Under `when-free`, the server writes an eligible
 //! VMA through the fault path only while the free blocks counted in
 //! `/proc/buddyinfo` cover its pages; the VMAs past them stay registered
 //! and are copied in 4 KiB pages, which khugepaged may collapse later, in
