@@ -20,6 +20,9 @@ pub struct MountRow {
     pub root: PathBuf,
     /// Unescaped: the path as the filesystem names it.
     pub mount_point: PathBuf,
+    /// The mount's own options (`ro,nosuid,...`: a read-only bind of a
+    /// writable filesystem says `ro` here only).
+    pub options: String,
     /// As the kernel writes it (`overlay`, `fuse.sshfs`, ...).
     pub fs_type: String,
     /// The super options (`rw,memory` for a cgroup v1 hierarchy).
@@ -44,13 +47,14 @@ fn parse_row(line: &str) -> Option<MountRow> {
     let root = fields.nth(3)?;
     let mount_point = fields.next()?;
     // The mount options, then the optional fields up to the separator.
-    fields.next()?;
+    let options = fields.next()?;
     fields.find(|f| *f == "-")?;
     let fs_type = fields.next().filter(|t| !t.is_empty())?;
     let super_options = fields.nth(1).unwrap_or_default();
     Some(MountRow {
         root: unescape_path(root),
         mount_point: unescape_path(mount_point),
+        options: options.to_string(),
         fs_type: fs_type.to_string(),
         super_options: super_options.to_string(),
     })
@@ -83,6 +87,11 @@ pub fn fs_types_at(point: &Path, mountinfo: &str) -> Vec<String> {
         .filter(|r| r.mount_point == point)
         .map(|r| r.fs_type)
         .collect()
+}
+
+/// The topmost mount at `point` in this process's mount table.
+pub fn top_at(point: &Path) -> Option<MountRow> {
+    own_rows().into_iter().rfind(|r| r.mount_point == point)
 }
 
 pub fn has_mounts_under(dir: &Path) -> bool {
@@ -191,6 +200,7 @@ mod tests {
             MountRow {
                 root: PathBuf::from("/"),
                 mount_point: PathBuf::from("/"),
+                options: "rw,relatime".into(),
                 fs_type: "overlay".into(),
                 super_options: rows[0].super_options.clone(),
             }
@@ -202,10 +212,40 @@ mod tests {
             MountRow {
                 root: rows[3].root.clone(),
                 mount_point: PathBuf::from("/run/vsnap/a b/c\td"),
+                options: "rw".into(),
                 fs_type: "tmpfs".into(),
                 super_options: rows[3].super_options.clone(),
             }
         );
+    }
+
+    #[test]
+    fn the_topmost_mount_at_a_point_is_the_one_seen_there() {
+        use nix::mount::{mount, MsFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path();
+        assert_eq!(top_at(at), None, "nothing mounted yet");
+        mount(
+            Some("vsnap-a"),
+            at,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("size=4k"),
+        )
+        .unwrap();
+        mount(
+            Some("vsnap-b"),
+            at,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY,
+            Some("size=4k"),
+        )
+        .unwrap();
+        let top = top_at(at).expect("two mounts there");
+        unmount_under(at);
+        assert_eq!(top.fs_type, "tmpfs");
+        assert!(top.options.split(',').any(|o| o == "ro"), "{top:?}");
+        assert_eq!(top_at(at), None, "both taken off");
     }
 
     #[test]
@@ -238,6 +278,7 @@ mod tests {
             [MountRow {
                 root: PathBuf::from("/"),
                 mount_point: PathBuf::from("/fine"),
+                options: "rw".into(),
                 fs_type: "tmpfs".into(),
                 super_options: "rw".into(),
             }]

@@ -89,15 +89,8 @@ pub fn ensure_empty(runtime_dir: &Path) -> std::io::Result<PathBuf> {
 
 /// Whether the topmost mount at `dir` is a read-only tmpfs.
 fn is_read_only_tmpfs(dir: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let top = info
-        .lines()
-        .rfind(|l| l.split(' ').nth(4).map(Path::new) == Some(dir));
-    top.is_some_and(|l| {
-        let options = l.split(' ').nth(5).unwrap_or_default();
-        let fs_type = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
-        fs_type == Some("tmpfs") && options.split(',').any(|o| o == "ro")
-    })
+    crate::mounts::top_at(dir)
+        .is_some_and(|m| m.fs_type == "tmpfs" && m.options.split(',').any(|o| o == "ro"))
 }
 
 #[cfg(test)]
