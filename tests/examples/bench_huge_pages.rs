@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use vsnap_e2e::bench::{env_num, median};
 use vsnap_e2e::engine::free_port;
+use vsnap_e2e::smaps;
 use vsnap_e2e::snapshot_env::{setup, Env};
 
 const MIB: u64 = 1 << 20;
@@ -133,31 +134,11 @@ impl Drop for Fragments {
 
 /// `AnonHugePages` of pid's largest VMA advised `MADV_HUGEPAGE`.
 fn anon_huge(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let (mut best, mut size, mut huge) = ((0u64, 0u64), 0u64, 0u64);
-    for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
-            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                size = b - a;
-                continue;
-            }
-        }
-        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-            huge = kb
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                * 1024;
-        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if flags.split_whitespace().any(|f| f == "hg") && size > best.0 {
-                best = (size, huge);
-            }
-        }
-    }
-    best.1
+    smaps::read(pid)
+        .into_iter()
+        .filter(|v| v.advised)
+        .max_by_key(|v| v.end - v.start)
+        .map_or(0, |v| v.huge)
 }
 
 /// Reads the artifact's files, so that a restore finds them cached.

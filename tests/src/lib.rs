@@ -18,6 +18,7 @@ pub mod image;
 pub mod lib_sh;
 pub mod prometheus;
 pub mod registry;
+pub mod smaps;
 pub mod snapshot_env;
 pub mod vllm;
 

@@ -6,51 +6,11 @@
 //! it answers like a cold start (docs/page-server.md, "Huge pages").
 
 use vsnap_e2e::engine::{free_port, HostEngine};
+use vsnap_e2e::smaps::{self, Vma};
 use vsnap_e2e::snapshot_env::{answers, setup, Env};
 
 const MIB: u64 = 1 << 20;
 const RESIDENT_MB: u64 = 256;
-
-/// One VMA of /proc/<pid>/smaps: bounds, `AnonHugePages` in bytes, and
-/// whether its `VmFlags` hold `hg` (advised `MADV_HUGEPAGE`).
-struct Vma {
-    start: u64,
-    end: u64,
-    huge: u64,
-    advised: bool,
-}
-
-fn smaps(pid: i32) -> Vec<Vma> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let mut out: Vec<Vma> = Vec::new();
-    for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
-            if let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                out.push(Vma {
-                    start,
-                    end,
-                    huge: 0,
-                    advised: false,
-                });
-                continue;
-            }
-        }
-        let Some(v) = out.last_mut() else { continue };
-        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-            v.huge = kb
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                * 1024;
-        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-            v.advised = flags.split_whitespace().any(|f| f == "hg");
-        }
-    }
-    out
-}
 
 type Answers = Vec<(serde_json::Value, serde_json::Value, serde_json::Value)>;
 
@@ -79,7 +39,7 @@ fn restore(e: &Env, config: &str, id: &str, policy: &str, reference: &Answers) -
     // Activation passed: the engine recomputed the block's checksum.
     assert_eq!(&answers(port), reference, "{id} answers like a cold start");
     let pid = e.c.task_pid("default", id);
-    let vmas = smaps(pid);
+    let vmas = smaps::read(pid);
     let elsewhere = vmas
         .iter()
         .filter(|v| !v.advised && v.huge > 0)
