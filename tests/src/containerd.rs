@@ -381,6 +381,22 @@ impl Containerd {
         )
     }
 
+    /// The bundles in `namespace` once containerd's removal of them ended,
+    /// or at `timeout` what is still there. After a shim died containerd
+    /// removes its bundle (renamed to `.<id>`, then deleted) only after the
+    /// shim binary's `delete` exited, so an empty process list does not yet
+    /// mean an empty bundle folder.
+    pub fn bundles_left_in(&self, namespace: &str, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = self.bundles_in(namespace);
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Mount points under this instance's folder.
     pub fn mounts(&self) -> Vec<String> {
         let prefix = self.dir.display().to_string();

@@ -197,7 +197,11 @@ impl Docker {
             crate::containerd::runc_list(&self.runc_root()),
             Vec::<String>::new()
         );
-        assert_eq!(c.bundles_in(MOBY), Vec::<String>::new(), "bundles");
+        assert_eq!(
+            c.bundles_left_in(MOBY, Duration::from_secs(30)),
+            Vec::<String>::new(),
+            "bundles"
+        );
         assert_eq!(
             crate::snapshot_env::control_dirs(&self.env.artifacts),
             Vec::<String>::new()

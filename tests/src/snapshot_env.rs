@@ -340,24 +340,37 @@ impl Env {
 
     /// After every container was removed: no shim, no runc container or
     /// state, no bundle, no mount, no control dir, no staging folder.
+    ///
+    /// containerd removes a dead shim's bundle (renamed to `.<id>`, then
+    /// deleted) only after the shim binary's `delete` exited, so the
+    /// leftovers are waited for together; what is still there at the
+    /// deadline is a leak and named.
     pub fn assert_nothing_left(&self) {
         poll(Duration::from_secs(20), "the shims to exit", || {
             self.c.shim_pids().is_empty()
         });
-        assert_eq!(self.c.runc_containers(), Vec::<String>::new(), "runc");
-        assert_eq!(
-            list(&self.c.runc_root()),
-            Vec::<String>::new(),
-            "runc state"
-        );
-        assert_eq!(self.c.mounts(), Vec::<String>::new(), "mounts");
-        assert_eq!(self.c.bundles(), Vec::<String>::new(), "bundles");
-        assert_eq!(
-            control_dirs(&self.artifacts),
-            Vec::<String>::new(),
-            "control dirs"
-        );
-        assert_eq!(self.staging_dirs(), Vec::<String>::new(), "staging");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut left = self.leftovers();
+        while left.iter().any(|(_, l)| !l.is_empty()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            left = self.leftovers();
+        }
+        for (what, l) in left {
+            assert_eq!(l, Vec::<String>::new(), "{what}\n{}", self.c.log_tail());
+        }
+    }
+
+    /// What of this instance and artifact root should be gone once every
+    /// container was removed, by kind.
+    fn leftovers(&self) -> [(&'static str, Vec<String>); 6] {
+        [
+            ("runc", self.c.runc_containers()),
+            ("runc state", list(&self.c.runc_root())),
+            ("mounts", self.c.mounts()),
+            ("bundles", self.c.bundles()),
+            ("control dirs", control_dirs(&self.artifacts)),
+            ("staging", self.staging_dirs()),
+        ]
     }
 }
 

@@ -327,7 +327,7 @@ impl CriEnv {
         let runc_v2 = self.c.dir.join("state/runc-v2").join(NAMESPACE);
         assert_eq!(runc_list(&runc_v2), Vec::<String>::new(), "runc-v2's runc");
         assert_eq!(
-            self.c.bundles_in(NAMESPACE),
+            self.c.bundles_left_in(NAMESPACE, Duration::from_secs(30)),
             Vec::<String>::new(),
             "bundles"
         );
