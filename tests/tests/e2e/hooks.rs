@@ -165,7 +165,11 @@ fn runc_runs_create_runtime_hooks_at_restore_and_a_failing_one_stops_it() {
     std::fs::write(&sysctl, "2\n").unwrap();
     let out = b.runc(&["run", "-d", "--bundle", &bundle, &id]);
     assert!(out.ok(), "{out:?}");
-    assert_eq!(b.workload_pids().len(), 1);
+    // runc returns once init read the fifo; the init then execs sh, which
+    // execs the workload.
+    poll(Duration::from_secs(30), "the workload to run", || {
+        b.workload_pids().len() == 1
+    });
     let out = b.runc(&[
         "checkpoint",
         "--image-path",
@@ -175,7 +179,12 @@ fn runc_runs_create_runtime_hooks_at_restore_and_a_failing_one_stops_it() {
         &id,
     ]);
     assert!(out.ok(), "{out:?}");
-    assert_eq!(b.workload_pids(), Vec::<i32>::new());
+    // CRIU killed the dumped tree; it is gone once the kernel tore it down.
+    poll(
+        Duration::from_secs(30),
+        "the checkpointed workload to go",
+        || b.workload_pids().is_empty(),
+    );
 
     // At restore: the hook runs again; failing, nothing is restored.
     std::fs::write(&sysctl, "1\n").unwrap();

@@ -63,7 +63,9 @@ fn fifty_cycles_leave_nothing_behind() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let fds_before = c.open_fds();
+    // containerd closes its end of the warm ctr's connection in its own
+    // time: the baseline is a count that held for half a second.
+    let fds_before = settled(|| c.open_fds());
 
     let mut ids = vec!["held".to_string(), "warm".to_string()];
     for i in 0..50 {
@@ -109,9 +111,26 @@ fn fifty_cycles_leave_nothing_behind() {
         Vec::<String>::new(),
         "no FIFO left"
     );
-    assert_eq!(
-        c.open_fds(),
-        fds_before,
-        "containerd's descriptors back where they started"
+    // A leak grows with the cycles (50 of them); a descriptor containerd
+    // still held for the warm cycle at the baseline may be closed since.
+    let fds_after = c.open_fds();
+    assert!(
+        fds_after <= fds_before,
+        "containerd's descriptors back where they started: {fds_after} now, {fds_before} before"
     );
+}
+
+/// `count` once it read the same for half a second (at most 20 s).
+fn settled(count: impl Fn() -> usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = count();
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_millis(500) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = count();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
 }

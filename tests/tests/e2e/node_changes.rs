@@ -10,7 +10,7 @@ use std::time::Duration;
 use vsnap_e2e::cri::{container_config, envs, CriEnv, ENGINE_IMAGE, VSNAP};
 use vsnap_e2e::engine::{free_port, wait_listening};
 use vsnap_e2e::snapshot_env::{
-    assert_has, flip_middle_byte, largest_image, setup, truncate_a_page, Env,
+    assert_has, flip_middle_byte, largest_image, poll, setup, truncate_a_page, Env,
 };
 
 /// An `auto` start of `name` as container `id` that serves: restored when
@@ -284,8 +284,11 @@ fn a_pod_whose_restore_fails_after_criu_started_starts_cold_on_its_first_attempt
     assert_eq!(reason["cause"], "damaged", "{reason}");
     let fresh = e.wait_manifest("ncp");
     assert_ne!(fresh["mac"], old["mac"]);
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert_has(&text, &["vsnap-ref-engine: serving"]);
+    // The engine binds, then logs; the line reaches CRI's log file through
+    // the shim's and containerd's copies.
+    poll(Duration::from_secs(30), "the engine's serving line", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("vsnap-ref-engine: serving"))
+    });
     e.remove_pod(&pod);
     let port = free_port();
     let (pod, _) = auto_pod_of(&e, "ncp", "restored", port, &shm);

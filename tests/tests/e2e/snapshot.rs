@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use vsnap_e2e::engine::{free_port, wait_listening, HostEngine};
-use vsnap_e2e::snapshot_env::{answers, control_dirs, setup};
+use vsnap_e2e::snapshot_env::{answers, control_dirs, poll, setup};
 
 #[test]
 fn create_then_restore_twice_answers_like_a_cold_start() {
@@ -210,7 +210,12 @@ fn bad_annotations_and_missing_artifacts_are_refused_by_name() {
     );
     let _ = e.c.ctr(&["c", "rm", "b5"]);
     assert!(!e.artifact("x").exists(), "nothing captured");
-    assert_eq!(e.c.shim_pids(), Vec::<i32>::new());
+    // A shim exits after its Shutdown answered: wait for that.
+    poll(
+        Duration::from_secs(30),
+        "the failed creates' shims to exit",
+        || e.c.shim_pids().is_empty(),
+    );
     assert_eq!(control_dirs(&e.artifacts), Vec::<String>::new());
 }
 
