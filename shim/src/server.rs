@@ -120,12 +120,15 @@ pub async fn serve(flags: Flags, listener: Option<UnixListener>) -> Result<()> {
         .start()
         .await
         .map_err(|e| Error::Other(format!("shim: serve {}: {e}", flags.socket)))?;
+    // The socket a later start would find dead, as `address` (in the
+    // bundle, the working folder) names it: read now, as containerd may
+    // remove the bundle while this shim shuts down.
+    let address = std::fs::read_to_string("address").ok();
     info!("Shim successfully started, waiting for exit signal...");
     exit.wait().await;
     info!("Shutting down shim instance");
     server.shutdown().await.unwrap_or_default();
-    // The socket a later start would find dead; `address` names it.
-    if let Ok(address) = std::fs::read_to_string("address") {
+    if let Some(address) = address {
         let path = std::path::Path::new(address.trim().trim_start_matches("unix://"));
         if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
             let _ = std::fs::remove_file(path);
