@@ -194,6 +194,12 @@ fn check_drop_in(origin: &str, body: &str) -> toml::Value {
         Some(DEFAULT_CONFIG_PATH),
         "{origin}"
     );
+    // A dead shim's delete gets more than containerd's default 5s.
+    let cleanup = config
+        .get("timeouts")
+        .and_then(|t| t.get("io.containerd.timeout.shim.cleanup"))
+        .and_then(|v| v.as_str());
+    assert_eq!(cleanup, Some("30s"), "{origin}: timeouts");
     config
 }
 

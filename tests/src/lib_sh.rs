@@ -96,6 +96,8 @@ mod tests {
              root = \"/tmp/vsnap-test-1-0-x/root\"\n\
              state = \"/tmp/vsnap-test-1-0-x/state\"\n\
              [grpc]\n  address = \"/tmp/vsnap-test-1-0-x/state/containerd.sock\"\n\
+             # As docs/kubernetes.md asks of a vsnap node: the dead-shim delete's budget.\n\
+             [timeouts]\n  \"io.containerd.timeout.shim.cleanup\" = \"30s\"\n\
              [debug]\n  level = \"debug\"\n"
         );
         let cri = containerd_config(dir, Some("debug"), Plugins::Cri);
