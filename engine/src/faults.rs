@@ -46,6 +46,9 @@ pub struct Faults {
     pub self_tcp: Option<String>,
     /// VSNAP_ENGINE_HOLD_DEVICE=PATH: hold a file (a character device) open.
     pub hold_device: Option<String>,
+    /// VSNAP_ENGINE_EXIT_DELAY_MS=N: after a failure's error.json, take N ms
+    /// to exit, as a real engine's teardown (workers, CUDA) does.
+    pub exit_delay: Option<Duration>,
 }
 
 /// Both ends of the self connection, for the recovery to use.
@@ -85,6 +88,12 @@ impl Faults {
             undumpable: var("VSNAP_ENGINE_UNDUMPABLE").is_some_and(|v| v != "0"),
             self_tcp: var("VSNAP_ENGINE_SELF_TCP"),
             hold_device: var("VSNAP_ENGINE_HOLD_DEVICE"),
+            exit_delay: match var("VSNAP_ENGINE_EXIT_DELAY_MS") {
+                None => None,
+                Some(ms) => Some(Duration::from_millis(ms.parse().map_err(|_| {
+                    format!("VSNAP_ENGINE_EXIT_DELAY_MS={ms:?}: expected milliseconds")
+                })?)),
+            },
         })
     }
 

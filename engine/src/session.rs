@@ -92,9 +92,12 @@ impl Session {
         }
     }
 
-    /// Reports a failure and exits 1.
+    /// Reports a failure and exits 1 (after the injected teardown time).
     pub fn fail(&self, phase: &str, failure: Failure) -> ! {
         self.report(phase, &failure);
+        if let Some(delay) = self.faults.exit_delay {
+            std::thread::sleep(delay);
+        }
         process::exit(1);
     }
 

@@ -236,6 +236,29 @@ fn engine_failing_before_capture_ready_publishes_nothing() {
     e.assert_nothing_left();
 }
 
+/// An engine that reported its failure exits with its own code even when
+/// its teardown takes a while (vLLM stops its workers and CUDA first): the
+/// shim lets it, rather than killing it the moment `error.json` appears.
+#[test]
+fn an_engine_that_reports_a_failure_exits_with_its_own_code() {
+    let e = setup("f-exit");
+    let err = failed_capture(
+        &e,
+        "flt-x0",
+        "exit",
+        1,
+        &[
+            "--env",
+            "VSNAP_ENGINE_FAIL_PHASE=initialize engine",
+            "--env",
+            "VSNAP_ENGINE_EXIT_DELAY_MS=300",
+        ],
+    );
+    assert_has(&err, &["engine failed in phase \"initialize engine\""]);
+    e.assert_nothing_published();
+    e.assert_nothing_left();
+}
+
 #[test]
 fn damaged_artifacts_are_refused_and_leave_nothing() {
     let e = setup("f-damage");

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
 use vsnap_artifact::{Clocks, Contents, Staging, ZeroPages};
-use vsnap_protocol::{CaptureReady, Oracle};
+use vsnap_protocol::{files, CaptureReady, Oracle};
 
 use crate::deadline::Deadline;
 use crate::error::Error;
+use crate::inflight::is_dead;
 use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::RuncVerbs;
@@ -20,6 +21,9 @@ use crate::snapshot::plan::{CapturePlan, WriteLock};
 use crate::snapshot::store::journal;
 use crate::snapshot::store::records::{keep_criu_log, record_error};
 use vsnap_artifact::journal::Op;
+
+/// How long an engine that reported its failure has to exit on its own.
+pub const ENGINE_EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// What the engine said when it was capture-ready.
 pub(super) struct Ready {
@@ -175,9 +179,18 @@ impl Run for CaptureRun {
     }
 
     /// The task is killed so that it exits non-zero; the staging dir goes
-    /// with its Drop (nothing half published).
+    /// with its Drop (nothing half published). An engine that reported its
+    /// failure (`error.json`) is given [`ENGINE_EXIT_GRACE`] to exit with
+    /// its own code first, as a real one tears its workers down.
     async fn abort(&mut self, _: PhaseName, _: &Error) {
         drop(self.staging.take());
+        let reported = self.plan.common.control_dir.join(files::ERROR);
+        if reported.exists() {
+            let until = Instant::now() + ENGINE_EXIT_GRACE;
+            while !is_dead(self.pid) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
     }
 }
