@@ -1,4 +1,5 @@
-//! The OpenAI-style API: `GET /health`, `GET /v1/models`, `POST /v1/completions`.
+//! The OpenAI-style API: `GET /health`, `GET /v1/models`, `POST /v1/completions`, and
+//! `GET /v1/identity` (identity.rs).
 //! Greedy decoding only; any malformed request is a 400 with a JSON error, never a panic.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use crate::http::{Request, Response};
+use crate::identity::Userspace;
 use crate::model::{encode, token_text, Model, MAX_CONTEXT, VOCAB};
 
 const DEFAULT_MAX_TOKENS: u64 = 16;
@@ -19,6 +21,7 @@ pub struct App {
     model: Arc<Model>,
     name: String,
     next_id: AtomicU64,
+    userspace: Arc<Userspace>,
 }
 
 /// A validated completion request.
@@ -31,11 +34,12 @@ struct Completion {
 }
 
 impl App {
-    pub fn new(model: Arc<Model>, name: String) -> Self {
+    pub fn new(model: Arc<Model>, name: String, userspace: Arc<Userspace>) -> Self {
         App {
             model,
             name,
             next_id: AtomicU64::new(0),
+            userspace,
         }
     }
 
@@ -51,11 +55,12 @@ impl App {
                 &json!({"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "vsnap"}]}),
             ),
             ("GET", "/watch") => Response::json(200, &crate::watch::report()),
+            ("GET", "/v1/identity") => Response::json(200, &self.userspace.report()),
             ("POST", "/v1/completions") => match parse_completion(&request.body) {
                 Ok(completion) => self.complete(&completion),
                 Err(message) => Response::error(400, &message),
             },
-            (_, "/health" | "/v1/models" | "/v1/completions") => {
+            (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/identity") => {
                 Response::error(405, "method not allowed")
             }
             _ => Response::error(404, "not found"),
@@ -257,7 +262,11 @@ mod tests {
     use crate::model::Weights;
 
     fn app() -> App {
-        App::new(Arc::new(Model::new(Weights::generate(1))), "m".into())
+        App::new(
+            Arc::new(Model::new(Weights::generate(1))),
+            "m".into(),
+            Arc::new(Userspace::with_seed(1)),
+        )
     }
 
     fn post(app: &App, body: &str) -> (u16, Value) {
@@ -348,6 +357,8 @@ mod tests {
         assert_eq!(get("GET", "/v1/models"), 200);
         assert_eq!(get("GET", "/nope"), 404);
         assert_eq!(get("DELETE", "/v1/completions"), 405);
+        assert_eq!(get("GET", "/v1/identity"), 200);
+        assert_eq!(get("POST", "/v1/identity"), 405);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Barrier mode: the private barrier of released vLLM. No control dir, no challenge and no
 //! status: a ready file holding the canary answer, then a release file saying where to
-//! listen, or an abort marker.
+//! listen (and, from a newer capturer, the process's identity), or an abort marker.
 
 use std::path::Path;
 use std::process;
@@ -38,8 +38,12 @@ pub fn run(
     let release = session.phase("capture barrier", || {
         Ok(wait_for_path::<ReleaseFile>(release_file, release_timeout)?.value)
     });
-    let (host, port) = match release {
-        ReleaseFile::Release { host, port } => (host, port),
+    let (host, port, identity) = match release {
+        ReleaseFile::Release {
+            host,
+            port,
+            identity,
+        } => (host, port, identity),
         ReleaseFile::Abort => {
             log("release aborted; exiting without binding");
             process::exit(1);
@@ -53,6 +57,13 @@ pub fn run(
         // No donor/copy distinction here, so a drift switch applies to every release.
         let canary = session.faults().drifted(engine.canary()?);
         Ok(oracle.check_matches(&canary, "recovery canary")?)
+    });
+    // After the canary only: it must reproduce the donor's answer from the donor's state.
+    session.phase("recovery: identity", || {
+        if let Some(identity) = identity {
+            engine.userspace().apply(identity);
+        }
+        Ok(())
     });
     let listener = session.phase("serve", || bind(host.as_deref(), port));
     serve(listener, &engine, options)

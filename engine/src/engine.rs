@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use vsnap_protocol::Oracle;
 
 use crate::failure::Failure;
+use crate::identity::Userspace;
 use crate::log;
 use crate::model::{encode, token_text, Model, Weights};
 use crate::prng::{mix, SplitMix64};
@@ -88,6 +89,8 @@ pub struct Engine {
     zero: ZeroBlock,
     /// An unlinked /dev/shm file held open; verified on every reload.
     shm: Option<UnlinkedShm>,
+    /// The userspace random state, seeded at start, reseeded by an identity.
+    userspace: Arc<Userspace>,
 }
 
 impl Engine {
@@ -105,6 +108,7 @@ impl Engine {
             resident,
             zero,
             shm,
+            userspace: Arc::new(Userspace::at_start()),
         };
         engine.load()?;
         Ok(engine)
@@ -161,6 +165,10 @@ impl Engine {
         self.model
             .clone()
             .ok_or_else(|| Failure::engine("model is released"))
+    }
+
+    pub fn userspace(&self) -> Arc<Userspace> {
+        Arc::clone(&self.userspace)
     }
 
     /// The protocol's canary: one greedy token for [`CANARY_PROMPT`].

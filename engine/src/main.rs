@@ -10,6 +10,7 @@ mod engine;
 mod failure;
 mod faults;
 mod http;
+mod identity;
 mod model;
 mod prng;
 mod session;
@@ -118,7 +119,7 @@ pub(crate) fn serve(listener: TcpListener, engine: &Engine, options: &Options) -
         Ok(addr) => log(&format!("serving {} on http://{addr}", options.model_name)),
         Err(_) => log("serving"),
     }
-    let app = App::new(model, options.model_name.clone());
+    let app = App::new(model, options.model_name.clone(), engine.userspace());
     http::serve(listener, Arc::new(move |r: &http::Request| app.route(r)))
 }
 

@@ -4,7 +4,7 @@
 //! initialize -> reference canary -> release -> rehearsal (reload, canary, release)
 //!   -> capture-ready.json -> [checkpoint happens here] -> activation.json
 //!   -> challenge.json -> release.json -> status recovering -> reload -> canary
-//!   -> status validated -> bind HTTP
+//!   -> identity.json applied (when present) -> status validated -> bind HTTP
 //! ```
 
 use std::process;
@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use vsnap_protocol::{
     files, new_uuid4_hex, parse, wait_for_capturer, Activation, ActivationKind, CaptureReady,
-    Challenge, ControlDir, Expect, Oracle, ProtocolError, Status, StatusPhase, PROTOCOL_VERSION,
+    Challenge, ControlDir, Expect, Identity, Oracle, ProtocolError, Status, StatusPhase,
+    PROTOCOL_VERSION,
 };
 
 use crate::cli::{Options, SnapshotConfig};
@@ -83,7 +84,14 @@ pub fn run(
         if activation.kind == ActivationKind::Copy {
             canary = session.faults().drifted(canary);
         }
-        check_recovered(&oracle, &canary)?;
+        check_recovered(&oracle, &canary)
+    });
+    // Only now, with the donor's answer reproduced from the donor's state, become this
+    // process's own (identity.json is absent when the capturer predates it).
+    session.phase("recovery: identity", || {
+        if let Some(identity) = dir.read::<Identity>()? {
+            engine.userspace().apply(identity.value);
+        }
         dir.write(&status(StatusPhase::Validated))?;
         Ok(())
     });

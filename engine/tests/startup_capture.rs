@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vsnap_protocol::{
-    abort_release, activate, release, wait_for, wait_ready, Activation, ActivationKind,
-    CaptureReady, ControlDir, Oracle, ProtocolError, Received,
+    abort_release, activate, release, release_for, wait_for, wait_ready, Activation,
+    ActivationKind, CaptureReady, ControlDir, Identity, Oracle, ProtocolError, Received,
 };
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_vsnap-ref-engine");
@@ -525,4 +525,67 @@ fn sigterm_ends_the_engine_cleanly() {
     // SAFETY: signalling the child we spawned, by its pid.
     unsafe { libc::kill(engine.child.id() as i32, libc::SIGTERM) };
     assert_eq!(engine.wait_exit().code(), Some(0));
+}
+
+/// `GET /v1/identity` twice (the first answer, the second draw) and the log of an engine
+/// activated in startup mode, with identity.json written before activation.json if given.
+fn identity_draws(identity: Option<&Identity>) -> (Value, Value, String) {
+    let tmp = TempDir::new("identity");
+    let (mut engine, dir) = Engine::startup(&tmp, &[]);
+    let ready = engine.wait_capture_ready(&dir);
+    if let Some(identity) = identity {
+        dir.write(identity).unwrap();
+    }
+    let port = free_port();
+    let activated = engine.activate(&dir, &ready, "id-1", ActivationKind::Copy, port);
+    activated.unwrap_or_else(|e| panic!("{e}\n{}", engine.log()));
+    let first = http(port, "GET", "/v1/identity", "").1;
+    let second = http(port, "GET", "/v1/identity", "").1;
+    (first, second["draw"].clone(), engine.log())
+}
+
+#[test]
+fn an_identity_reseeds_the_engine_after_its_canary() {
+    let identity = |digit: &str| Identity {
+        hostname: "pod-b".into(),
+        pod_ips: vec!["10.1.0.3".into()],
+        seed: digit.repeat(64),
+        version: 1,
+    };
+    let (a, a2, log) = identity_draws(Some(&identity("a")));
+    let mut shape = a.clone();
+    let draw = shape.as_object_mut().unwrap().remove("draw").unwrap();
+    let expected = json!({"hostname": "pod-b", "pod_ips": ["10.1.0.3"], "seed_applied": true});
+    assert_eq!(
+        (shape, draw.as_str().unwrap().parse::<u64>().is_ok()),
+        (expected, true)
+    );
+    let applied = log.find("identity: hostname pod-b").expect(&log);
+    assert!(
+        log.find("phase recovery: canary").unwrap() < applied,
+        "{log}"
+    );
+    let (b, b2, _) = identity_draws(Some(&identity("a")));
+    assert_eq!((&a["draw"], &a2), (&b["draw"], &b2));
+    assert_ne!(a["draw"], a2);
+    assert_ne!(a["draw"], identity_draws(Some(&identity("b"))).0["draw"]);
+    let (plain, _, log) = identity_draws(None);
+    assert_eq!(
+        (&plain["hostname"], &plain["seed_applied"]),
+        (&Value::Null, &json!(false))
+    );
+    assert!(!log.contains("identity:"), "{log}");
+
+    // Barrier mode: the identity rides in the release file.
+    let tmp = TempDir::new("barrier-identity");
+    let (ready_path, release_path) = (tmp.join("ready.json"), tmp.join("release.json"));
+    let args = [&ready_path, &release_path].map(|p| p.display().to_string());
+    let argv = ["--ready-file", &args[0], "--release-file", &args[1]];
+    let mut engine = Engine::spawn(tmp.join("engine.log"), &argv, &[]);
+    wait_ready(&ready_path, Instant::now() + WAIT, &mut engine.is_alive()).unwrap();
+    let port = free_port();
+    let host = Some("127.0.0.1".into());
+    release_for(&release_path, host, port, Some(identity("a")), None).unwrap();
+    let barrier = http(port, "GET", "/v1/identity", "").1;
+    assert_eq!(barrier, a);
 }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{ProtocolError, Result};
 use crate::file::{read_json, to_canonical_json, write_atomic_for, Received};
+use crate::identity::Identity;
 use crate::messages::{Oracle, Schema};
 use crate::wait::CAPTURER_POLL_INTERVAL;
 
@@ -53,8 +54,13 @@ impl Schema for ReadyFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "WireRelease", into = "WireRelease")]
 pub enum ReleaseFile {
-    /// Recover and listen on `host` (all interfaces when `None`) and `port`.
-    Release { host: Option<String>, port: u16 },
+    /// Recover and listen on `host` (all interfaces when `None`) and `port`;
+    /// after the canary, become `identity` (identity.rs) where one is given.
+    Release {
+        host: Option<String>,
+        port: u16,
+        identity: Option<Identity>,
+    },
     /// Do not recover; the engine exits without binding.
     Abort,
 }
@@ -68,6 +74,8 @@ struct WireRelease {
         skip_serializing_if = "Option::is_none"
     )]
     host: Option<Option<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    identity: Option<Identity>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     port: Option<u16>,
     release: bool,
@@ -91,6 +99,7 @@ impl TryFrom<WireRelease> for ReleaseFile {
             Some(port) => Ok(ReleaseFile::Release {
                 host: wire.host.flatten(),
                 port,
+                identity: wire.identity,
             }),
             None => Err("a release (\"release\": true) needs a port".into()),
         }
@@ -100,13 +109,19 @@ impl TryFrom<WireRelease> for ReleaseFile {
 impl From<ReleaseFile> for WireRelease {
     fn from(release: ReleaseFile) -> Self {
         match release {
-            ReleaseFile::Release { host, port } => WireRelease {
+            ReleaseFile::Release {
+                host,
+                port,
+                identity,
+            } => WireRelease {
                 host: Some(host),
+                identity,
                 port: Some(port),
                 release: true,
             },
             ReleaseFile::Abort => WireRelease {
                 host: None,
+                identity: None,
                 port: None,
                 release: false,
             },
@@ -118,6 +133,10 @@ impl Schema for ReleaseFile {
     fn check(&self) -> std::result::Result<(), String> {
         match self {
             ReleaseFile::Release { port: 0, .. } => Err("port 0 is out of range (1-65535)".into()),
+            ReleaseFile::Release {
+                identity: Some(identity),
+                ..
+            } => identity.check().map_err(|e| format!("identity: {e}")),
             _ => Ok(()),
         }
     }
@@ -150,13 +169,25 @@ pub fn wait_ready(
 
 /// Capturer side: releases the engine to listen on `host`:`port`.
 pub fn release(path: &Path, host: Option<String>, port: u16) -> Result<()> {
-    release_for(path, host, port, None)
+    release_for(path, host, port, None, None)
 }
 
 /// [`release`] for an engine running as `owner` (a uid other than the capturer's): the
-/// file is the engine's to read (see [`write_atomic_for`]).
-pub fn release_for(path: &Path, host: Option<String>, port: u16, owner: Option<u32>) -> Result<()> {
-    let bytes = to_canonical_json(path, &ReleaseFile::Release { host, port })?;
+/// file is the engine's to read (see [`write_atomic_for`]); with `identity`, the
+/// engine's own after its canary.
+pub fn release_for(
+    path: &Path,
+    host: Option<String>,
+    port: u16,
+    identity: Option<Identity>,
+    owner: Option<u32>,
+) -> Result<()> {
+    let release = ReleaseFile::Release {
+        host,
+        port,
+        identity,
+    };
+    let bytes = to_canonical_json(path, &release)?;
     write_atomic_for(path, &bytes, owner)
 }
 

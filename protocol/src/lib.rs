@@ -18,6 +18,7 @@ mod dir;
 mod error;
 mod file;
 mod handshake;
+mod identity;
 mod ids;
 mod messages;
 mod oracle;
@@ -33,6 +34,7 @@ pub use file::{
     MAX_FILE_BYTES,
 };
 pub use handshake::{activate, Activated};
+pub use identity::{Identity, SEED_BYTES};
 pub use ids::{is_activation_id, is_uuid4_hex, new_uuid4_hex};
 pub use messages::{
     Activation, ActivationKind, CaptureReady, Challenge, ErrorRecord, Message, Oracle, Schema,
@@ -61,6 +63,9 @@ pub mod files {
     pub const STATUS: &str = "status.json";
     /// Written by the engine, best effort, when it fails.
     pub const ERROR: &str = "error.json";
+    /// Written by the capturer before the activation: the activated process's own
+    /// hostname, addresses and random seed, applied after its canary (identity.rs).
+    pub const IDENTITY: &str = "identity.json";
 
     /// Files that must not exist when an activation is written: their presence means the
     /// directory was already used by another process (a stale copy of the control dir).

@@ -305,7 +305,8 @@ fn release_file_round_trips_release_and_abort() {
         back,
         ReleaseFile::Release {
             host: None,
-            port: 8123
+            port: 8123,
+            identity: None
         }
     );
 
@@ -327,9 +328,28 @@ fn release_file_is_strict() {
         with_host,
         ReleaseFile::Release {
             host: Some("127.0.0.1".into()),
-            port: 1
+            port: 1,
+            identity: None
         }
     );
+    // A copy's identity rides in the release; vLLM's marker ignores keys it does not know.
+    let seed = "ab".repeat(32);
+    let text = format!(
+        r#"{{"host":null,"identity":{{"hostname":"pod-b","pod_ips":["10.1.0.3"],"seed":"{seed}","version":1}},"port":2,"release":true}}"#
+    );
+    let Ok(ReleaseFile::Release {
+        identity: Some(identity),
+        ..
+    }) = parse::<ReleaseFile>(p, text.as_bytes())
+    else {
+        panic!("a release with an identity: {text}");
+    };
+    assert_eq!((identity.hostname.as_str(), identity.seed), ("pod-b", seed));
+    let bad = text.replace("10.1.0.3", "pod-b");
+    assert!(parse::<ReleaseFile>(p, bad.as_bytes())
+        .unwrap_err()
+        .to_string()
+        .contains("identity: pod_ips"));
     assert!(parse::<ReleaseFile>(p, br#"{"release":true}"#)
         .unwrap_err()
         .to_string()
@@ -372,7 +392,7 @@ fn files_written_for_another_users_engine_are_that_users() {
     dir.write(&capture_ready()).unwrap();
     let meta = fs::metadata(dir.file("capture-ready.json")).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (54321, 0o600));
-    release_for(&dir.file("release.json"), None, 8123, Some(54321)).unwrap();
+    release_for(&dir.file("release.json"), None, 8123, None, Some(54321)).unwrap();
     assert_eq!(fs::metadata(dir.file("release.json")).unwrap().uid(), 54321);
     abort_release_for(&dir.file("abort.json"), Some(54321)).unwrap();
     assert_eq!(fs::metadata(dir.file("abort.json")).unwrap().uid(), 54321);

@@ -39,8 +39,15 @@ pub fn release_and_check(
         }
         Err(e) => return Err(abort(release_file, fail(e.to_string()))),
     };
-    release_for(release_file, host.clone(), port, reader(release_file))
-        .map_err(|e| fail(format!("release: {e}")))?;
+    let identity = super::identity::of_process(pid).map_err(&fail)?;
+    release_for(
+        release_file,
+        host.clone(),
+        port,
+        Some(identity),
+        reader(release_file),
+    )
+    .map_err(|e| fail(format!("release: {e}")))?;
     let addr = probe_listener(pid, host.as_deref(), port, deadline.at)
         .map_err(|e| fail(format!("listener: {e}")))?;
     in_netns(pid, move || {

@@ -56,6 +56,11 @@ pub fn activate_and_probe(
         host.clone(),
         port,
     );
+    // Its own hostname, addresses and seed, applied after its canary.
+    let identity =
+        super::identity::of_process(pid).map_err(|e| deadline.fail(format!("{phase}: {e}")))?;
+    dir.write(&identity)
+        .map_err(|e| deadline.fail(format!("{phase}: identity: {e}")))?;
     activate(&dir, capture, &activation, deadline.at, &mut || {
         is_alive(pid) && !deadline.cancel.is_cancelled()
     })

@@ -5,6 +5,8 @@ with Content-Length or chunked. Routes, as vLLM's:
 
 * ``GET /health`` (200, empty; 503 once the engine is dead), ``GET /version``;
 * ``GET /v1/models``;
+* ``GET /v1/identity`` (vsnap, identity.py): ``hostname``, ``pod_ips``, ``seed_applied``
+  and two draws from ``random`` (``random``, ``getrandbits`` of 64 bits);
 * ``POST /v1/completions`` (non-streaming): ``model``, ``prompt`` (a string, a list of
   strings, or a list of token ids), ``max_tokens`` (default 16), ``min_tokens``,
   ``temperature`` (default 1.0; 0 is greedy), ``top_p``, ``top_k``, ``seed``,
@@ -28,6 +30,7 @@ from email.utils import formatdate
 from typing import Any
 
 from vllm import envs
+from vllm.entrypoints.launchers import identity as vsnap_identity
 from vllm.logger import init_logger
 from vllm.model_executor import standin_lm
 from vllm.sampling_params import SamplingParams
@@ -232,6 +235,7 @@ class OpenAIApp:
             "/health": ("GET", self.health),
             "/version": ("GET", self.version),
             "/v1/models": ("GET", self.models),
+            "/v1/identity": ("GET", self.identity),
             "/v1/completions": ("POST", self.completions),
         }
         if path not in routes:
@@ -251,6 +255,9 @@ class OpenAIApp:
         if self.engine_client.errored:
             return 503, None
         return 200, None
+
+    async def identity(self, body: bytes):
+        return 200, vsnap_identity.report()
 
     async def version(self, body: bytes):
         return 200, {"version": VLLM_VERSION}

@@ -9,6 +9,7 @@ from typing import Any
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.logger import init_logger
 
+from .. import identity
 from ..app import build_app
 from ..launcher import serve_http
 
@@ -57,7 +58,12 @@ async def build_and_serve(
     peer_loads: tuple[MutableSequence[int], int] | None = None,
     **uvicorn_kwargs: Any,
 ):
-    """Build the app and serve; returns the shutdown coroutine for the caller to await."""
+    """Build the app and serve; returns the shutdown coroutine for the caller to await.
+
+    Before that, with the released state restored, become this activation's own
+    (identity.py): the release file's identity, or identity.json beside it.
+    """
+    identity.apply_found()
     supported_tasks = await engine_client.get_supported_tasks()
     logger.info("Supported tasks: %s", supported_tasks)
     app = build_app(args, supported_tasks, engine_client)
