@@ -33,7 +33,7 @@ pub mod tool_cache;
 pub use clocks::Clocks;
 pub use content::{Contents, FileDigest};
 pub use error::{ArtifactError, Result};
-pub use fingerprint::{HostIdentity, Tools, Workload};
+pub use fingerprint::{per_pod, HostIdentity, Tools, Workload};
 pub use gpu::Gpu;
 pub use key::{FingerprintKey, HostKey};
 pub use layout::{check_path_safe, ensure_root, path, Staging};

@@ -117,6 +117,13 @@ pub struct RuntimeConfig {
     /// (`<runtime_dir>/empty`) at restore instead of unpacked with `tar`.
     /// Off: CRIU stores and unpacks them (an artifact as format 4 made it).
     pub external_masks: bool,
+    /// Environment variables each pod or container is given as its own
+    /// (`POD_NAME`, `POD_IP`, `POD_UID`, `NODE_NAME` from the downward API,
+    /// say), beside `HOSTNAME`, which always is: their values are not part
+    /// of the workload's identity, so a copy restores into another pod of
+    /// the same Deployment and `auto` names one artifact for all of them. A
+    /// pod's `vsnap.io/per-pod-env` annotation adds to this list.
+    pub per_pod_env: Vec<String>,
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
@@ -268,6 +275,7 @@ impl Default for RuntimeConfig {
             memory_preflight: true,
             elide_zero_pages: true,
             external_masks: true,
+            per_pod_env: Vec::new(),
             pull_timeout_s: 900,
             push_created: false,
             fleet_signing_key: None,
@@ -279,6 +287,19 @@ impl Default for RuntimeConfig {
             vsnap_cli: PathBuf::from("vsnap"),
             source: ConfigSource::Defaults,
         }
+    }
+}
+
+/// Each name of `per_pod_env` is a variable's name.
+fn check_per_pod_env(names: &[String]) -> Result<(), String> {
+    match names
+        .iter()
+        .find(|n| n.is_empty() || n.contains(['=', ',', ' ']))
+    {
+        Some(bad) => Err(format!(
+            "per_pod_env: {bad:?} is not an environment variable name"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -326,6 +347,7 @@ impl RuntimeConfig {
         if self.vsnap_cli.as_os_str().is_empty() {
             return Err(invalid("vsnap_cli: must not be empty".into()));
         }
+        check_per_pod_env(&self.per_pod_env).map_err(invalid)?;
         if let Some(root) = &self.runc_root {
             if !root.is_absolute() {
                 return Err(invalid(format!(

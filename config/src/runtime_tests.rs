@@ -197,3 +197,12 @@ fn missing_file_names_the_path() {
         .to_string();
     assert!(err.contains("/nonexistent/vsnap.toml"), "{err}");
 }
+
+#[test]
+fn per_pod_env_names_variables_and_refuses_what_is_not_a_name() {
+    assert!(RuntimeConfig::default().per_pod_env.is_empty());
+    let c = RuntimeConfig::parse("per_pod_env = [\"POD_NAME\", \"POD_IP\"]\n", "inline").unwrap();
+    assert_eq!(c.per_pod_env, ["POD_NAME", "POD_IP"]);
+    let e = RuntimeConfig::parse("per_pod_env = [\"POD_IP=1\"]\n", "inline").unwrap_err();
+    assert!(e.to_string().contains("per_pod_env: \"POD_IP=1\""), "{e}");
+}

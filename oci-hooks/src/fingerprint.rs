@@ -285,7 +285,10 @@ pub fn compare(
         // The tenant is not part of the comparison: `check_tenant` and the
         // shim's policy decide whose artifact a container may restore.
         ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
-    };
+    }
+    // The runtime config's per-pod names are the shim's to compare (it
+    // refused another list before the hooks run): take the artifact's.
+    .with_per_pod_env(&manifest.workload.per_pod_env);
     // A root folder the caller mounted as an overlay (dockerd's overlay2) is
     // identified by its image layers, which the shim reads from the mount
     // table and compares before the hooks run.

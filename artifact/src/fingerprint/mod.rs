@@ -13,4 +13,4 @@ mod workload;
 
 pub use host::{HostIdentity, Tools};
 pub use secrets::{env_fingerprint, redact_argv};
-pub use workload::Workload;
+pub use workload::{per_pod, Workload};

@@ -2,7 +2,7 @@
 //! root filesystem, image and the security-relevant spec fields; and how a
 //! live one differs from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,6 +38,12 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_namespace: Option<String>,
     pub security: BTreeMap<String, String>,
+    /// The environment variables treated as the pod's own, not the
+    /// workload's (per_pod.rs): left out of `env`, so two pods of one
+    /// Deployment are one workload; the list itself is compared. Empty in
+    /// manifests from before per-pod names (every variable compared).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_pod_env: Vec<String>,
     /// Which key keyed `env` and the secret values of `argv`
     /// ([`FingerprintKey::id`]): `host` (left out of the JSON, as before
     /// fleets) or `fleet:<16 hex>`.
@@ -100,8 +106,21 @@ impl Workload {
             namespace: String::new(),
             kubernetes_namespace: None,
             security: security(spec, ignore_mount),
+            per_pod_env: Vec::new(),
             fingerprint_key: key.id().to_string(),
         }
+        .with_per_pod_env(per_pod::of_spec(spec))
+    }
+
+    /// This identity with `names` (and [`per_pod::ALWAYS`]) treated as the
+    /// pod's own: their values leave `env`, their names join `per_pod_env`.
+    pub fn with_per_pod_env<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        let mut set: BTreeSet<String> = self.per_pod_env.drain(..).collect();
+        set.extend(per_pod::ALWAYS.iter().map(|n| n.to_string()));
+        set.extend(names.into_iter().map(|n| n.as_ref().to_string()));
+        self.env.retain(|name, _| !set.contains(name));
+        self.per_pod_env = set.into_iter().collect();
+        self
     }
 
     /// Whose workload this is: the artifact's owner, as recorded.
@@ -134,11 +153,15 @@ impl Workload {
     /// The tenant is not compared here: whose artifact a workload may use
     /// is the tenant policy's to say.
     pub fn diff(&self, live: &Workload) -> Vec<String> {
-        let live = &Workload {
+        let mut live = Workload {
             namespace: self.namespace.clone(),
             kubernetes_namespace: self.kubernetes_namespace.clone(),
             ..live.clone()
         };
+        // A variable the artifact holds as the pod's own is not compared by
+        // value, whatever the live list says (the list itself still is).
+        live.env.retain(|name, _| !self.per_pod_env.contains(name));
+        let live = &live;
         if self.fingerprint_key == live.fingerprint_key {
             return compare(self, live);
         }
@@ -305,6 +328,8 @@ fn namespaces(linux: &Value) -> Vec<Value> {
         .map(|n| serde_json::json!({"type": n["type"], "joined": n.get("path").is_some()}))
         .collect()
 }
+
+pub mod per_pod;
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))

@@ -330,3 +330,81 @@ fn the_tenant_keys_auto_names_and_is_left_to_the_policy_in_a_diff() {
     let json = serde_json::to_value(&a).unwrap();
     assert_eq!(json["kubernetes_namespace"], "team-a");
 }
+
+/// Two pods of one Deployment: each its own HOSTNAME (CRI, dockerd) and
+/// the downward API's POD_NAME and POD_IP, named per pod by annotation.
+fn pod_spec(pod: &str, ip: &str, per_pod: Option<&str>) -> Value {
+    let mut spec = json!({"process": {"args": ["serve"], "env": [
+        format!("HOSTNAME={pod}"), format!("POD_NAME={pod}"), format!("POD_IP={ip}"), "MODEL=m",
+    ]}, "root": {"path": "rootfs"}, "annotations": {}});
+    if let Some(names) = per_pod {
+        spec["annotations"][per_pod::ANNOTATION] = json!(names);
+    }
+    spec
+}
+
+#[test]
+fn what_each_pod_is_given_is_not_the_workload() {
+    let (_d, key) = test_key();
+    let w = |pod, ip, names| Workload::from_spec(&pod_spec(pod, ip, names), "/c", &key);
+    // HOSTNAME alone is always the pod's: the other two still differ.
+    let (a, b) = (
+        w("vllm-7d9f8-abcde", "10.1.0.2", None),
+        w("vllm-7d9f8-xyz12", "10.1.0.3", None),
+    );
+    assert_eq!(a.per_pod_env, ["HOSTNAME"]);
+    let fields: Vec<String> = a
+        .diff(&b)
+        .iter()
+        .map(|d| d.split(':').next().unwrap().to_string())
+        .collect();
+    assert_eq!(fields, ["workload.env.POD_IP", "workload.env.POD_NAME"]);
+    // Named per pod: one workload, one `auto` name; MODEL still compared.
+    let names = Some("POD_NAME,POD_IP");
+    let (a, b) = (
+        w("vllm-7d9f8-abcde", "10.1.0.2", names),
+        w("vllm-7d9f8-xyz12", "10.1.0.3", names),
+    );
+    assert_eq!(a.per_pod_env, ["HOSTNAME", "POD_IP", "POD_NAME"]);
+    assert!(!a.env.contains_key("POD_IP") && a.env.contains_key("MODEL"));
+    assert_eq!(a.diff(&b), Vec::<String>::new());
+    assert_eq!(a.key(), b.key(), "one auto name for the Deployment");
+    let mut other_model = pod_spec("vllm-7d9f8-xyz12", "10.1.0.3", names);
+    other_model["process"]["env"][3] = json!("MODEL=n");
+    let diff = a.diff(&Workload::from_spec(&other_model, "/c", &key));
+    assert_eq!(diff.len(), 1, "{diff:?}");
+    assert!(diff[0].starts_with("workload.env.MODEL:"), "{diff:?}");
+    // Another list is another workload, named by the list.
+    let c = w("vllm-7d9f8-xyz12", "10.1.0.3", Some("POD_NAME"));
+    assert!(
+        a.diff(&c)
+            .iter()
+            .any(|d| d.starts_with("workload.per_pod_env:")),
+        "{:?}",
+        a.diff(&c)
+    );
+    assert_ne!(a.key(), c.key());
+    // The runtime config's names join the annotation's.
+    let d = w("p", "10.1.0.4", Some("POD_NAME")).with_per_pod_env(["POD_IP"]);
+    assert_eq!(d.per_pod_env, a.per_pod_env);
+    assert_eq!(a.diff(&d), Vec::<String>::new());
+}
+
+#[test]
+fn a_manifest_from_before_per_pod_names_compares_every_variable() {
+    let (_d, key) = test_key();
+    let mut legacy = Workload::from_spec(&pod_spec("donor", "10.1.0.2", None), "/c", &key);
+    legacy.per_pod_env.clear();
+    legacy.env.insert(
+        "HOSTNAME".into(),
+        env_fingerprint(&key, "HOSTNAME", "donor"),
+    );
+    let text = serde_json::to_string(&legacy).unwrap();
+    assert!(!text.contains("per_pod_env"), "{text}");
+    let twin = Workload::from_spec(&pod_spec("donor", "10.1.0.2", None), "/c", &key);
+    let diff = legacy.diff(&twin);
+    assert!(
+        diff.iter().any(|d| d.starts_with("workload.per_pod_env:")),
+        "{diff:?}"
+    );
+}

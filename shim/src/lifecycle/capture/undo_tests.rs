@@ -43,6 +43,7 @@ fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
                 namespace: "default".into(),
                 kubernetes_namespace: None,
                 security: Default::default(),
+                per_pod_env: Vec::new(),
                 fingerprint_key: "host".into(),
             },
             tools: Tools::default(),

@@ -19,6 +19,8 @@ pub const CAPTURE_TIMEOUT: &str = "vsnap.io/capture-timeout";
 pub const ACTIVATION_TIMEOUT: &str = "vsnap.io/activation-timeout";
 /// `startup` (vLLM's control-dir protocol) or `barrier` (released vLLM).
 pub const ENGINE_PROTOCOL: &str = "vsnap.io/engine-protocol";
+/// More environment variables each pod is given as its own (per_pod.rs).
+pub const PER_POD_ENV: &str = vsnap_artifact::per_pod::ANNOTATION;
 /// CRI marks a pod's sandbox (pause) container with this; it always runs plain.
 pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
@@ -178,7 +180,7 @@ fn seconds(a: &HashMap<String, String>, key: &str) -> Result<Option<Duration>> {
 }
 
 /// Every `vsnap.io/` key vsnap reads.
-pub const KNOWN: [&str; 8] = [
+pub const KNOWN: [&str; 9] = [
     PLAN,
     ARTIFACT,
     ARTIFACT_REF,
@@ -187,6 +189,7 @@ pub const KNOWN: [&str; 8] = [
     CAPTURE_TIMEOUT,
     ACTIVATION_TIMEOUT,
     ENGINE_PROTOCOL,
+    PER_POD_ENV,
 ];
 
 /// A `vsnap.io/` key vsnap does not know is a mistake (`vsnap.io/plann`

@@ -10,7 +10,7 @@ use serde_json::Value;
 use vsnap_artifact::{self as artifact, Tenant, Tools, Workload};
 use vsnap_config::RuntimeConfig;
 
-use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE};
+use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE, PER_POD_ENV};
 use crate::error::{Error, Result};
 use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::{artifact_error, gpu, plan::spec, plan::vllm_command, rootfs, CONTROL_MOUNT};
@@ -56,10 +56,16 @@ impl Engine {
         let key =
             artifact::FingerprintKey::load_or_create(root, config.fleet_fingerprint_key.as_deref())
                 .map_err(|e| artifact_error("create: fingerprint key", e))?;
+        let per_pod = match inputs.settings.get(PER_POD_ENV) {
+            Some(v) => artifact::per_pod::parse(v)
+                .map_err(|e| Error::InvalidArgument(format!("create: {e}")))?,
+            None => Vec::new(),
+        };
         let workload = Workload {
             image_digest: inputs.image_digest.unwrap_or_default().to_string(),
             ..Workload::from_spec(spec, CONTROL_MOUNT, &key)
         }
+        .with_per_pod_env(config.per_pod_env.iter().chain(&per_pod))
         .with_tenant(inputs.tenant);
         let argv = spec::args(spec);
         let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
