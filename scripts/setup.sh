@@ -103,7 +103,7 @@ log "rust: $cargo_version ($(command -v cargo))"
 # ---------------------------------------------------------------------------------------
 STEP=apt-packages
 APT_PKGS=(
-    runc iptables iproute2 procps util-linux busybox-static bsdutils curl
+    runc iptables iproute2 procps util-linux busybox-static bsdutils curl patch
     build-essential pkg-config xz-utils debian-archive-keyring
     libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
     libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev
@@ -315,9 +315,15 @@ fi
 
 # ---------------------------------------------------------------------------------------
 STEP=criu
+# vsnap's patch to CRIU (scripts/criu-join-ns-root.patch, docs/host-setup.md): a
+# restore that joins the pod's UTS and IPC namespaces (--join-ns) puts the tree in
+# them instead of in new ones. A patched CRIU says so in its --version.
+CRIU_PATCH="$(cd "$(dirname "$0")" && pwd)/criu-join-ns-root.patch"
+CRIU_PATCH_MARK="vsnap: join-ns-root"
 criu_ok() {
     [ -x "$CRIU_BIN" ] && [ -f "$CRIU_PLUGINDIR/cuda_plugin.so" ] &&
-        "$CRIU_BIN" --version 2>/dev/null | grep -E "^Version: ${CRIU_SERIES//./\\.}(\.|$)" >/dev/null
+        "$CRIU_BIN" --version 2>/dev/null | grep -E "^Version: ${CRIU_SERIES//./\\.}(\.|$)" >/dev/null &&
+        "$CRIU_BIN" --version 2>/dev/null | grep -qxF "$CRIU_PATCH_MARK"
 }
 if criu_ok; then
     log "criu: already installed: $("$CRIU_BIN" --version | head -n 1) at $CRIU_BIN, plugin in $CRIU_PLUGINDIR"
@@ -350,6 +356,11 @@ else
     # Unpack once into the build tree (re-used by later runs).
     src_name=$(basename "$orig" .orig.tar.xz)   # criu_4.2.1
     src="$BUILD/${src_name/_/-}"                # criu-4.2.1
+    # A tree unpacked before the patch (or with another version of it) is unpacked again.
+    patch_sum=$(sha256sum "$CRIU_PATCH" | awk '{print $1}')
+    if [ -f "$src/.vsnap-unpacked" ] && [ "$(cat "$src/.vsnap-patched" 2>/dev/null)" != "$patch_sum" ]; then
+        rm -f "$src/.vsnap-unpacked"
+    fi
     if [ ! -f "$src/.vsnap-unpacked" ]; then
         log "criu: unpacking $(basename "$orig") into $src"
         rm -rf "$src"
@@ -359,6 +370,9 @@ else
         [ -n "$top" ] && [ -f "$top/Makefile" ] || { rm -rf "$tmp"; die "unexpected layout in $orig"; }
         mv "$top" "$src"
         rm -rf "$tmp"
+        log "criu: applying $(basename "$CRIU_PATCH")"
+        patch -d "$src" -p1 --quiet <"$CRIU_PATCH" || die "cannot apply $CRIU_PATCH to $src"
+        printf '%s\n' "$patch_sum" >"$src/.vsnap-patched"
         touch "$src/.vsnap-unpacked"
     fi
     log "criu: building in $src (make -j2 criu; make cuda_plugin; log: $BUILD/criu-build.log)"
@@ -376,7 +390,7 @@ else
     # Temporary name without a .so suffix: CRIU loads every *.so in that folder.
     install -m 0644 "$src/plugins/cuda/cuda_plugin.so" "$CRIU_PLUGINDIR/.cuda_plugin.new"
     mv -f "$CRIU_PLUGINDIR/.cuda_plugin.new" "$CRIU_PLUGINDIR/cuda_plugin.so"
-    criu_ok || die "installed $CRIU_BIN does not report version $CRIU_SERIES.x"
+    criu_ok || die "installed $CRIU_BIN does not report version $CRIU_SERIES.x and \"$CRIU_PATCH_MARK\""
     log "criu: installed $("$CRIU_BIN" --version | head -n 1) at $CRIU_BIN, cuda_plugin.so in $CRIU_PLUGINDIR"
 fi
 

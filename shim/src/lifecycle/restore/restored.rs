@@ -8,7 +8,7 @@ use super::context::RestoreRun;
 use crate::container::CopyExit;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::activation::listener;
+use crate::snapshot::activation::{identity, listener};
 
 pub struct Restored;
 
@@ -29,6 +29,12 @@ impl Phase<RestoreRun> for Restored {
             c.copy_exit = CopyExit::Hold(None);
         }
         run.shared.watch(&c.id, "", pid, run.mark);
+        if let Some(hostname) = run.plan.as_ref().and_then(|p| p.hostname.as_deref()) {
+            // Before the tree runs: it never sees the donor's name.
+            identity::set_hostname_of(pid, hostname).map_err(|e| {
+                crate::error::Error::FailedPrecondition(format!("restore: hostname: {e}"))
+            })?;
+        }
         if run.plan.is_some() {
             resume(pid);
         }

@@ -23,6 +23,7 @@ pub(crate) mod images;
 pub(crate) mod masks;
 pub(crate) mod memory;
 pub(crate) mod pages;
+pub(crate) mod pod;
 pub(crate) mod restore_oom;
 pub(crate) mod zero_pages;
 
@@ -66,6 +67,11 @@ pub struct CriuSetup<'a> {
     /// A restore's empty read-only tmpfs, bound at each masked folder an
     /// artifact names external (masks.rs).
     pub empty_masks: Option<&'a Path>,
+    /// A restore's namespaces the spec joins (pod.rs): CRIU's `join-ns`.
+    pub join_ns: &'a [pod::JoinNs],
+    /// A restore into a network namespace that exists (a pod's): no
+    /// network lock (pod.rs).
+    pub skip_network_lock: bool,
 }
 
 /// The config a container's CRIU reads: what the operator's config held
@@ -109,6 +115,7 @@ pub fn config_text(
     if let Some(empty) = setup.empty_masks {
         body.push_str(&masks::restore_line(empty));
     }
+    body.push_str(&pod::lines(setup.join_ns, setup.skip_network_lock));
     body
 }
 
@@ -275,10 +282,21 @@ fn error_summary(text: &str) -> Vec<&str> {
     let last = errors.len().saturating_sub(3);
     let with_path = errors[..last]
         .iter()
-        .filter(|m| m.contains('/'))
+        .filter(|m| m.contains('/') || ends_in_errno(m))
         .take(SUMMARY_LINES - 3)
         .copied();
     with_path.chain(errors[last..].iter().copied()).collect()
+}
+
+/// Whether a message ends as CRIU's `pr_perror` ends one, in the kernel's
+/// own words (`Can't bind inet socket (id 12): Cannot assign requested
+/// address`): the cause, however early in the log it comes.
+fn ends_in_errno(message: &str) -> bool {
+    message.rsplit_once(": ").is_some_and(|(_, e)| {
+        e.starts_with(|c: char| c.is_ascii_uppercase())
+            && e.contains(' ')
+            && e.chars().all(|c| c.is_ascii_alphabetic() || c == ' ')
+    })
 }
 
 #[cfg(test)]
@@ -304,6 +322,8 @@ mod tests {
                 keep_link_remaps_in: None,
                 masked_folders: &["/proc/acpi".into()],
                 empty_masks: Some(Path::new("/run/vsnap/empty")),
+                join_ns: &[],
+                skip_network_lock: false,
             },
             Some(Path::new("/b/vsnap-post-dump.sh")),
         );
@@ -405,6 +425,26 @@ mod tests {
         assert!(log_errors(&path)
             .starts_with("; CRIU: Can't open file root/.triton/cache/ab/cuda_utils.so"));
         assert_eq!(log_errors(&dir.path().join("absent.log")), "");
+    }
+
+    #[test]
+    fn a_socket_criu_cannot_bind_is_named_before_the_lines_that_end_the_log() {
+        let log = "\
+(00.100) 1: Error (criu/sk-inet.c:1020): Can't bind inet socket (id 12): Cannot assign requested address
+(00.101) 1: Error (criu/files.c:1228): Unable to open fd=5 id=0xc
+(00.102) 1: Error (criu/cr-restore.c:1480): Can't restore files
+(00.103) Error (criu/cgroup.c:2000): cgroupd: recv req error
+(00.104) Error (criu/cr-restore.c:2460): Restoring FAILED.
+";
+        let summary = error_summary(log);
+        assert_eq!(
+            summary[0],
+            "Can't bind inet socket (id 12): Cannot assign requested address"
+        );
+        assert!(
+            !summary.contains(&"Unable to open fd=5 id=0xc"),
+            "{summary:?}"
+        );
     }
 
     #[test]

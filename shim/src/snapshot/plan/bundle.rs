@@ -118,6 +118,10 @@ fn edit(
         Prepared::Capture(_) => (Vec::new(), None),
         Prepared::Restore(_) => (Vec::new(), Some(empty_masks(config)?)),
     };
+    let join_ns = match p {
+        Prepared::Restore(_) => pod_namespaces(spec, config)?,
+        Prepared::Capture(_) => Vec::new(),
+    };
     let criu = match p {
         Prepared::Capture(c) => criu::CriuSetup {
             leave_stopped: false,
@@ -125,6 +129,8 @@ fn edit(
             keep_link_remaps_in: c.common.host_shm.as_deref(),
             masked_folders: &masked,
             empty_masks: None,
+            join_ns: &[],
+            skip_network_lock: false,
         },
         Prepared::Restore(r) => criu::CriuSetup {
             leave_stopped: r.holds_stopped(),
@@ -132,6 +138,8 @@ fn edit(
             keep_link_remaps_in: None,
             masked_folders: &[],
             empty_masks: empty.as_deref(),
+            join_ns: &join_ns,
+            skip_network_lock: criu::pod::joins_network(spec),
         },
     };
     spec::add_criu_config(
@@ -143,6 +151,21 @@ fn edit(
         criu,
     )?;
     super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
+}
+
+/// The pod's UTS and IPC namespaces a restore joins (criu/pod.rs), once
+/// CRIU proved it can.
+fn pod_namespaces(
+    spec: &Value,
+    config: &vsnap_config::RuntimeConfig,
+) -> Result<Vec<criu::pod::JoinNs>> {
+    let join =
+        criu::pod::joined(spec).map_err(|e| Error::InvalidArgument(format!("restore: {e}")))?;
+    if !join.is_empty() {
+        criu::pod::check_patched(&config.criu_binary)
+            .map_err(|e| Error::FailedPrecondition(format!("restore: preflight: {e}")))?;
+    }
+    Ok(join)
 }
 
 /// The host's empty read-only tmpfs a restore binds at runc's masked

@@ -106,6 +106,7 @@ pub(super) fn prepare_restore(
         auto,
         cold,
         shared_root: shared_root(inputs, layer),
+        hostname: crate::snapshot::criu::pod::hostname_to_set(&inputs.spec),
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();

@@ -70,6 +70,10 @@ pub struct RestorePlan {
     /// detaching them again, which raced with every other restore of the
     /// same folder; a bind of its own keeps each restore's mounts its own.
     pub shared_root: Option<PathBuf>,
+    /// The spec's hostname where the container has a UTS namespace of its
+    /// own: CRIU restored the donor's name into it, the restore sets this
+    /// one before the tree runs (criu/pod.rs).
+    pub hostname: Option<String>,
 }
 
 /// What a cold start of the container needs after its restore failed at

@@ -1,0 +1,165 @@
+//! A copy lives in its own pod: what CRIU is told so that a restored tree
+//! is in the namespaces its live spec names, not in copies of the donor's.
+//!
+//! * Network: runc hands CRIU the spec's network namespace as external
+//!   (`extRootNetNS`), so the tree is restored into it. CRIU's network lock
+//!   (iptables rules `-j CRIU` in that namespace) is removed only after a
+//!   restore that succeeded (CRIU 4.2): a failed restore left the pod cut
+//!   off. A namespace that exists is a pod's, with no peer of the donor's
+//!   connections in it (they were made on another address or over its own
+//!   loopback, frozen with the tree): the lock guards nothing there, so
+//!   such a restore runs with `network-lock skip`.
+//! * UTS and IPC: runc hands CRIU only network and PID namespaces; a
+//!   container that joins its pod sandbox's UTS and IPC namespaces is told
+//!   to CRIU as `join-ns`. CRIU 4.2.1 alone would still clone the tree into
+//!   new namespaces of those kinds (writing the donor's hostname into the
+//!   joined one): vsnap's CRIU carries a patch that leaves them out
+//!   (scripts/criu-join-ns-root.patch). The pod's own SysV IPC objects are
+//!   what the copy sees; the donor's are not restored.
+//! * A UTS namespace of the container's own (`ctr run --hostname`, docker):
+//!   CRIU restores the donor's hostname into it; the restore sets the
+//!   spec's hostname before the tree runs (activation/identity.rs).
+
+use serde_json::Value;
+
+/// A namespace CRIU joins: its kind as `join-ns` names it and the path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinNs {
+    pub kind: &'static str,
+    pub path: String,
+}
+
+/// The UTS and IPC namespaces the spec joins (a pod's), as CRIU joins them.
+/// A path CRIU's config cannot carry (white space, a newline) is an error
+/// naming it.
+pub fn joined(spec: &Value) -> Result<Vec<JoinNs>, String> {
+    let mut out = Vec::new();
+    for (spec_type, kind) in [("uts", "uts"), ("ipc", "ipc")] {
+        if let Some(path) = namespace_path(spec, spec_type) {
+            if path.is_empty() || path.contains(char::is_whitespace) {
+                return Err(format!(
+                    "linux.namespaces {spec_type}: path {path:?} cannot be given to CRIU"
+                ));
+            }
+            out.push(JoinNs { kind, path });
+        }
+    }
+    Ok(out)
+}
+
+/// Whether the spec joins a network namespace that exists.
+pub fn joins_network(spec: &Value) -> bool {
+    namespace_path(spec, "network").is_some()
+}
+
+/// The hostname a restore must set: the spec's, when the container has a
+/// UTS namespace of its own (CRIU restored the donor's name into it).
+pub fn hostname_to_set(spec: &Value) -> Option<String> {
+    let own_uts = spec["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .any(|n| n["type"] == "uts" && n.get("path").is_none());
+    let hostname = spec["hostname"].as_str().filter(|h| !h.is_empty())?;
+    own_uts.then(|| hostname.to_string())
+}
+
+fn namespace_path(spec: &Value, ns_type: &str) -> Option<String> {
+    spec["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|n| n["type"] == ns_type)?
+        .get("path")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// What a CRIU built with vsnap's patch prints in its `--version`.
+pub const PATCH_MARK: &str = "vsnap: join-ns-root";
+
+/// Whether `criu` (as runc finds it) carries vsnap's join-ns patch: without
+/// it a restore that joins a pod's UTS namespace writes the donor's hostname
+/// into the pod's. Asked once per binary and shim.
+pub fn check_patched(criu: &std::path::Path) -> Result<(), String> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashMap<std::path::PathBuf, bool>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let known = seen.get_or_insert_with(HashMap::new);
+    let ok = *known.entry(criu.to_path_buf()).or_insert_with(|| {
+        std::process::Command::new(criu)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l == PATCH_MARK)
+            })
+    });
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "{} lacks vsnap's join-ns patch (its --version has no {PATCH_MARK:?}; scripts/setup.sh builds it): \
+         a copy would not live in its pod's UTS and IPC namespaces",
+        criu.display()
+    ))
+}
+
+/// The config lines for a restore's joined namespaces and network lock.
+pub fn lines(join: &[JoinNs], skip_network_lock: bool) -> String {
+    let mut out = String::new();
+    for j in join {
+        out.push_str(&format!("join-ns {}:{}\n", j.kind, j.path));
+    }
+    if skip_network_lock {
+        out.push_str("network-lock skip\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cri_spec() -> Value {
+        json!({"hostname": "vllm-7d9f8-xyz12", "linux": {"namespaces": [
+            {"type": "pid"}, {"type": "ipc", "path": "/proc/42/ns/ipc"},
+            {"type": "uts", "path": "/proc/42/ns/uts"}, {"type": "mount"},
+            {"type": "network", "path": "/var/run/netns/cni-1"}]}})
+    }
+
+    #[test]
+    fn a_pod_containers_namespaces_are_joined_and_its_network_not_locked() {
+        let spec = cri_spec();
+        let join = joined(&spec).unwrap();
+        assert_eq!(
+            lines(&join, joins_network(&spec)),
+            "join-ns uts:/proc/42/ns/uts\njoin-ns ipc:/proc/42/ns/ipc\nnetwork-lock skip\n"
+        );
+        assert_eq!(hostname_to_set(&spec), None, "the pod's UTS names it");
+    }
+
+    #[test]
+    fn a_container_with_its_own_namespaces_gets_its_hostname_set() {
+        let spec = json!({"hostname": "copy-b", "linux": {"namespaces": [
+            {"type": "uts"}, {"type": "ipc"}, {"type": "network"}]}});
+        assert_eq!(joined(&spec).unwrap(), Vec::new());
+        assert!(!joins_network(&spec));
+        assert_eq!(lines(&[], false), "");
+        assert_eq!(hostname_to_set(&spec).as_deref(), Some("copy-b"));
+        let host_uts = json!({"hostname": "h", "linux": {"namespaces": [{"type": "pid"}]}});
+        assert_eq!(
+            hostname_to_set(&host_uts),
+            None,
+            "the host's UTS is not ours to name"
+        );
+    }
+
+    #[test]
+    fn a_path_criu_cannot_read_is_named() {
+        let mut spec = cri_spec();
+        spec["linux"]["namespaces"][2]["path"] = json!("/proc/42/ns/uts x");
+        assert!(joined(&spec).unwrap_err().contains("\"/proc/42/ns/uts x\""));
+    }
+}
