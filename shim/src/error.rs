@@ -142,6 +142,9 @@ impl From<containerd_shim::Error> for Error {
 fn runc_message(phase: &str, verb: &str, detail: &str) -> String {
     if phase == "create" && verb == "create" {
         format!("OCI runtime create failed: runc create failed: {detail}")
+    } else if phase == "exec" && verb == "exec" {
+        // As runc-v2 words it, which kubelet shows (critest greps it).
+        format!("OCI runtime exec failed: {detail}")
     } else {
         format!("{phase}: runc {verb} failed: {detail}")
     }
@@ -150,6 +153,25 @@ fn runc_message(phase: &str, verb: &str, detail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_and_create_failures_are_worded_as_runc_v2_words_them() {
+        let e = |phase: &str, verb: &'static str| Error::Runc {
+            phase: phase.into(),
+            verb,
+            detail: "exec failed: unable to start container process".into(),
+        };
+        assert_eq!(
+            e("exec", "exec").to_string(),
+            "OCI runtime exec failed: exec failed: unable to start container process"
+        );
+        assert!(e("create", "create")
+            .to_string()
+            .starts_with("OCI runtime create failed: runc create failed: "));
+        assert!(e("restore", "restore")
+            .to_string()
+            .starts_with("restore: runc restore failed: "));
+    }
 
     #[test]
     fn a_phase_names_itself_once() {

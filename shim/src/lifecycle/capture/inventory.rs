@@ -1,5 +1,6 @@
 //! The inventory of the capture-ready tree: what CRIU could not restore
-//! faithfully is refused before the dump (io_uring, TCP to outside, more
+//! faithfully is refused before the dump (io_uring, TCP to outside, a socket
+//! on the pod's own address, more
 //! than one GPU, undumpable devices), the paths of its inotify and
 //! fanotify watches handed to CRIU (it cannot open an overlayfs handle
 //! itself), and the volume files it holds open are recorded.
@@ -27,6 +28,7 @@ impl Phase<CaptureRun> for Inventory {
         let pids = run.runc.ps(&run.id).await?;
         inventory::check_no_io_uring(&pids)?;
         inventory::check_no_outside_tcp(&pids)?;
+        inventory::check_no_pod_address(&pids, &run.plan.spec)?;
         let gpu = !run.plan.common.gpus.is_empty();
         if gpu {
             gpu::check_single_gpu(&gpu::cuda_holders(&pids))

@@ -3,6 +3,7 @@
 //! the tree. Checked before CRIU runs, so the error names the process.
 
 pub(crate) mod fsnotify;
+pub(crate) mod pod_address;
 pub(crate) mod proc_fds;
 pub(crate) mod sock_diag;
 pub(crate) mod tcp_table;
@@ -64,6 +65,31 @@ pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
         None => Ok(()),
         Some((owner, peer)) => Err(Error::FailedPrecondition(format!(
             "capture: inventory: pid {owner} has an established TCP connection to {peer} outside the captured tree; close it before capture"
+        ))),
+    }
+}
+
+/// Fails naming the process, the socket and the address of a socket of
+/// the tree bound to its own network namespace's address, for a container
+/// with a network of its own (pod_address.rs).
+pub fn check_no_pod_address(pids: &[i32], spec: &serde_json::Value) -> Result<()> {
+    if !pod_address::has_own_network(spec) || pids.is_empty() {
+        return Ok(());
+    }
+    let ours: HashMap<u64, i32> = pids
+        .iter()
+        .flat_map(|p| {
+            tcp_table::socket_inodes(*p)
+                .into_iter()
+                .map(move |i| (i, *p))
+        })
+        .collect();
+    let rows = pod_address::rows_of(pids[0]);
+    match pod_address::first_tied(&rows, &|inode| ours.get(&inode).copied()) {
+        None => Ok(()),
+        Some(t) => Err(Error::FailedPrecondition(pod_address::message(
+            &t,
+            &comm(t.pid),
         ))),
     }
 }
