@@ -39,6 +39,11 @@ pub fn free_port() -> u16 {
 
 /// POSTs `/v1/completions` and returns the JSON body.
 pub fn complete(port: u16, prompt: &str, max_tokens: u32) -> serde_json::Value {
+    complete_at(([127, 0, 0, 1], port).into(), prompt, max_tokens)
+}
+
+/// [`complete`] against an engine at `addr` (a pod's IP, say).
+pub fn complete_at(addr: std::net::SocketAddr, prompt: &str, max_tokens: u32) -> serde_json::Value {
     let body = serde_json::json!({
         "model": "ref", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "logprobs": 1, "return_token_ids": true,
@@ -48,7 +53,8 @@ pub fn complete(port: u16, prompt: &str, max_tokens: u32) -> serde_json::Value {
         "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();

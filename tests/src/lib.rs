@@ -16,6 +16,7 @@ pub mod events;
 pub mod ids;
 pub mod image;
 pub mod lib_sh;
+pub mod pod_net;
 pub mod prometheus;
 pub mod registry;
 pub mod smaps;

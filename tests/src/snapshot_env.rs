@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cmd::CmdOutput;
 use crate::containerd::{list, Containerd, NAMESPACE};
-use crate::engine::{answer, complete, engine_rootfs};
+use crate::engine::{answer, engine_rootfs};
 
 pub const RT: &str = "io.vsnap.v1";
 pub const PROMPTS: &[&str] = &[
@@ -390,9 +390,16 @@ pub fn exit_code(deleted: &str) -> Option<u8> {
 
 /// The prompts' answers from an engine listening on `port`.
 pub fn answers(port: u16) -> Vec<(serde_json::Value, serde_json::Value, serde_json::Value)> {
+    answers_at(([127, 0, 0, 1], port).into())
+}
+
+/// [`answers`] from an engine at `addr`.
+pub fn answers_at(
+    addr: std::net::SocketAddr,
+) -> Vec<(serde_json::Value, serde_json::Value, serde_json::Value)> {
     PROMPTS
         .iter()
-        .map(|p| answer(&complete(port, p, 8)))
+        .map(|p| answer(&crate::engine::complete_at(addr, p, 8)))
         .collect()
 }
 

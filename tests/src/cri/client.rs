@@ -144,6 +144,23 @@ impl Cri {
         .expect("a status")
     }
 
+    /// The host pid of container `id`'s init (CRI's verbose info).
+    pub fn container_pid(&self, id: &str) -> i32 {
+        let info = self
+            .call(self.rs().container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            }))
+            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
+            .info;
+        pid_of(&info, id)
+    }
+
+    /// The host pid of pod `pod`'s sandbox (pause) container.
+    pub fn pod_pid(&self, pod: &str) -> i32 {
+        pid_of(&self.pod_status(pod).info, pod)
+    }
+
     pub fn state(&self, id: &str) -> ContainerState {
         self.container_status(id).state()
     }
@@ -200,4 +217,14 @@ impl Cri {
             },
         );
     }
+}
+
+/// The `pid` of CRI's verbose `info` JSON.
+fn pid_of(info: &std::collections::HashMap<String, String>, what: &str) -> i32 {
+    let v: serde_json::Value =
+        serde_json::from_str(info.get("info").map_or("{}", |s| s.as_str())).unwrap_or_default();
+    v["pid"]
+        .as_i64()
+        .filter(|p| *p > 0)
+        .unwrap_or_else(|| panic!("{what}: no pid in CRI's verbose info: {info:?}")) as i32
 }

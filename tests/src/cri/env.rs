@@ -51,7 +51,12 @@ fn cri_config(dir: &Path) -> String {
         "plugins": [{
             "type": "ptp",
             "ipMasq": false,
-            "ipam": {"type": "host-local", "subnet": subnet, "dataDir": dir.join("cni-ipam")},
+            "ipam": {
+                "type": "host-local", "subnet": subnet, "dataDir": dir.join("cni-ipam"),
+                // As a cluster's CNI does: the pod's default route is its
+                // interface (an engine finds its own address by it).
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
         }],
     });
     std::fs::write(cni.join("10-vsnap-test.conflist"), net.to_string()).unwrap();

@@ -9,6 +9,7 @@ mod clocks;
 mod concurrent_restores;
 mod containerd_restart;
 mod cri;
+mod cri_pods;
 mod cri_tenants;
 mod docker;
 mod events;
