@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use serde::de::DeserializeOwned;
@@ -104,6 +104,7 @@ fn check_manifest(origin: &str, doc: &Value) {
         ("v1", "Namespace") => round_trip::<Namespace>(origin, doc),
         ("v1", "ConfigMap") => round_trip::<ConfigMap>(origin, doc),
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(origin, doc),
+        ("apps/v1", "Deployment") => round_trip::<Deployment>(origin, doc),
         (api, kind) => panic!("{origin}: {api} {kind}: add its type to this test"),
     }
 }
