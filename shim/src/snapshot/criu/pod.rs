@@ -78,25 +78,28 @@ pub const PATCH_MARK: &str = "vsnap: join-ns-root";
 
 /// Whether `criu` (as runc finds it) carries vsnap's join-ns patch: without
 /// it a restore that joins a pod's UTS namespace writes the donor's hostname
-/// into the pod's. Asked once per binary and shim.
+/// into the pod's. A binary found patched is not asked again by this shim.
 pub fn check_patched(criu: &std::path::Path) -> Result<(), String> {
-    use std::collections::HashMap;
+    use std::collections::HashSet;
     use std::sync::Mutex;
-    static SEEN: Mutex<Option<HashMap<std::path::PathBuf, bool>>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    let known = seen.get_or_insert_with(HashMap::new);
-    let ok = *known.entry(criu.to_path_buf()).or_insert_with(|| {
-        std::process::Command::new(criu)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .any(|l| l == PATCH_MARK)
-            })
-    });
-    if ok {
+    static PATCHED: Mutex<Option<HashSet<std::path::PathBuf>>> = Mutex::new(None);
+    let mut patched = PATCHED.lock().unwrap_or_else(|e| e.into_inner());
+    let known = patched.get_or_insert_with(HashSet::new);
+    if known.contains(criu) {
         return Ok(());
+    }
+    // Through spawn.rs: the shim's reaper may take the exit status.
+    let mut cmd = std::process::Command::new(criu);
+    cmd.arg("--version");
+    let ran = vsnap_artifact::spawn::run(&mut cmd, std::time::Duration::from_secs(10));
+    if let Ok(ran) = &ran {
+        if ran.stdout.lines().any(|l| l == PATCH_MARK) {
+            known.insert(criu.to_path_buf());
+            return Ok(());
+        }
+    }
+    if let Err(e) = ran {
+        return Err(format!("{} --version: {e:?}", criu.display()));
     }
     Err(format!(
         "{} lacks vsnap's join-ns patch (its --version has no {PATCH_MARK:?}; scripts/setup.sh builds it): \
@@ -154,6 +157,26 @@ mod tests {
             None,
             "the host's UTS is not ours to name"
         );
+    }
+
+    #[test]
+    fn only_a_criu_that_says_it_is_patched_joins_a_pods_namespaces() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tool = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\nprintf '{text}'\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        let patched = tool("patched", "Version: 4.2.1\\nvsnap: join-ns-root\\n");
+        check_patched(&patched).unwrap();
+        check_patched(&patched).unwrap();
+        let stock = tool("stock", "Version: 4.2.1\\n");
+        let e = check_patched(&stock).unwrap_err();
+        assert!(e.contains("lacks vsnap's join-ns patch"), "{e}");
+        let e = check_patched(&dir.path().join("absent")).unwrap_err();
+        assert!(e.contains("absent --version"), "{e}");
     }
 
     #[test]
