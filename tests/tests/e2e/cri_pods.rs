@@ -200,13 +200,18 @@ fn auto_without_a_name_restores_the_deployments_one_artifact() {
         .unwrap();
     e.wait_manifest(&name);
     // The first pod's shim lets go of the artifact's write lock just after
-    // it published (a second pod started inside that moment is refused: in
-    // the closing note).
+    // it published; a pod started while a writer holds it starts cold,
+    // without a capture (here the test holds it).
     poll(
         Duration::from_secs(30),
         "the capture's write lock released",
         || !vsnap_artifact::lock::ArtifactLock::is_held(&e.artifacts, &name).unwrap(),
     );
+    let held = vsnap_artifact::lock::ArtifactLock::exclusive(&e.artifacts, &name).unwrap();
+    let busy = deployment_pod(&e, "web", "auto", None);
+    e.run_container(&busy.id, &busy.config, engine_in(&busy, &[]));
+    drop(held);
+    e.remove_pod(&busy.id);
     let second = deployment_pod(&e, "web", "auto", None);
     let copy = e.run_container(&second.id, &second.config, engine_in(&second, &[]));
     let addr = second.addr();

@@ -19,6 +19,7 @@ use super::engine::{Engine, Inputs};
 use super::fallback::{self, Fallback};
 use super::lock::WriteLock;
 use super::prepared_plan::Prepared;
+use super::refusal::Cause;
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs};
 
@@ -46,6 +47,16 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
     }
     match super::preflight::prepare_restore(&mut inputs, &engine, name.clone(), &layer, started) {
         Ok(r) => Ok(Some(Prepared::Restore(r))),
+        // Another container is writing it (it published a moment ago, or
+        // replaces it): this one starts cold and captures nothing.
+        Err(refusal) if inputs.plan.mode == Mode::Auto && refusal.cause == Cause::Busy => {
+            log::warn!(
+                "{}: auto: {}: starting cold without a capture",
+                inputs.id,
+                refusal.error
+            );
+            Ok(None)
+        }
         // `auto` restores what can be restored here, else creates.
         Err(refusal) if inputs.plan.mode == Mode::Auto => {
             match fallback::at_create(&inputs, &name, refusal)? {

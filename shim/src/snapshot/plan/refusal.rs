@@ -22,6 +22,10 @@ pub enum Cause {
     Restore,
     /// The container, its tenant or its workload: never set aside.
     Container,
+    /// Another container holds the artifact's write lock (it is publishing
+    /// it, or replacing it): never set aside; `auto` starts cold without a
+    /// capture, as when the name is being written.
+    Busy,
 }
 
 impl Cause {
@@ -32,12 +36,13 @@ impl Cause {
             Cause::Damaged => "damaged",
             Cause::Restore => "restore",
             Cause::Container => "container",
+            Cause::Busy => "busy",
         }
     }
 
     /// Whether `auto` sets the artifact aside for it.
     pub fn sets_aside(self) -> bool {
-        self != Cause::Container
+        !matches!(self, Cause::Container | Cause::Busy)
     }
 }
 
@@ -78,6 +83,7 @@ fn artifact_cause(e: &ArtifactError) -> Cause {
         ArtifactError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Cause::Damaged
         }
+        ArtifactError::Locked(_) => Cause::Busy,
         _ => Cause::Container,
     }
 }
@@ -125,7 +131,10 @@ mod tests {
         );
         assert_eq!(Refusal::of_artifact(gone).cause, Cause::Damaged);
         let locked = ArtifactError::Locked("a".into());
-        assert_eq!(Refusal::of_artifact(locked).cause, Cause::Container);
+        // Another container writes it: `auto` starts cold, sets nothing aside.
+        let locked = Refusal::of_artifact(locked).cause;
+        assert_eq!(locked, Cause::Busy);
+        assert!(!locked.sets_aside());
         let unsafe_root = ArtifactError::Unsafe("/a is group-writable".into());
         assert!(!Refusal::of_artifact(unsafe_root).cause.sets_aside());
         let tenant: Refusal = Error::FailedPrecondition("tenant".into()).into();
