@@ -155,6 +155,18 @@ fn a_copy_restores_into_another_pod_of_its_deployment() {
             "{plan}: the copy answers on {addr} like a cold start"
         );
         let identity = assert_lives_in(&e, &pod, &copy, client_pid);
+        // What kubelet shows of a failed exec is worded as runc-v2 words it.
+        let exec = e.cri.call(e.cri.rs().exec_sync(ExecSyncRequest {
+            container_id: copy.clone(),
+            cmd: vec!["/no-such-binary".into()],
+            timeout: 30,
+        }));
+        let err = exec.expect_err("an exec of a missing binary fails");
+        assert!(
+            err.message().contains("OCI runtime exec failed: ")
+                && !err.message().contains("runc exec failed"),
+            "{err:?}"
+        );
         assert_eq!(identity["seed_applied"], true, "{identity}");
         draws.push(identity["draw"].clone());
     }
