@@ -46,6 +46,10 @@ pub struct Faults {
     pub self_tcp: Option<String>,
     /// VSNAP_ENGINE_HOLD_DEVICE=PATH: hold a file (a character device) open.
     pub hold_device: Option<String>,
+    /// VSNAP_ENGINE_BACKLOG=1: hold a listener on every address with one
+    /// connection the kernel accepted and the engine never did (a client
+    /// that connected during start-up): in flight at capture.
+    pub backlog: bool,
     /// VSNAP_ENGINE_EXIT_DELAY_MS=N: after a failure's error.json, take N ms
     /// to exit, as a real engine's teardown (workers, CUDA) does.
     pub exit_delay: Option<Duration>,
@@ -88,6 +92,7 @@ impl Faults {
             undumpable: var("VSNAP_ENGINE_UNDUMPABLE").is_some_and(|v| v != "0"),
             self_tcp: var("VSNAP_ENGINE_SELF_TCP"),
             hold_device: var("VSNAP_ENGINE_HOLD_DEVICE"),
+            backlog: var("VSNAP_ENGINE_BACKLOG").is_some_and(|v| v != "0"),
             exit_delay: match var("VSNAP_ENGINE_EXIT_DELAY_MS") {
                 None => None,
                 Some(ms) => Some(Duration::from_millis(ms.parse().map_err(|_| {
@@ -167,6 +172,13 @@ impl Faults {
                 .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_HOLD_DEVICE={path}: {e}")))?;
             log(&format!("holding {path} on fd {}", file.into_raw_fd()));
         }
+        if self.backlog {
+            let port = listen_with_backlog()
+                .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_BACKLOG: {e}")))?;
+            log(&format!(
+                "holding a listener on 0.0.0.0:{port} with a connection in its backlog"
+            ));
+        }
         if let Some(ip) = &self.self_tcp {
             let pair = connect_to_self(ip)
                 .map_err(|e| Failure::engine(format!("VSNAP_ENGINE_SELF_TCP={ip}: {e}")))?;
@@ -196,6 +208,21 @@ impl Faults {
             .and_then(|()| exchange(b, a))
             .map_err(|e| Failure::engine(format!("the TCP connection to itself: {e}")))
     }
+}
+
+/// The listener of VSNAP_ENGINE_BACKLOG, kept for the life of the process.
+static BACKLOG: std::sync::OnceLock<std::net::TcpListener> = std::sync::OnceLock::new();
+
+/// Listens on 0.0.0.0 and connects to it once over loopback, never
+/// accepting: the kernel completes the handshake into the accept queue. The
+/// client end is closed (it belongs to no process of the tree), so what the
+/// listener holds is a connection in flight. Returns the port.
+fn listen_with_backlog() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("0.0.0.0:0")?;
+    let port = listener.local_addr()?.port();
+    drop(TcpStream::connect(("127.0.0.1", port))?);
+    let _ = BACKLOG.set(listener);
+    Ok(port)
 }
 
 /// Listens on `ip` (or, for `auto`, the first non-loopback IPv4 address of

@@ -263,7 +263,8 @@ fn capture_error(e: &CriEnv, id: &str) -> String {
 
 /// A tree holding a TCP connection to itself over its pod's IP (what
 /// torch.distributed's gloo makes) is refused at capture, before CRIU,
-/// naming the address and the fix; a restore that fails after CRIU started
+/// naming the address and the fix; a connection in a listener's backlog at
+/// capture does not fail it; a restore that fails after CRIU started
 /// leaves no CRIU rule in the pod's network namespace, and `auto`'s cold
 /// start in the same Start answers on the pod's IP from another pod.
 #[test]
@@ -292,6 +293,17 @@ fn a_socket_on_the_pod_ip_is_refused_and_a_failed_restore_leaves_the_pod_as_it_w
         !e.artifact_names().contains(&"tied".to_string()),
         "nothing published"
     );
+
+    // A client's connection the kernel accepted and the engine did not yet:
+    // in flight at capture, it stays the donor's, and a copy restores.
+    let busy = deployment_pod(&e, "inflight", "create", Some("inflight"));
+    let backlog = [("VSNAP_ENGINE_BACKLOG", "1")];
+    e.run_container(&busy.id, &busy.config, engine_in(&busy, &backlog));
+    e.wait_manifest("inflight");
+    let copy = deployment_pod(&e, "inflight", "restore", Some("inflight"));
+    e.run_container(&copy.id, &copy.config, engine_in(&copy, &backlog));
+    e.remove_pod(&busy.id);
+    e.remove_pod(&copy.id);
 
     let donor = deployment_pod(&e, "net", "create", Some("net"));
     e.run_container(&donor.id, &donor.config, engine_in(&donor, &[]));

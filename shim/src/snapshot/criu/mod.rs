@@ -102,6 +102,11 @@ pub fn config_text(
     // /dev/shm) is linked back as `link_remap.N` for the restore (shm.rs
     // carries those and removes them from the donor's folder).
     body.push_str("link-remap\n");
+    // A connection the kernel accepted and the engine has not (a client of
+    // the donor's listener during start-up) fails a dump without it ("In-flight
+    // connection"): it stays the donor's, a copy's listener starts with an
+    // empty queue. Read by dumps only.
+    body.push_str("skip-in-flight\n");
     if setup.leave_stopped {
         body.push_str("leave-stopped\n");
     }
@@ -336,6 +341,7 @@ mod tests {
                 "ghost-limit 68719476736",
                 "libdir /opt/criu/plugins",
                 "link-remap",
+                "skip-in-flight",
                 "leave-stopped",
                 "lazy-pages",
                 "action-script /b/vsnap-post-dump.sh",
