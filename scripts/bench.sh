@@ -18,6 +18,7 @@
 # builds of the shim, the reference engine and the CLI in cargo's target folder
 # (CARGO_TARGET_DIR, else target/). Their settings and defaults:
 #   cri            BENCH_RUNS=1 (pairs), BENCH_RESIDENT_MB=1024
+#   pods           BENCH_RUNS=3 (rounds), BENCH_RESIDENT_MB=1024
 #   concurrent     BENCH_RUNS=2 (rounds per shim), BENCH_COPIES=8, BENCH_RESIDENT_MB=1024,
 #                  BENCH_AGAINST=SHIM (each round also by that shim binary, ABBA),
 #                  BENCH_SHARE_OFF=1 (each round also with share_pages = false, ABBA)
@@ -40,11 +41,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-NAMES=(shim snapshot cri concurrent fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify zero-pages huge-pages)
+NAMES=(shim snapshot cri pods concurrent fallback fleet fleet-crypt fleet-restore lifecycle real-engine restore-limits verify zero-pages huge-pages)
 declare -A WHAT=(
     [shim]="vsnap's shim vs containerd's runc shim: \`ctr run --rm /bin/true\` wall time, idle shim memory (default)"
     [snapshot]="reference engine: create (capture + publish), restore vs cold start, checkpoint and restore throughput"
     [cri]="a restore through CRI (StartContainer) beside the same restore through \`ctr run -d\`"
+    [pods]="a restore into a new CNI pod of a Deployment beside a host-network pod's (its twin) and the new pod's cold start"
     [concurrent]="8 restores of one artifact started at once: each copy's phases, aggregate placement vs the fill limit, wall until all serve"
     [fallback]="an \`auto\` start whose artifact is set aside (refused restore + cold start + capture) vs a plain create"
     [fleet]="\`vsnap push\` to a loopback registry, then \`vsnap pull\` vs a raw cat + sync of the same bytes"

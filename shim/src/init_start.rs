@@ -41,7 +41,7 @@ impl InitStart {
                 p.cleanup();
                 Err(Error::InvalidArgument(format!(
                     "create: the task is created from checkpoint {} and has the snapshot plan of artifact {}: \
-                     restore one or the other (drop the checkpoint, or the vsnap.io/snapshot annotation)",
+                     restore one or the other (drop the checkpoint, or the vsnap.io/plan annotation)",
                     image.display(),
                     p.common().artifact
                 )))
