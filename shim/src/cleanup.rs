@@ -136,6 +136,7 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
     let _ = std::fs::remove_dir_all(&work);
     let rootfs = bundle.join("rootfs");
     while nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    crate::netns_holder::unbind(&bundle.join(crate::netns_holder::NETNS_FILE));
     if let Some(dir) = record.and_then(|r| r.control_dir) {
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -35,6 +35,8 @@ pub struct Container {
     rootfs_mounted: bool,
     /// Whether a restored copy's exit is held back (container_cold.rs).
     pub copy_exit: CopyExit,
+    /// A snapshot plan's own network namespace (container_netns.rs).
+    netns: Option<crate::netns_holder::NetnsHold>,
 }
 
 /// A CheckpointTask request, unwrapped from the wire.
@@ -84,8 +86,10 @@ impl Container {
             rootfs: cfg.rootfs,
             rootfs_mounted: false,
             copy_exit: CopyExit::Publish,
+            netns: None,
         };
-        if let Err(e) = c.mount_rootfs() {
+        if let Err(e) = c.mount_rootfs().and_then(|()| c.hold_netns()) {
+            c.remove_netns();
             c.unmount_rootfs();
             c.start.cleanup();
             return Err(e);
@@ -94,7 +98,11 @@ impl Container {
             return Ok(c);
         }
         match c.runc_create().await {
-            Ok(()) => Ok(c),
+            Ok(()) => {
+                // The init is in the namespace now: it holds it.
+                c.release_netns_holder();
+                Ok(c)
+            }
             Err(e) => {
                 c.cleanup_failed_create().await;
                 Err(e)
@@ -131,6 +139,7 @@ impl Container {
             log::debug!("cleanup after failed create: {e}");
         }
         self.init.io.abort().await;
+        self.remove_netns();
         self.unmount_rootfs();
         self.start.cleanup();
     }
@@ -162,6 +171,9 @@ impl Container {
         self.ensure_created()?;
         let prepared = Prepared::new(&mut self.init)?;
         self.init.transition("start", Transition::BeginRestore)?;
+        // Whoever configured the namespace through the holder (dockerd) did
+        // so between Create and Start; the copy is restored into it.
+        self.release_netns_holder();
         self.starting = Some(cancel);
         Ok(prepared)
     }
@@ -362,6 +374,7 @@ impl Container {
         }
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         let _ = std::fs::remove_dir_all(self.bundle.join("criu-work"));
+        self.remove_netns();
         self.unmount_rootfs();
         self.start.cleanup();
         Ok(())
@@ -530,6 +543,8 @@ mod tests {
 
 #[path = "container_cold.rs"]
 mod cold;
+#[path = "container_netns.rs"]
+mod netns;
 #[path = "container_rootfs.rs"]
 mod rootfs;
 pub use cold::{ColdWay, CopyExit};

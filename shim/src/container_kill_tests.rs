@@ -58,6 +58,7 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         rootfs: Vec::new(),
         rootfs_mounted: false,
         copy_exit: super::CopyExit::Publish,
+        netns: None,
     }
 }
 

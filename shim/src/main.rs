@@ -26,6 +26,7 @@ mod lifecycle;
 // Not called until task.rs wires stats and TaskOOM to them.
 mod metrics;
 mod mounts;
+mod netns_holder;
 mod oom;
 mod options;
 mod prepared;

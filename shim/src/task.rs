@@ -102,6 +102,9 @@ impl TaskService {
         let id = req.id.clone();
         let c = creator.create(req).await?;
         let pid = c.init.pid;
+        // A restore's init has no pid before Start: its network namespace's
+        // holder stands in (container_netns.rs).
+        let created_pid = c.created_pid();
         let handle = Arc::new(Mutex::new(c));
         // Queued under the container's lock: TaskCreate before its exit.
         let guard = handle.lock().await;
@@ -116,12 +119,12 @@ impl TaskService {
         if pid != 0 {
             self.shared.watch(&id, "", pid, mark);
         }
-        info!("created {id} (pid {pid})");
-        event.pid = pid as u32;
+        info!("created {id} (pid {created_pid})");
+        event.pid = created_pid as u32;
         self.shared.events.send(event).await;
         drop(guard);
         Ok(api::CreateTaskResponse {
-            pid: pid as u32,
+            pid: created_pid as u32,
             ..Default::default()
         })
     }
@@ -213,10 +216,16 @@ impl TaskService {
         let c = handle.lock().await;
         let p = c.process(&req.exec_id)?;
         let (exit_status, exited_at) = p.exit_status();
+        // The init of a restore not yet started: its namespace's holder,
+        // as Create said (containerd asks State for the pid it answers).
+        let pid = match req.exec_id.is_empty() {
+            true => c.created_pid(),
+            false => p.pid,
+        };
         Ok(api::StateResponse {
             id: req.id.clone(),
             bundle: c.bundle.display().to_string(),
-            pid: p.pid as u32,
+            pid: pid as u32,
             status: wire_status(p.status()).into(),
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
@@ -500,7 +509,8 @@ impl Task for TaskService {
     ) -> TtrpcResult<api::ConnectResponse> {
         let TaskId(id) = TaskId::try_from(&req)?;
         let task_pid = match self.container(&id) {
-            Ok(handle) => handle.lock().await.init.pid as u32,
+            // containerd's answer to Create asks this (shimTask.PID).
+            Ok(handle) => handle.lock().await.created_pid() as u32,
             Err(_) => 0,
         };
         Ok(api::ConnectResponse {

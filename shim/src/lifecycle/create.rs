@@ -152,6 +152,7 @@ impl Creator<'_> {
                 layer,
                 spec,
                 create_began: began,
+                netns: None,
             })
         })
         .await

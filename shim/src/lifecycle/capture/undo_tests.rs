@@ -59,6 +59,7 @@ fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
             host_shm: None,
             activation_timeout: Duration::from_secs(60),
             activation_source: "activation_timeout_s",
+            netns: None,
         },
         lock: None,
         capture_timeout: Duration::from_secs(60),

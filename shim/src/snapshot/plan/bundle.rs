@@ -45,6 +45,7 @@ pub(super) fn common_part(
         host_shm: spec::host_dev_shm(&inputs.spec),
         activation_timeout,
         activation_source,
+        netns: inputs.netns.clone(),
     })
 }
 

@@ -56,6 +56,9 @@ pub struct Common {
     pub activation_timeout: Duration,
     /// Where that bound came from (the annotation or a config key).
     pub activation_source: &'static str,
+    /// The bundle's file the container's own network namespace is bound at
+    /// (netns_holder.rs), when the spec gave it one without a path.
+    pub netns: Option<PathBuf>,
 }
 
 impl Common {

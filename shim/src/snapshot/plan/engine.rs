@@ -33,6 +33,9 @@ pub struct Inputs<'a> {
     pub spec: Value,
     /// When the shim's Create began (reported with a restore's timings).
     pub create_began: std::time::SystemTime,
+    /// The bundle's file the spec names as its network namespace, set by
+    /// [`crate::snapshot::plan::prepare`] (netns_holder.rs).
+    pub netns: Option<std::path::PathBuf>,
 }
 
 /// What identifies the workload and how its engine speaks.

@@ -34,6 +34,10 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
         std::mem::replace(&mut inputs.layer, rootfs::WritableLayer::Shared),
         &inputs,
     );
+    // A network namespace of the container's own is made by the shim
+    // (netns_holder.rs): named before the workload is read, so a capture
+    // and its restores record the same.
+    inputs.netns = crate::netns_holder::name_in_spec(&mut inputs.spec, inputs.bundle);
     let mut engine = Engine::of(&inputs, &root)?;
     if let rootfs::WritableLayer::Mounted(overlay) = &layer {
         // dockerd's per-container merged path: the image's layers instead.
