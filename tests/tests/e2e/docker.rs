@@ -33,7 +33,8 @@ fn docker_with_image(tag: &str) -> Docker {
     d
 }
 
-/// `docker run -d --runtime vsnap --network host` of `argv` in [`IMAGE`]
+/// `docker run -d --runtime vsnap --network host` (unless `extra` names
+/// another network) of `argv` in [`IMAGE`]
 /// as `name` with a plan on artifact `artifact`, listening on `port`.
 fn run_plan(
     d: &Docker,
@@ -54,8 +55,6 @@ fn run_plan(
         name,
         "--runtime",
         RUNTIME,
-        "--network",
-        "host",
         "--annotation",
         &plan,
         "--annotation",
@@ -63,6 +62,9 @@ fn run_plan(
         "--annotation",
         &listen,
     ];
+    if !extra.contains(&"--network") {
+        args.extend_from_slice(&["--network", "host"]);
+    }
     args.extend_from_slice(extra);
     args.push(IMAGE);
     args.extend_from_slice(argv);
@@ -333,4 +335,38 @@ fn vllms_server_from_an_overlay2_image_is_captured_and_restored_through_docker()
         "PID 1, resource tracker, EngineCore: {top}"
     );
     d.ok(&["rm", "-f", "vllm-copy"]);
+}
+
+/// Two containers of one image on networks of their own (`--network
+/// none`), without `--hostname`: each is named by dockerd after its short
+/// id, in `HOSTNAME` too. The second restores the first's artifact, and
+/// inside it `hostname` is its own id, not the donor's, and so is the
+/// identity its engine was handed.
+#[test]
+fn a_restore_under_docker_needs_no_shared_hostname() {
+    let d = docker_with_image("docker-host");
+    let engine = ["/vsnap-ref-engine"];
+    let port = free_port();
+    let none = ["--network", "none"];
+    let out = run_plan(&d, "donor", "create", "own", port, &none, &engine);
+    assert!(out.ok(), "{out:?}");
+    d.env.wait_manifest("own");
+    d.ok(&["rm", "-f", "donor"]);
+
+    let out = run_plan(&d, "copy", "restore", "own", port, &none, &engine);
+    assert!(out.ok(), "{out:?}\n{}", d.env.c.log_tail());
+    let short_id: String = d.inspect("copy", "{{.Id}}").chars().take(12).collect();
+    assert_eq!(
+        d.ok(&["exec", "copy", "/bin/sh", "-c", "hostname"]).trim(),
+        short_id
+    );
+    let pid: i32 = d.inspect("copy", "{{.State.Pid}}").parse().unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let identity = vsnap_e2e::pod_net::in_netns_of(pid, move || {
+        vsnap_e2e::pod_net::get_json(addr, "/v1/identity")
+    });
+    assert_eq!(identity["hostname"], short_id.as_str(), "{identity}");
+    assert_eq!(identity["seed_applied"], true, "{identity}");
+    d.ok(&["rm", "-f", "copy"]);
+    d.assert_nothing_left();
 }
