@@ -485,3 +485,102 @@ fn recursive_read_only_mounts_on_the_vsnap_features_handler() {
     nix::mount::umount(&sub).unwrap();
     e.assert_nothing_left();
 }
+
+/// UpdateContainerResources (kubelet's in-place resize) reaches the
+/// container's cgroup on vsnap as on runc: the new memory and CPU limits
+/// read back inside, the same on both handlers.
+#[test]
+fn update_container_resources_changes_the_cgroup_like_runc() {
+    let e = CriEnv::start("cri-update");
+    let mut seen = Vec::new();
+    for handler in [RUNC, VSNAP] {
+        let pod_config = e.pod_config(&format!("update-{handler}"), false, &[]);
+        let pod = e.run_pod(&pod_config, handler);
+        let id = e.run_container(
+            &pod,
+            &pod_config,
+            container_config("sleeper", BUSYBOX_IMAGE, &["/bin/sleep", "1000"]),
+        );
+        // The limits as the container's cgroup holds them, read from the
+        // host: cgroup v2 (`memory.max`, `cpu.max`) or v1 (this VM).
+        let pid = e.cri.container_pid(&id);
+        let read = move || limits(pid);
+        let before = read();
+        e.cri
+            .call(
+                e.cri
+                    .rs()
+                    .update_container_resources(UpdateContainerResourcesRequest {
+                        container_id: id.clone(),
+                        linux: Some(LinuxContainerResources {
+                            memory_limit_in_bytes: 96 << 20,
+                            cpu_period: 100_000,
+                            cpu_quota: 50_000,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+            )
+            .unwrap_or_else(|err| panic!("{handler}: UpdateContainerResources: {err}"));
+        let after = read();
+        assert_ne!(before, after, "{handler}: the limits changed");
+        seen.push(after);
+        e.remove_pod(&pod);
+    }
+    assert_eq!(
+        seen[0],
+        ((96u64 << 20).to_string(), "50000 100000".to_string()),
+        "runc-v2"
+    );
+    assert_eq!(seen[1], seen[0], "vsnap as runc-v2");
+    e.assert_nothing_left();
+}
+
+/// `pid`'s memory limit and CPU quota and period (`"quota period"`), from
+/// its cgroup on either hierarchy.
+fn limits(pid: i32) -> (String, String) {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path_of = |controller: &str| {
+        cgroup.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, list, path) = (f.next()?, f.next()?, f.next()?);
+            list.split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_string())
+        })
+    };
+    let text = |at: String| {
+        std::fs::read_to_string(&at)
+            .unwrap_or_else(|err| panic!("{at}: {err}"))
+            .trim()
+            .to_string()
+    };
+    match (path_of("memory"), path_of("cpu")) {
+        (Some(memory), Some(cpu)) => {
+            let cpu_dir = ["cpu,cpuacct", "cpu"]
+                .iter()
+                .map(|d| format!("/sys/fs/cgroup/{d}{cpu}"))
+                .find(|d| std::path::Path::new(d).exists())
+                .expect("the cpu hierarchy");
+            let quota = text(format!("{cpu_dir}/cpu.cfs_quota_us"));
+            let period = text(format!("{cpu_dir}/cpu.cfs_period_us"));
+            (
+                text(format!(
+                    "/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes"
+                )),
+                format!("{quota} {period}"),
+            )
+        }
+        _ => {
+            let path = cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .expect("a cgroup v2 line")
+                .to_string();
+            (
+                text(format!("/sys/fs/cgroup{path}/memory.max")),
+                text(format!("/sys/fs/cgroup{path}/cpu.max")),
+            )
+        }
+    }
+}
