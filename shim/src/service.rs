@@ -1,4 +1,4 @@
-//! The short shim commands besides `start` (start.rs): `delete`, which
+//! The short shim commands besides `start` (bootstrap.rs): `delete`, which
 //! containerd runs in the bundle after a shim died, and `-info`.
 
 use std::io::{IsTerminal, Read, Write};

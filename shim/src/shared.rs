@@ -1,7 +1,7 @@
 //! What the task service and the work it spawns (exit watchers, restores,
 //! captures) share: the containers by id, the event queue and the exit
 //! reaper, with the exit and OOM watchers that publish through them. Its own
-//! room, so the service (task.rs) and a start (start.rs) both use it without
+//! room, so the service (task.rs) and a start (lifecycle/) both use it without
 //! importing each other.
 
 use std::collections::HashMap;
