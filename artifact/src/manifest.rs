@@ -24,10 +24,15 @@ pub use crate::layout::MANIFEST;
 ///   from the host's empty read-only tmpfs; a shim of format 4 has no such
 ///   mapping, and its CRIU would fail. A format 4 artifact is a format 5
 ///   one whose masks CRIU stored.
-pub const SCHEMA_VERSION: u32 = 5;
+/// - 6: the workload names the variables each pod is given as its own
+///   (`per_pod_env`: `HOSTNAME` and what the operator names), whose values
+///   a restore does not compare; a shim of format 5 would refuse the field.
+///   A format 5 artifact is a format 6 one without the list: every
+///   variable is compared, as its vsnap did.
+pub const SCHEMA_VERSION: u32 = 6;
 /// Every artifact format this vsnap restores: the current and the previous,
 /// so that an upgrade of vsnap keeps the artifacts its predecessor made.
-pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [4, SCHEMA_VERSION];
+pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [5, SCHEMA_VERSION];
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -374,7 +379,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         HostKey::load_or_create(dir.path()).unwrap();
         let m = sample(dir.path());
-        for (version, extra) in [(SCHEMA_VERSION + 1, true), (3, false), (0, false)] {
+        for (version, extra) in [
+            (SCHEMA_VERSION + 1, true),
+            (4, false),
+            (3, false),
+            (0, false),
+        ] {
             let mut v = serde_json::to_value(&m).unwrap();
             v["schema_version"] = version.into();
             if extra {
@@ -387,7 +397,7 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (4 or {SCHEMA_VERSION})"
+                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (5 or {SCHEMA_VERSION})"
                 ),
             );
         }

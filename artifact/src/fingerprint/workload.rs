@@ -39,9 +39,11 @@ pub struct Workload {
     pub kubernetes_namespace: Option<String>,
     pub security: BTreeMap<String, String>,
     /// The environment variables treated as the pod's own, not the
-    /// workload's (per_pod.rs): left out of `env`, so two pods of one
+    /// workload's (per_pod.rs): their values (fingerprinted in `env`) are
+    /// neither compared nor part of `auto`'s name, so two pods of one
     /// Deployment are one workload; the list itself is compared. Empty in
-    /// manifests from before per-pod names (every variable compared).
+    /// manifests of format 5, from before per-pod names: every variable is
+    /// compared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub per_pod_env: Vec<String>,
     /// Which key keyed `env` and the secret values of `argv`
@@ -113,14 +115,22 @@ impl Workload {
     }
 
     /// This identity with `names` (and [`per_pod::ALWAYS`]) treated as the
-    /// pod's own: their values leave `env`, their names join `per_pod_env`.
+    /// pod's own: their names join `per_pod_env`, and their values (still
+    /// fingerprinted in `env`, as a manifest from before per-pod names
+    /// needs them) are neither compared nor part of [`Workload::key`].
     pub fn with_per_pod_env<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         let mut set: BTreeSet<String> = self.per_pod_env.drain(..).collect();
         set.extend(per_pod::ALWAYS.iter().map(|n| n.to_string()));
         set.extend(names.into_iter().map(|n| n.as_ref().to_string()));
-        self.env.retain(|name, _| !set.contains(name));
         self.per_pod_env = set.into_iter().collect();
         self
+    }
+
+    /// This identity without the values of the pod's own variables.
+    fn without_per_pod_values(&self, names: &[String]) -> Workload {
+        let mut w = self.clone();
+        w.env.retain(|name, _| !names.contains(name));
+        w
     }
 
     /// Whose workload this is: the artifact's owner, as recorded.
@@ -140,7 +150,8 @@ impl Workload {
     /// A short stable key of this identity, to name an artifact by. It
     /// includes the tenant: two tenants' `auto` names never meet.
     pub fn key(&self) -> String {
-        let bytes = serde_json::to_vec(self).expect("a workload serializes");
+        let own = self.without_per_pod_values(&self.per_pod_env);
+        let bytes = serde_json::to_vec(&own).expect("a workload serializes");
         sha256_hex(&bytes)[..24].to_string()
     }
 
@@ -156,20 +167,25 @@ impl Workload {
         let mut live = Workload {
             namespace: self.namespace.clone(),
             kubernetes_namespace: self.kubernetes_namespace.clone(),
-            ..live.clone()
+            ..live.without_per_pod_values(&self.per_pod_env)
         };
         // A variable the artifact holds as the pod's own is not compared by
-        // value, whatever the live list says (the list itself still is).
-        live.env.retain(|name, _| !self.per_pod_env.contains(name));
+        // value, whatever the live list says (the list itself still is). A
+        // manifest from before per-pod names (format 5) has none: every
+        // variable is compared, as its vsnap did, and the list is not.
+        if self.per_pod_env.is_empty() {
+            live.per_pod_env.clear();
+        }
+        let captured = &self.without_per_pod_values(&self.per_pod_env);
         let live = &live;
-        if self.fingerprint_key == live.fingerprint_key {
-            return compare(self, live);
+        if captured.fingerprint_key == live.fingerprint_key {
+            return compare(captured, live);
         }
         let mut out = vec![format!(
             "workload.fingerprint_key: captured {:?}, live {:?} (environment and secret flags were fingerprinted with another key: every host of a fleet needs the same fleet_fingerprint_key)",
-            self.fingerprint_key, live.fingerprint_key
+            captured.fingerprint_key, live.fingerprint_key
         )];
-        let (a, b) = (self.without_keyed_values(), live.without_keyed_values());
+        let (a, b) = (captured.without_keyed_values(), live.without_keyed_values());
         out.extend(
             compare(&a, &b)
                 .into_iter()

@@ -165,15 +165,17 @@ fn a_flipped_byte_found_during_the_restore_is_set_aside_and_the_same_start_goes_
 /// previous artifact format and an older shim, sealed with this host's
 /// key. The fixture is made from a fresh capture rather than checked in,
 /// because a manifest binds the host it was made on (its key, runc, CRIU,
-/// kernel): a format 4 artifact is a format 5 one whose masked folders
-/// CRIU stored (a capture with `external_masks = false`), and its manifest
-/// has the same fields.
+/// kernel): a format 5 artifact is a format 6 one whose workload names no
+/// per-pod variables (every variable compared), and its manifest has the
+/// other fields.
 fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     let path = e.manifest(name);
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let previous = vsnap_artifact::READABLE_SCHEMA_VERSIONS[0];
     assert!(previous < vsnap_artifact::SCHEMA_VERSION);
     v["schema_version"] = previous.into();
+    let workload = v["workload"].as_object_mut().unwrap();
+    assert!(workload.remove("per_pod_env").is_some(), "a format 6 list");
     v["host"]["shim_version"] = "0.0.1-older".into();
     let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
     m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());
@@ -183,7 +185,8 @@ fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
 #[test]
 fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside() {
     let e = setup("nc-format");
-    // The previous format's CRIU stored runc's masked folders itself.
+    // Masked folders stored by CRIU itself, as format 4 and some format 5
+    // artifacts have them.
     let mut config = std::fs::read_to_string(&e.config).unwrap();
     config.push_str("external_masks = false\n");
     std::fs::write(&e.config, config).unwrap();

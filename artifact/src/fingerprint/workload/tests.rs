@@ -366,7 +366,8 @@ fn what_each_pod_is_given_is_not_the_workload() {
         w("vllm-7d9f8-xyz12", "10.1.0.3", names),
     );
     assert_eq!(a.per_pod_env, ["HOSTNAME", "POD_IP", "POD_NAME"]);
-    assert!(!a.env.contains_key("POD_IP") && a.env.contains_key("MODEL"));
+    // Still fingerprinted (a format 5 manifest compares them), not compared.
+    assert!(a.env.contains_key("POD_IP") && a.env.contains_key("MODEL"));
     assert_eq!(a.diff(&b), Vec::<String>::new());
     assert_eq!(a.key(), b.key(), "one auto name for the Deployment");
     let mut other_model = pod_spec("vllm-7d9f8-xyz12", "10.1.0.3", names);
@@ -393,18 +394,18 @@ fn what_each_pod_is_given_is_not_the_workload() {
 #[test]
 fn a_manifest_from_before_per_pod_names_compares_every_variable() {
     let (_d, key) = test_key();
+    // Format 5: no list, every variable fingerprinted and compared.
     let mut legacy = Workload::from_spec(&pod_spec("donor", "10.1.0.2", None), "/c", &key);
     legacy.per_pod_env.clear();
-    legacy.env.insert(
-        "HOSTNAME".into(),
-        env_fingerprint(&key, "HOSTNAME", "donor"),
-    );
     let text = serde_json::to_string(&legacy).unwrap();
     assert!(!text.contains("per_pod_env"), "{text}");
+    // Its twin (the same hostname, as a host-network pod has) restores.
     let twin = Workload::from_spec(&pod_spec("donor", "10.1.0.2", None), "/c", &key);
-    let diff = legacy.diff(&twin);
-    assert!(
-        diff.iter().any(|d| d.starts_with("workload.per_pod_env:")),
-        "{diff:?}"
-    );
+    assert_eq!(legacy.diff(&twin), Vec::<String>::new());
+    // Another pod is another workload to it, named by the variable.
+    let other = Workload::from_spec(&pod_spec("copy", "10.1.0.2", Some("POD_NAME")), "/c", &key);
+    let diff = legacy.diff(&other);
+    assert_eq!(diff.len(), 2, "{diff:?}");
+    assert!(diff[0].starts_with("workload.env.HOSTNAME:"), "{diff:?}");
+    assert!(diff[1].starts_with("workload.env.POD_NAME:"), "{diff:?}");
 }

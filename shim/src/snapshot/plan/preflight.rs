@@ -178,6 +178,20 @@ fn preflight(
     let manifest = Manifest::load_verified(root, name).map_err(Refusal::of_artifact)?;
     let owner = manifest.workload.tenant();
     tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
+    if manifest.schema_version < crate::netns_holder::SINCE_FORMAT && inputs.netns.is_some() {
+        // Captured before the shim made a container's own network namespace
+        // (netns_holder.rs): CRIU holds that namespace in the images, and
+        // its workload records it as made by runc. Another format, not
+        // another workload: `auto` captures anew.
+        return Err(Refusal::new(
+            Cause::Host,
+            Error::FailedPrecondition(format!(
+                "restore: preflight: artifact {name} is of format {} and was captured in a network namespace of the container's own, which this vsnap makes itself (format {}): capture it again",
+                manifest.schema_version,
+                crate::netns_holder::SINCE_FORMAT
+            )),
+        ));
+    }
     let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
     live.gpus = artifact::gpu::entries(&engine.gpus);
     // Compatibility, not identity (artifact/src/compat.rs): the MAC above
