@@ -25,6 +25,7 @@ mod memory;
 mod metrics;
 mod no_leaks;
 mod node_changes;
+mod own_netns;
 mod refusals;
 mod rootfs_carry;
 mod snapshot;
