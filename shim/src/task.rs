@@ -218,9 +218,10 @@ impl TaskService {
         let (exit_status, exited_at) = p.exit_status();
         // The init of a restore not yet started: its namespace's holder,
         // as Create said (containerd asks State for the pid it answers).
-        let pid = match req.exec_id.is_empty() {
-            true => c.created_pid(),
-            false => p.pid,
+        let pid = if req.exec_id.is_empty() {
+            c.created_pid()
+        } else {
+            p.pid
         };
         Ok(api::StateResponse {
             id: req.id.clone(),

@@ -25,20 +25,7 @@ const CTR_ARTIFACT: &str = "big-ctr";
 
 /// The shim's restore phases of the task in `namespace`.
 fn phases(e: &CriEnv, namespace: &str, id: &str) -> String {
-    let record =
-        e.c.dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(namespace)
-            .join(id)
-            .join("vsnap-restore.json");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
-    format!(
-        "{:.0} | {:.0} | {:.0}",
-        ms("preflight_ms"),
-        ms("criu_restore_ms"),
-        ms("activation_ms")
-    )
+    vsnap_e2e::bench::restore_phases(&e.c.bundle_in(namespace, id)).expect("vsnap-restore.json")
 }
 
 fn engine(resident: &str) -> ContainerConfig {

@@ -23,25 +23,10 @@ use vsnap_e2e::cri::{container_config, envs, CriEnv, ENGINE_IMAGE, NAMESPACE, VS
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::pod_net::in_netns_of;
 
-/// The shim's restore phases of container `id`.
+/// The shim's restore phases of container `id` (none for a cold start).
 fn phases(e: &CriEnv, id: &str) -> String {
-    let record =
-        e.c.dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(NAMESPACE)
-            .join(id)
-            .join("vsnap-restore.json");
-    let Ok(bytes) = std::fs::read(&record) else {
-        return "- | - | -".into();
-    };
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
-    format!(
-        "{:.0} | {:.0} | {:.0}",
-        ms("preflight_ms"),
-        ms("criu_restore_ms"),
-        ms("activation_ms")
-    )
+    vsnap_e2e::bench::restore_phases(&e.c.bundle_in(NAMESPACE, id))
+        .unwrap_or_else(|| "- | - | -".into())
 }
 
 /// A pod of `plan` on `artifact`; `cni`: a pod network, else the host's.

@@ -157,3 +157,18 @@ pub fn fill(paths: &[std::path::PathBuf], threads: usize, huge: bool) -> (u64, f
     unsafe { libc::munmap(base, len) };
     (total as u64, secs)
 }
+
+/// A restore's preflight, CRIU and activation phases in ms, as
+/// `"P | C | A"`, from the `vsnap-restore.json` of the task's `bundle`;
+/// None without one (a start that restored nothing).
+pub fn restore_phases(bundle: &Path) -> Option<String> {
+    let bytes = std::fs::read(bundle.join("vsnap-restore.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    Some(format!(
+        "{:.0} | {:.0} | {:.0}",
+        ms("preflight_ms"),
+        ms("criu_restore_ms"),
+        ms("activation_ms")
+    ))
+}

@@ -373,12 +373,15 @@ impl Containerd {
 
     /// Task bundles containerd still has in `namespace`.
     pub fn bundles_in(&self, namespace: &str) -> Vec<String> {
-        list(
-            &self
-                .dir
-                .join("state/io.containerd.runtime.v2.task")
-                .join(namespace),
-        )
+        list(&self.bundle_in(namespace, ""))
+    }
+
+    /// The bundle of task `id` of `namespace` in containerd's state folder.
+    pub fn bundle_in(&self, namespace: &str, id: &str) -> PathBuf {
+        self.dir
+            .join("state/io.containerd.runtime.v2.task")
+            .join(namespace)
+            .join(id)
     }
 
     /// The bundles in `namespace` once containerd's removal of them ended,

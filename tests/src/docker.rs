@@ -171,12 +171,7 @@ impl Docker {
 
     /// The container's task bundle in containerd's state folder.
     pub fn bundle(&self, name: &str) -> PathBuf {
-        self.env
-            .c
-            .dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(MOBY)
-            .join(self.id(name))
+        self.env.c.bundle_in(MOBY, &self.id(name))
     }
 
     /// runc's state root for dockerd's containers (as the shim derives it).

@@ -136,29 +136,48 @@ impl Env {
         workload: &[&str],
         argv: &[&str],
     ) -> std::process::Command {
-        crate::ids::claim(id);
-        let plan = format!("vsnap.io/plan={plan}");
-        let artifact = format!("vsnap.io/artifact={artifact}");
-        let listen = format!("vsnap.io/listen=127.0.0.1:{port}");
-        let mut args = vec![
-            "run",
-            "-d",
-            "--net-host",
+        let mut args = self.plan_args(plan, artifact, port, true);
+        args.extend(extra.iter().chain(workload).map(|a| a.to_string()));
+        self.plan_run(id, args, argv)
+    }
+
+    /// `ctr run -d`'s arguments for a plan: the runtime, its config and the
+    /// plan's annotations (listening on 127.0.0.1:`port`); with `net_host`,
+    /// the host's network namespace, else one of the container's own.
+    pub fn plan_args(&self, plan: &str, artifact: &str, port: u16, net_host: bool) -> Vec<String> {
+        let mut args: Vec<String> = vec!["run".into(), "-d".into()];
+        if net_host {
+            args.push("--net-host".into());
+        }
+        for a in [
             "--runtime",
             RT,
             "--runtime-config-path",
             &self.config,
             "--annotation",
-            &plan,
+            &format!("vsnap.io/plan={plan}"),
             "--annotation",
-            &artifact,
+            &format!("vsnap.io/artifact={artifact}"),
             "--annotation",
-            &listen,
-        ];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(workload);
-        args.push(id);
-        args.extend_from_slice(argv);
+            &format!("vsnap.io/listen=127.0.0.1:{port}"),
+        ] {
+            args.push(a.to_string());
+        }
+        args
+    }
+
+    /// The `ctr` command of `args` (from [`Env::plan_args`], with the
+    /// workload) for container `id` running `argv`.
+    pub fn plan_run(
+        &self,
+        id: &str,
+        mut args: Vec<String>,
+        argv: &[&str],
+    ) -> std::process::Command {
+        crate::ids::claim(id);
+        args.push(id.to_string());
+        args.extend(argv.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.c.ctr_command(&args)
     }
 
@@ -265,11 +284,7 @@ impl Env {
 
     /// The task's bundle in containerd's state folder.
     pub fn bundle(&self, id: &str) -> PathBuf {
-        self.c
-            .dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(NAMESPACE)
-            .join(id)
+        self.c.bundle_in(NAMESPACE, id)
     }
 
     /// Waits for a background capture of `id` to fail: the shim's error

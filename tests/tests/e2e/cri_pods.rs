@@ -76,6 +76,14 @@ fn engine_in(pod: &Pod, env: &[(&str, &str)]) -> ContainerConfig {
     c
 }
 
+/// Whether something accepts a connection to `addr` from the network
+/// namespace of `client` (another pod's sandbox pid).
+fn listens(client: i32, addr: SocketAddr) -> bool {
+    in_netns_of(client, move || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+    })
+}
+
 /// Asserts that the engine `id` of `pod` lives in the pod: the sandbox's
 /// network, IPC and UTS namespaces, the pod's hostname inside (`hostname`
 /// and `/etc/hostname`), and returns its `/v1/identity` as asked from the
@@ -133,9 +141,7 @@ fn a_copy_restores_into_another_pod_of_its_deployment() {
     // The donor goes on serving in its own pod.
     let donor_addr = donor_pod.addr();
     poll(Duration::from_secs(60), "the donor serving", || {
-        in_netns_of(client_pid, move || {
-            std::net::TcpStream::connect_timeout(&donor_addr, Duration::from_secs(1)).is_ok()
-        })
+        listens(client_pid, donor_addr)
     });
     let donor_identity = assert_lives_in(&e, &donor_pod, &donor, client_pid);
 
@@ -145,8 +151,7 @@ fn a_copy_restores_into_another_pod_of_its_deployment() {
         let copy = e.run_container(&pod.id, &pod.config, engine_in(&pod, &[]));
         let addr = pod.addr();
         assert!(
-            in_netns_of(client_pid, move || std::net::TcpStream::connect(addr)
-                .is_ok()),
+            listens(client_pid, addr),
             "{plan}: restored, listening on its pod IP when StartContainer returned"
         );
         assert_eq!(
@@ -228,8 +233,7 @@ fn auto_without_a_name_restores_the_deployments_one_artifact() {
     let copy = e.run_container(&second.id, &second.config, engine_in(&second, &[]));
     let addr = second.addr();
     assert!(
-        in_netns_of(client_pid, move || std::net::TcpStream::connect(addr)
-            .is_ok()),
+        listens(client_pid, addr),
         "the second pod restored: listening when StartContainer returned"
     );
     assert_eq!(
@@ -246,12 +250,7 @@ fn auto_without_a_name_restores_the_deployments_one_artifact() {
 
 /// The vsnap shim's error record of container `id` (CRI's namespace).
 fn capture_error(e: &CriEnv, id: &str) -> String {
-    let record =
-        e.c.dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(NAMESPACE)
-            .join(id)
-            .join("vsnap-error.json");
+    let record = e.c.bundle_in(NAMESPACE, id).join("vsnap-error.json");
     poll(
         Duration::from_secs(120),
         &record.display().to_string(),
@@ -322,11 +321,7 @@ fn a_socket_on_the_pod_ip_is_refused_and_a_failed_restore_leaves_the_pod_as_it_w
     poll(
         Duration::from_secs(120),
         "the cold start serving on the pod IP",
-        || {
-            in_netns_of(client_pid, move || {
-                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
-            })
-        },
+        || listens(client_pid, addr),
     );
     assert!(!in_netns_of(client_pid, move || answers_at(addr)).is_empty());
     for p in [&client, &tied, &pod] {

@@ -295,11 +295,7 @@ fn a_shared_artifact_that_fails_at_start_is_never_replaced_by_its_borrower() {
     // The container's own spec runs: the engine serves where its command
     // line says (not on the plan's port), so the record in the bundle,
     // written once the cold init started, is what is checked.
-    let bundle =
-        e.c.dir
-            .join("state/io.containerd.runtime.v2.task")
-            .join(NAMESPACE)
-            .join(&id);
+    let bundle = e.c.bundle_in(NAMESPACE, &id);
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(bundle.join("vsnap-fallback.json")).unwrap())
             .unwrap();

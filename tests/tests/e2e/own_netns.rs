@@ -10,34 +10,16 @@ use std::time::Duration;
 
 use vsnap_e2e::cmd::CmdOutput;
 use vsnap_e2e::engine::free_port;
-use vsnap_e2e::snapshot_env::{assert_has, poll, setup, Env, RT};
+use vsnap_e2e::snapshot_env::{assert_has, poll, setup, Env};
 
 /// `ctr run -d` of the engine under `plan` in a network namespace of its
 /// own (no `--net-host`), listening on 127.0.0.1:`port` inside it.
 fn run_own_netns(e: &Env, id: &str, plan: &str, artifact: &str, extra: &[&str]) -> CmdOutput {
-    vsnap_e2e::ids::claim(id);
-    let (plan, artifact) = (
-        format!("vsnap.io/plan={plan}"),
-        format!("vsnap.io/artifact={artifact}"),
-    );
-    let listen = format!("vsnap.io/listen=127.0.0.1:{}", free_port());
-    let mut args = vec![
-        "run",
-        "-d",
-        "--runtime",
-        RT,
-        "--runtime-config-path",
-        &e.config,
-        "--annotation",
-        &plan,
-        "--annotation",
-        &artifact,
-        "--annotation",
-        &listen,
-    ];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--rootfs", &e.rootfs, id, "/vsnap-ref-engine"]);
-    vsnap_e2e::cmd::run(e.c.ctr_command(&args), None, Duration::from_secs(180))
+    let mut args = e.plan_args(plan, artifact, free_port(), false);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend(["--rootfs".to_string(), e.rootfs.clone()]);
+    let cmd = e.plan_run(id, args, &["/vsnap-ref-engine"]);
+    vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(180))
 }
 
 #[test]

@@ -27,8 +27,9 @@ impl Phase<CaptureRun> for Inventory {
         let t = Instant::now();
         let pids = run.runc.ps(&run.id).await?;
         inventory::check_no_io_uring(&pids)?;
-        inventory::check_no_outside_tcp(&pids)?;
-        inventory::check_no_pod_address(&pids, &run.plan.spec)?;
+        let sockets = inventory::socket_holders(&pids);
+        inventory::check_no_outside_tcp(&pids, &sockets)?;
+        inventory::check_no_pod_address(&pids, &sockets, &run.plan.spec)?;
         let gpu = !run.plan.common.gpus.is_empty();
         if gpu {
             gpu::check_single_gpu(&gpu::cuda_holders(&pids))

@@ -4,7 +4,6 @@
 //! namespaces, so a copy restored into another pod learns that pod's.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsFd;
 
 use vsnap_protocol::Identity;
 
@@ -36,21 +35,12 @@ pub fn set_hostname_of(pid: i32, hostname: &str) -> Result<(), String> {
     })
 }
 
-/// Runs `f` on a thread of its own that joined `pid`'s UTS namespace (a
-/// namespace is a thread's: the shim's other threads stay where they are).
+/// Runs `f` in `pid`'s UTS namespace (ns.rs).
 fn in_uts<T: Send + 'static>(
     pid: i32,
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
-    let uts = std::fs::File::open(format!("/proc/{pid}/ns/uts"))
-        .map_err(|e| format!("open the UTS namespace of pid {pid}: {e}"))?;
-    std::thread::spawn(move || {
-        nix::sched::setns(uts.as_fd(), nix::sched::CloneFlags::CLONE_NEWUTS)
-            .map_err(|e| format!("join the UTS namespace: {e}"))?;
-        f()
-    })
-    .join()
-    .map_err(|_| "the UTS namespace thread panicked".to_string())?
+    super::ns::in_ns_of(pid, "uts", nix::sched::CloneFlags::CLONE_NEWUTS, f)
 }
 
 /// The IPv4 addresses `/proc/<pid>/net/fib_trie` lists as local host

@@ -7,5 +7,6 @@ pub(crate) mod barrier;
 pub(crate) mod canary;
 pub(crate) mod identity;
 pub(crate) mod listener;
+pub(crate) mod ns;
 pub(crate) mod target;
 pub(crate) mod wake;

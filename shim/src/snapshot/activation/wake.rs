@@ -3,7 +3,6 @@
 //! Only after both does the container count as started.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use vsnap_protocol::{activate, Activation, ActivationKind, CaptureReady, ControlDir, Expect};
@@ -131,15 +130,7 @@ pub fn in_netns<T: Send + 'static>(
     pid: i32,
     f: impl FnOnce() -> std::result::Result<T, String> + Send + 'static,
 ) -> std::result::Result<T, String> {
-    let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .map_err(|e| format!("open the network namespace of pid {pid}: {e}"))?;
-    std::thread::spawn(move || {
-        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("join the network namespace: {e}"))?;
-        f()
-    })
-    .join()
-    .map_err(|_| "the network namespace thread panicked".to_string())?
+    super::ns::in_ns_of(pid, "net", nix::sched::CloneFlags::CLONE_NEWNET, f)
 }
 
 /// Wakes a restored copy: its control dir (uid `owner`'s) holds the

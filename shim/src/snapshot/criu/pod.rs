@@ -55,19 +55,21 @@ pub fn joins_network(spec: &Value) -> bool {
 /// The hostname a restore must set: the spec's, when the container has a
 /// UTS namespace of its own (CRIU restored the donor's name into it).
 pub fn hostname_to_set(spec: &Value) -> Option<String> {
-    let own_uts = spec["linux"]["namespaces"]
-        .as_array()?
-        .iter()
-        .any(|n| n["type"] == "uts" && n.get("path").is_none());
+    let own_uts = namespace(spec, "uts").is_some_and(|n| n.get("path").is_none());
     let hostname = spec["hostname"].as_str().filter(|h| !h.is_empty())?;
     own_uts.then(|| hostname.to_string())
 }
 
-fn namespace_path(spec: &Value, ns_type: &str) -> Option<String> {
+/// The spec's namespace entry of `ns_type` (`network`, `uts`, ...), if any.
+pub fn namespace<'a>(spec: &'a Value, ns_type: &str) -> Option<&'a Value> {
     spec["linux"]["namespaces"]
         .as_array()?
         .iter()
-        .find(|n| n["type"] == ns_type)?
+        .find(|n| n["type"] == ns_type)
+}
+
+fn namespace_path(spec: &Value, ns_type: &str) -> Option<String> {
+    namespace(spec, ns_type)?
         .get("path")?
         .as_str()
         .map(str::to_string)

@@ -30,22 +30,25 @@ pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
     Ok(())
 }
 
+/// Every socket of the tree (`pids`) by inode, with the process that holds
+/// it: read once, for both socket checks.
+pub fn socket_holders(pids: &[i32]) -> HashMap<u64, i32> {
+    pids.iter()
+        .flat_map(|p| {
+            tcp_table::socket_inodes(*p)
+                .into_iter()
+                .map(move |i| (i, *p))
+        })
+        .collect()
+}
+
 /// Fails naming the process and peer of an established TCP connection
 /// whose other end is not a socket of the tree. A connection between two
 /// processes of the tree (vLLM's rendezvous store connects the engine to
 /// itself, on the host's address) is restored whole and is fine, whatever
 /// its addresses and whichever table each end is in; one to anything else
 /// cannot be restored.
-pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
-    // Every socket of the tree, with the process that holds it.
-    let ours: HashMap<u64, i32> = pids
-        .iter()
-        .flat_map(|p| {
-            tcp_table::socket_inodes(*p)
-                .into_iter()
-                .map(move |i| (i, *p))
-        })
-        .collect();
+pub fn check_no_outside_tcp(pids: &[i32], ours: &HashMap<u64, i32>) -> Result<()> {
     if ours.is_empty() {
         return Ok(());
     }
@@ -72,18 +75,14 @@ pub fn check_no_outside_tcp(pids: &[i32]) -> Result<()> {
 /// Fails naming the process, the socket and the address of a socket of
 /// the tree bound to its own network namespace's address, for a container
 /// with a network of its own (pod_address.rs).
-pub fn check_no_pod_address(pids: &[i32], spec: &serde_json::Value) -> Result<()> {
-    if !pod_address::has_own_network(spec) || pids.is_empty() {
+pub fn check_no_pod_address(
+    pids: &[i32],
+    ours: &HashMap<u64, i32>,
+    spec: &serde_json::Value,
+) -> Result<()> {
+    if !pod_address::has_own_network(spec) || pids.is_empty() || ours.is_empty() {
         return Ok(());
     }
-    let ours: HashMap<u64, i32> = pids
-        .iter()
-        .flat_map(|p| {
-            tcp_table::socket_inodes(*p)
-                .into_iter()
-                .map(move |i| (i, *p))
-        })
-        .collect();
     let rows = pod_address::rows_of(pids[0]);
     match pod_address::first_tied(&rows, &|inode| ours.get(&inode).copied()) {
         None => Ok(()),
@@ -249,7 +248,11 @@ mod tests {
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (_accepted, peer) = l.accept().unwrap();
         assert!(peer.ip().to_canonical().is_ipv4(), "{peer}");
-        check_no_outside_tcp(&[std::process::id() as i32]).unwrap();
+        {
+            let me = [std::process::id() as i32];
+            check_no_outside_tcp(&me, &socket_holders(&me))
+        }
+        .unwrap();
     }
 
     #[test]
@@ -260,7 +263,11 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
-        check_no_outside_tcp(&[std::process::id() as i32]).unwrap();
+        {
+            let me = [std::process::id() as i32];
+            check_no_outside_tcp(&me, &socket_holders(&me))
+        }
+        .unwrap();
         // One end in another process: outside, even on loopback.
         drop(b);
         let l2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -277,9 +284,12 @@ mod tests {
             .unwrap()
             .read_exact(&mut ready)
             .unwrap();
-        let e = check_no_outside_tcp(&[std::process::id() as i32])
-            .unwrap_err()
-            .to_string();
+        let e = {
+            let me = [std::process::id() as i32];
+            check_no_outside_tcp(&me, &socket_holders(&me))
+        }
+        .unwrap_err()
+        .to_string();
         let _ = peer.kill();
         let _ = peer.wait();
         assert!(e.contains("outside the captured tree"), "{e}");
