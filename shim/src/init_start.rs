@@ -28,6 +28,15 @@ pub enum RestoreSource {
     /// A vsnap artifact, then its activation: visible only once the copy
     /// reproduced its canary.
     Artifact(Box<RestorePlan>),
+    /// An artifact's restore begun: its run took the plan (moved, with the
+    /// lock); the container keeps the control dir it removes at delete.
+    Begun { control_dir: PathBuf },
+}
+
+/// What a restore's run takes from the container at Start.
+pub enum Taken {
+    Checkpoint(PathBuf),
+    Artifact(Box<RestorePlan>),
 }
 
 impl InitStart {
@@ -63,12 +72,25 @@ impl InitStart {
         }
     }
 
-    /// The images `runc restore` starts from, for the two restores.
-    pub fn images(&self) -> Option<PathBuf> {
-        match self {
-            InitStart::Restore(RestoreSource::Checkpoint(image)) => Some(image.clone()),
-            InitStart::Restore(RestoreSource::Artifact(r)) => Some(r.images()),
-            _ => None,
+    /// What a restore starts from, taken for its run: the artifact's plan
+    /// moves out (the container keeps its control dir); a checkpoint's
+    /// images are named. None: nothing to restore (not a restore, or one
+    /// begun already).
+    pub fn take_restore(&mut self) -> Option<Taken> {
+        let InitStart::Restore(source) = self else {
+            return None;
+        };
+        match source {
+            RestoreSource::Checkpoint(image) => Some(Taken::Checkpoint(image.clone())),
+            RestoreSource::Begun { .. } => None,
+            RestoreSource::Artifact(r) => {
+                let control_dir = r.common.control_dir.clone();
+                let begun = RestoreSource::Begun { control_dir };
+                match std::mem::replace(source, begun) {
+                    RestoreSource::Artifact(plan) => Some(Taken::Artifact(plan)),
+                    _ => None,
+                }
+            }
         }
     }
 
@@ -88,8 +110,15 @@ impl InitStart {
 
     /// Removes what the plan prepared at create (its control dir).
     pub fn cleanup(&self) {
-        if let Some(c) = self.common() {
-            c.cleanup();
+        match self {
+            InitStart::Restore(RestoreSource::Begun { control_dir }) => {
+                crate::snapshot::remove_control_dir(control_dir)
+            }
+            _ => {
+                if let Some(c) = self.common() {
+                    c.cleanup();
+                }
+            }
         }
     }
 

@@ -27,9 +27,9 @@ pub async fn start_init(shared: Shared, handle: ContainerRef, mark: Mark) -> Res
     if !c.start.restores() {
         return plain::start(&shared, &mut c).await;
     }
-    let run = restore::RestoreRun::begin(&mut c, shared, handle.clone(), mark)?;
+    let run = restore::begin(&mut c, shared, handle.clone(), mark)?;
     drop(c);
-    tokio::spawn(restore::drive(run))
+    tokio::spawn(run.drive())
         .await
         .map_err(|e| Error::Other(format!("restore: {e}")))?
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::context::RestoreRun;
+use super::snapshot::Snapshot;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::activation::barrier;
@@ -15,15 +16,13 @@ use crate::snapshot::activation::wake::activate_copy;
 pub struct Activation;
 
 #[async_trait]
-impl Phase<RestoreRun> for Activation {
+impl Phase<RestoreRun<Snapshot>> for Activation {
     fn name(&self) -> PhaseName {
         PhaseName::Activation
     }
 
-    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
-        let Some(s) = &run.plan else {
-            return Ok(());
-        };
+    async fn run(&self, run: &mut RestoreRun<Snapshot>, stop: &Stop) -> Result<()> {
+        let s = &run.source.plan;
         let (dir, target) = (
             s.common.control_dir.clone(),
             s.common.target(&run.id, run.pid),
@@ -49,8 +48,7 @@ impl Phase<RestoreRun> for Activation {
         })
         .await
         .map_err(|e| Error::Other(e.to_string()))??;
-        run.times.activation = validated;
-        run.times.listener = woken.elapsed().saturating_sub(validated);
+        run.source.listener = woken.elapsed().saturating_sub(validated);
         Ok(())
     }
 }

@@ -1,316 +1,165 @@
 //! A restore's context: what its phases read and leave for the next (the
-//! runc restore job, the verification, the restored init's pid, the
-//! times), taken from the container when the restore begins, and what the
-//! driver does at its ends.
+//! runc restore job, the restored init's pid, the times), over its source
+//! ([`Checkpoint`], or an artifact's [`Snapshot`](super::snapshot::Snapshot),
+//! its plan moved out of the container when the restore begins), and what
+//! the driver does at the ends of a checkpoint's restore.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use log::info;
 
 use super::job::{MemoryWatch, RestoreJob};
+use super::snapshot::Snapshot;
 use super::verify::Verify;
-use crate::container::{ColdWay, Container, CopyExit};
+use crate::container::Container;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
-use crate::init_start::{InitStart, RestoreSource};
-use crate::lifecycle::driver::{Failed, Run, Timings};
+use crate::init_start::Taken;
+use crate::lifecycle::driver::Run;
 use crate::lifecycle::phase::{PhaseName, Stop};
-use crate::lifecycle::plain;
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::criu::pages::Sharing;
-use crate::snapshot::plan::fallback;
-use crate::snapshot::plan::refusal::{start_cause, Cause};
-use crate::snapshot::plan::{ReadLock, RestorePlan, WriteLock};
-use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
-use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
-use vsnap_artifact::journal::Op;
+use crate::snapshot::criu::memory;
+use crate::snapshot::store::records::record_error;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
 const CHECKPOINT_RESTORE_LIMIT: Duration = Duration::from_secs(3600);
 
-/// What decides a restore's phases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// containerd's checkpoint: no plan, no activation.
-    Checkpoint,
-    Snapshot {
-        gpu: bool,
-    },
+/// What the phases every restore runs (CRIU, the restored init) ask of
+/// its source; a checkpoint's answers are the defaults.
+pub trait Source: Send + 'static {
+    /// The verification that runs beside CRIU, taken (none: nothing to
+    /// verify, or it runs first).
+    fn verify_beside_criu(&mut self) -> Option<Verify> {
+        None
+    }
+    /// The host /dev/shm folder whose link remaps CRIU opened.
+    fn host_shm(&self) -> Option<&std::path::Path> {
+        None
+    }
+    /// Should the copy fail, the start may go on cold (`auto`).
+    fn may_go_cold(&self) -> bool {
+        false
+    }
+    /// The hostname the copy's own UTS namespace gets before it runs.
+    fn hostname(&self) -> Option<&str> {
+        None
+    }
+    /// CRIU left the restored tree stopped: it is let run once taken.
+    fn left_stopped(&self) -> bool {
+        false
+    }
+    /// The verification took `took` (beside CRIU or first).
+    fn verified(&mut self, _took: Duration) {}
 }
 
-/// Where the phases spent their time (RestoreTimings is the record).
-#[derive(Default)]
-pub(super) struct Times {
-    pub(super) verify: Duration,
-    pub(super) criu_restore: Duration,
-    pub(super) activation: Duration,
-    pub(super) listener: Duration,
-}
+/// containerd's checkpoint (`ctr run --checkpoint`): no plan, no activation.
+pub struct Checkpoint;
+
+impl Source for Checkpoint {}
 
 /// A restore under way: the start's context every phase works on.
-pub struct RestoreRun {
+pub struct RestoreRun<S> {
     pub(super) shared: Shared,
     pub(super) handle: ContainerRef,
     pub(super) mark: Mark,
     pub(super) id: String,
     pub(super) bundle: PathBuf,
     pub(super) job: RestoreJob,
-    /// The artifact's plan, for a snapshot restore (without the lock:
-    /// that is `lock`); None for containerd's checkpoint.
-    pub(super) plan: Option<RestorePlan>,
-    /// The container's hold on the artifact lock, taken at begin.
-    pub(super) lock: Option<ReadLock>,
-    /// The verification not yet started (beside CRIU or first).
-    pub(super) verify: Option<Verify>,
     pub(super) stop: Stop,
-    pub(super) times: Times,
     /// `runc restore` was started, and (after a failure) its leftovers
     /// were undone already.
     pub(super) criu_started: bool,
     pub(super) criu_undone: bool,
     pub(super) pid: i32,
-    /// Under `auto`, the pid of the cold start the failed restore became.
-    pub(super) cold_pid: Option<i32>,
+    /// What it restores from.
+    pub(super) source: S,
 }
 
-impl RestoreRun {
-    /// The restore of `c` begins: its init becomes Restoring, its stdio is
-    /// made ready, and everything the phases need is taken from it.
-    pub fn begin(
-        c: &mut Container,
-        shared: Shared,
-        handle: ContainerRef,
-        mark: Mark,
-    ) -> Result<Self> {
-        let image = c.start.images().ok_or_else(|| {
-            Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
-        })?;
-        let (plan, lock) = match &mut c.start {
-            // The container's hold on the lock is the restore's from now.
-            InitStart::Restore(RestoreSource::Artifact(r)) => {
-                let lock = r.lock.take();
-                (Some(r.as_ref().clone()), lock)
-            }
-            _ => (None, None),
-        };
-        let deadline = match &plan {
-            Some(r) => r.common.activation_deadline(),
-            None => Deadline::new(
+/// A restore begun, by its source.
+pub enum Begun {
+    Checkpoint(Box<RestoreRun<Checkpoint>>),
+    Snapshot(Box<RestoreRun<Snapshot>>),
+}
+
+/// The restore of `c` begins: its init becomes Restoring, its stdio is
+/// made ready, and everything the phases need is taken from it (an
+/// artifact's plan moved, with the container's hold on its lock).
+pub fn begin(c: &mut Container, shared: Shared, handle: ContainerRef, mark: Mark) -> Result<Begun> {
+    let taken = c.start.take_restore().ok_or_else(|| {
+        Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
+    })?;
+    match taken {
+        Taken::Checkpoint(image) => {
+            let deadline = Deadline::new(
                 Instant::now() + CHECKPOINT_RESTORE_LIMIT,
                 "the checkpoint restore limit of 3600s",
-            ),
-        };
-        let mut verify = plan.as_ref().and_then(Verify::of);
-        let job = restore_job(c, image, plan.as_ref(), verify.as_mut(), &deadline)?;
-        Ok(Self {
+            );
+            let flags = CheckpointFlags {
+                shell_job: c.init.stdio.terminal,
+                ..Default::default()
+            };
+            let job = restore_job(c, image, flags, &deadline)?;
+            let run = RestoreRun::new(c, (shared, handle, mark), job, deadline, Checkpoint);
+            Ok(Begun::Checkpoint(Box::new(run)))
+        }
+        Taken::Artifact(plan) => {
+            let (mut snapshot, deadline) = Snapshot::take(*plan);
+            let flags = snapshot.criu_flags(c.init.stdio.terminal);
+            let mut job = match restore_job(c, snapshot.plan.images(), flags, &deadline) {
+                Ok(job) => job,
+                Err(e) => {
+                    // Nothing began: the container keeps its plan (and lock).
+                    c.start = snapshot.give_back();
+                    return Err(e);
+                }
+            };
+            snapshot.equip(&mut job);
+            let run = RestoreRun::new(c, (shared, handle, mark), job, deadline, snapshot);
+            Ok(Begun::Snapshot(Box::new(run)))
+        }
+    }
+}
+
+impl<S: Source> RestoreRun<S> {
+    fn new(
+        c: &Container,
+        (shared, handle, mark): (Shared, ContainerRef, Mark),
+        job: RestoreJob,
+        deadline: Deadline,
+        source: S,
+    ) -> Self {
+        Self {
             shared,
             handle,
             mark,
             id: c.id.clone(),
             bundle: c.bundle.clone(),
             job,
-            plan,
-            lock,
-            verify,
             stop: Stop::new(deadline),
-            times: Times::default(),
             criu_started: false,
             criu_undone: false,
             pid: 0,
-            cold_pid: None,
-        })
-    }
-
-    /// What decides the phases: a checkpoint, or a snapshot with or without GPUs.
-    pub(super) fn kind(&self) -> Kind {
-        match &self.plan {
-            Some(s) => Kind::Snapshot {
-                gpu: !s.common.gpus.is_empty(),
-            },
-            None => Kind::Checkpoint,
+            source,
         }
     }
 
-    /// `vsnap-restore.json` in the bundle, and the restore's record in the
-    /// metrics journal.
-    pub(super) fn record_timings(&self, phases: &Timings) {
-        let Some(s) = &self.plan else { return };
-        let timings = RestoreTimings {
-            create_began: s.create_began,
-            preflight: s.preflight,
-            verify: self.times.verify,
-            criu_restore: self.times.criu_restore,
-            activation: self.times.activation,
-            listener: self.times.listener,
-            rootfs: s.rootfs_unpack,
-            pages: self.job.placed,
-        };
-        info!(
-            "{}: restored copy validated and listening: {timings:?}",
-            self.id
-        );
-        timings.record(&self.bundle);
-        let total =
-            s.preflight + s.rootfs_unpack + phases.entries().map(|(_, d)| d).sum::<Duration>();
-        let secs = |d: Duration| d.as_secs_f64();
-        let record = journal::outcome(Op::Restore, s.common.artifact.as_str(), total)
-            .phase("preflight", secs(timings.preflight))
-            .phase("rootfs", secs(timings.rootfs))
-            .phase("verify", secs(timings.verify))
-            .phase("criu", secs(timings.criu_restore))
-            .phase("activation", secs(timings.activation))
-            .phase("listener", secs(timings.listener));
-        journal::record(&s.common.root, record);
-    }
-
-    /// A failed restore's record in the metrics journal: the phase that
-    /// failed and the times of those that ran.
-    pub(super) fn journal_failure(&self, failed: &Failed) {
-        let Some(s) = &self.plan else { return };
-        let ran = failed.timings.entries();
-        let total = s.preflight + s.rootfs_unpack + ran.map(|(_, d)| d).sum::<Duration>();
-        let mut record = journal::outcome(Op::Restore, s.common.artifact.as_str(), total)
-            .failed_in(failed.phase.slug());
-        for (phase, took) in failed.timings.entries() {
-            record = record.phase(phase.slug(), took.as_secs_f64());
-        }
-        journal::record(&s.common.root, record);
-    }
-}
-
-impl RestoreRun {
-    /// Under `auto`, the cause of a failure that is the artifact's (it is
-    /// set aside, plan/fallback.rs); None: the failure stands as it is.
-    fn artifact_cause(&self, phase: PhaseName, e: &Error) -> Option<Cause> {
-        self.plan.as_ref().filter(|p| p.auto)?;
-        Some(start_cause(phase.slug(), e)).filter(|c| c.sets_aside())
-    }
-
-    /// The artifact set aside before Start answers, so that no later start
-    /// runs into it again; the exclusive lock it was set aside under.
-    async fn set_aside(&self, cause: Cause, e: &Error) -> Option<WriteLock> {
-        let plan = self.plan.as_ref()?;
-        let (root, name) = (plan.common.root.clone(), plan.common.artifact.to_string());
-        let (id, bundle, message) = (self.id.clone(), self.bundle.clone(), e.to_string());
-        tokio::task::spawn_blocking(move || {
-            fallback::after_start(&root, &name, &id, &bundle, cause, &message)
-        })
-        .await
-        .ok()
-        .flatten()
-    }
-
-    /// The failed restore given up for a cold start in the same Start
-    /// (`auto`, a failure of the artifact's, where the plan allows it;
-    /// what the restore left, the copy too, is gone): the init created
-    /// again and started as a create would have, capturing the artifact
-    /// anew where `lock` (the one it was set aside under) allows. The pid,
-    /// or why not (then Start fails as without it).
-    async fn go_on_cold(
-        &mut self,
-        c: &mut Container,
-        failed: &Error,
-        lock: Option<WriteLock>,
-    ) -> Result<i32> {
-        let Some(mut cold) = self.plan.as_mut().and_then(|p| p.cold.take()) else {
-            return Err(Error::FailedPrecondition("no cold start planned".into()));
-        };
-        let (way, how) = match (cold.capture.take(), lock) {
-            (Some(capture), Some(lock)) => (ColdWay::Capture(capture, lock), "cold, capturing"),
-            _ => (ColdWay::Plain, "cold, without a capture"),
-        };
-        let stdio = self.job.spare_stdio.take();
-        if let Err(e) = c.create_cold(&cold, way, stdio).await {
-            c.cold_start_failed().await;
-            return Err(e);
-        }
-        self.shared.watch(&c.id, "", c.init.pid, self.mark);
-        let pid = match plain::start(&self.shared, c).await {
-            Ok(pid) => pid,
-            Err(e) => {
-                // Nothing of it runs: Start fails as the restore did.
-                c.cold_start_failed().await;
-                c.init.pid = 0;
-                return Err(e);
-            }
-        };
-        log::warn!(
-            "{}: auto: the restore failed ({failed}); this start went on {how} (pid {pid})",
-            self.id
-        );
-        fallback::record_start(&self.bundle, how);
-        Ok(pid)
-    }
-}
-
-#[async_trait]
-impl Run for RestoreRun {
-    fn release_lock(&mut self) {
-        drop(self.lock.take());
-    }
-
-    fn record_error(&mut self, phase: PhaseName, e: &Error) {
-        // CRIU's log is in the bundle, which goes with the task.
-        let kept = match (&self.plan, self.criu_started) {
-            (Some(s), true) => keep_criu_log(
-                &s.common.root,
-                s.common.artifact.as_str(),
-                &self.id,
-                "restore",
-                &self.job.work.join("restore.log"),
-            ),
-            _ => None,
-        };
-        record_error(
-            &self.bundle,
-            &self.id,
-            Some(phase.as_str()),
-            e,
-            kept.as_deref(),
-        );
-    }
-
-    /// Nothing of a failed restore runs or is seen: runc's and CRIU's
-    /// leftovers go when the CRIU phase did not undo them itself; the copy
-    /// is killed (its exit comes through the reaper) or, with no process,
-    /// the init is recorded as killed and its exit published here.
-    async fn abort(&mut self, phase: PhaseName, e: &Error) {
-        let cause = self.artifact_cause(phase, e);
-        let cold = cause.is_some() && self.plan.as_ref().is_some_and(|p| p.may_go_cold());
-        if cold {
-            // The copy's exit is no longer the container's: a new init
-            // takes its place (shared.watch compares the pid).
-            let mut c = self.handle.lock().await;
-            c.init.pid = 0;
-            c.copy_exit = CopyExit::Publish;
-        }
-        if self.criu_started && !self.criu_undone && (cold || self.pid == 0) {
+    /// runc's and CRIU's leftovers undone, once, where the CRIU phase did
+    /// not undo them itself and either nothing of the copy runs or it
+    /// must go (`must_go`: the start goes on cold).
+    pub(super) async fn undo_criu(&mut self, must_go: bool) {
+        if self.criu_started && !self.criu_undone && (must_go || self.pid == 0) {
             self.job.undo().await;
             self.criu_undone = true;
         }
-        let lock = match cause {
-            Some(cause) => self.set_aside(cause, e).await,
-            None => None,
-        };
-        let handle = self.handle.clone();
-        let mut c = handle.lock().await;
-        c.starting = None;
-        if cold {
-            match self.go_on_cold(&mut c, e, lock).await {
-                Ok(pid) => {
-                    self.cold_pid = Some(pid);
-                    return;
-                }
-                Err(cold) => {
-                    log::warn!("{}: auto: no cold start after the restore: {cold}", self.id)
-                }
-            }
-        }
+    }
+
+    /// The failed start's exit published: the copy's, held until now, or,
+    /// with no process, the init recorded as killed.
+    pub(super) async fn fail_start(&mut self, c: &mut Container) {
         drop(self.job.spare_stdio.take());
         if let Some(exit) = c.release_exit() {
             self.shared.publish_exit(&c.id, "", c.init.pid, exit).await;
@@ -321,20 +170,35 @@ impl Run for RestoreRun {
     }
 }
 
+#[async_trait]
+impl Run for RestoreRun<Checkpoint> {
+    fn release_lock(&mut self) {}
+
+    fn record_error(&mut self, phase: PhaseName, e: &Error) {
+        record_error(&self.bundle, &self.id, Some(phase.as_str()), e, None);
+    }
+
+    /// Nothing of a failed restore runs or is seen: runc's and CRIU's
+    /// leftovers go when the CRIU phase did not undo them itself; the copy
+    /// is killed (its exit comes through the reaper) or, with no process,
+    /// the init is recorded as killed and its exit published here.
+    async fn abort(&mut self, _: PhaseName, _: &Error) {
+        self.undo_criu(false).await;
+        let handle = self.handle.clone();
+        let mut c = handle.lock().await;
+        c.starting = None;
+        self.fail_start(&mut c).await;
+    }
+}
+
 /// The `runc restore` job of `c`'s init, its stdio made ready (the init is
-/// Restoring from here). Where vsnap's page server places the memory, it
-/// takes the pages files out of `verify` and hashes them as it places them.
+/// Restoring from here).
 fn restore_job(
     c: &mut Container,
     image: PathBuf,
-    plan: Option<&RestorePlan>,
-    verify: Option<&mut Verify>,
+    flags: CheckpointFlags,
     deadline: &Deadline,
 ) -> Result<RestoreJob> {
-    let place_pages = plan.is_some_and(|r| r.place_pages);
-    let page_verification = verify
-        .filter(|_| place_pages)
-        .and_then(Verify::hand_pages_to_the_page_server);
     let work = c.bundle.join("criu-work");
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
@@ -348,32 +212,18 @@ fn restore_job(
         image,
         work,
         pid_file: c.pid_file(),
-        // A snapshot restore takes the options its capture used.
-        flags: match plan {
-            Some(_) => criu_flags::snapshot_flags(c.init.stdio.terminal),
-            None => CheckpointFlags {
-                shell_job: c.init.stdio.terminal,
-                ..Default::default()
-            },
-        },
+        flags,
         memory: MemoryWatch {
             cgroup: memory::cgroup_of(spec),
             may_make: cgroups_path.is_some() && !c.runc.systemd_cgroup(),
             limit: memory::limit_of(spec),
-            need: plan.and_then(|r| r.memory),
+            need: None,
         },
         cgroups_path,
         prepared: Some(prepared),
-        keep_stdio: plan.is_some_and(|r| r.may_go_cold()),
+        keep_stdio: false,
         spare_stdio: None,
-        place_pages,
-        runtime_dir: plan.map(|r| r.runtime_dir.clone()),
-        huge_pages: plan.map(|r| r.huge_pages).unwrap_or_default(),
-        page_share: plan.and_then(|r| {
-            let mac = r.share_pages.as_deref()?;
-            Some(Sharing::new(&r.runtime_dir, mac, &r.common.artifact_dir()))
-        }),
-        page_verification,
+        pages: None,
         placed: None,
         // Its own token below the kill's: the verification stops CRIU
         // with it on damage, which is not a kill of the start.

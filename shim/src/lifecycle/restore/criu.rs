@@ -4,11 +4,9 @@
 //! tree runs or is seen before the digests matched, and a mismatch cancels
 //! the restore. Damage is named whatever CRIU made of it.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
 
-use super::context::RestoreRun;
+use super::context::{RestoreRun, Source};
 use super::verify::joined;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
@@ -17,28 +15,26 @@ use crate::snapshot::rootfs::shm;
 pub struct CriuRestore;
 
 #[async_trait]
-impl Phase<RestoreRun> for CriuRestore {
+impl<S: Source> Phase<RestoreRun<S>> for CriuRestore {
     fn name(&self) -> PhaseName {
         PhaseName::CriuRestore
     }
 
-    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
-        let t = Instant::now();
+    async fn run(&self, run: &mut RestoreRun<S>, stop: &Stop) -> Result<()> {
         let verifying = run
-            .verify
-            .take()
+            .source
+            .verify_beside_criu()
             .map(|v| v.spawn(stop.flag(), run.job.deadline.cancel.clone()));
         run.criu_started = true;
         let ran = run.job.run().await;
         let verified = joined(verifying, stop.deadline()).await;
-        run.times.criu_restore = t.elapsed();
-        if let Some(host_shm) = run.plan.as_ref().and_then(|s| s.common.host_shm.as_ref()) {
+        if let Some(host_shm) = run.source.host_shm() {
             // CRIU has opened what it needed of them.
             shm::remove_link_remaps(host_shm);
         }
         match (ran, verified) {
             (ran, Ok(took)) => {
-                run.times.verify += took;
+                run.source.verified(took);
                 // A failed job undid runc's and CRIU's leftovers itself.
                 run.criu_undone = ran.is_err();
                 ran

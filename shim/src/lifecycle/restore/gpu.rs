@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 
 use super::context::RestoreRun;
+use super::snapshot::Snapshot;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::snapshot::{activation::listener, criu, gpu};
@@ -13,15 +14,13 @@ use crate::snapshot::{activation::listener, criu, gpu};
 pub struct GpuResume;
 
 #[async_trait]
-impl Phase<RestoreRun> for GpuResume {
+impl Phase<RestoreRun<Snapshot>> for GpuResume {
     fn name(&self) -> PhaseName {
         PhaseName::GpuResume
     }
 
-    async fn run(&self, run: &mut RestoreRun, _: &Stop) -> Result<()> {
-        let Some(s) = &run.plan else {
-            return Ok(());
-        };
+    async fn run(&self, run: &mut RestoreRun<Snapshot>, _: &Stop) -> Result<()> {
+        let s = &run.source.plan;
         let log = run.job.work.join("restore.log");
         let (tool, pid) = (s.common.tools.cuda_checkpoint.clone(), run.pid);
         tokio::task::spawn_blocking(move || {

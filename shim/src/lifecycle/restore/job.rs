@@ -39,24 +39,29 @@ pub struct RestoreJob {
     /// not end with runc's.
     pub keep_stdio: bool,
     pub spare_stdio: Option<ChildStdio>,
-    /// vsnap's page server places the memory (CRIU runs in lazy-pages mode).
-    pub place_pages: bool,
-    /// The host's shared runtime state, where the page server's fillers
-    /// take their slots of the host's budget (none: no budget).
-    pub runtime_dir: Option<PathBuf>,
-    /// Where the restores of this artifact under way at once share its
-    /// pages (none: this one reads and hashes them alone).
-    pub page_share: Option<Sharing>,
-    /// Which memory eligible for huge pages the page server places so.
-    pub huge_pages: HugePages,
-    /// The pages files the page server checks against their digests while
-    /// placing them (taken out of the restore's other verification).
-    pub page_verification: Option<Verification>,
+    /// Where vsnap's page server places the memory (CRIU runs in
+    /// lazy-pages mode): what it is given.
+    pub pages: Option<PageJob>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
     pub deadline: Deadline,
     /// What tells a restore the OOM killer ended from any other failure.
     pub memory: MemoryWatch,
+}
+
+/// What vsnap's page server is given for a restore.
+pub struct PageJob {
+    /// The host's shared runtime state, where the page server's fillers
+    /// take their slots of the host's budget (none: no budget).
+    pub runtime_dir: Option<PathBuf>,
+    /// Where the restores of this artifact under way at once share its
+    /// pages (none: this one reads and hashes them alone).
+    pub share: Option<Sharing>,
+    /// Which memory eligible for huge pages the page server places so.
+    pub huge_pages: HugePages,
+    /// The pages files the page server checks against their digests while
+    /// placing them (taken out of the restore's other verification).
+    pub verification: Option<Verification>,
 }
 
 /// The container's memory cgroup, watched while `runc restore` and the
@@ -83,9 +88,9 @@ impl RestoreJob {
         }
         let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
         // Listening before CRIU starts: it connects first thing.
-        let pages = match self.place_pages {
-            true => Some(self.page_server()?),
-            false => None,
+        let pages = match self.pages.take() {
+            Some(job) => Some(self.page_server(job)?),
+            None => None,
         };
         // Before runc makes the cgroup and anything is charged to it.
         let m = &self.memory;
@@ -149,25 +154,23 @@ impl RestoreJob {
         restored
     }
 
-    fn page_server(&mut self) -> Result<PageServer> {
+    fn page_server(&self, job: PageJob) -> Result<PageServer> {
         let fail = |e| Error::FailedPrecondition(format!("restore: page server: {e}"));
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = cores.min(MAX_FILLERS);
         // One slot per core for the whole host: eight restores at once
         // run as many fillers together as one alone.
-        let budget = match &self.runtime_dir {
+        let budget = match &job.runtime_dir {
             Some(dir) => Some(Budget::open(&dir.join("fillers"), threads).map_err(fail)?),
             None => None,
         };
-        let verify = self.page_verification.take();
-        let share = self.page_share.clone();
         let fillers = Fillers {
             threads,
             budget,
-            share,
-            huge: self.huge_pages,
+            share: job.share,
+            huge: job.huge_pages,
         };
-        PageServer::start(&self.work, &self.image, fillers, verify).map_err(fail)
+        PageServer::start(&self.work, &self.image, fillers, job.verification).map_err(fail)
     }
 
     /// Waits for the page server to place every page (within the deadline,

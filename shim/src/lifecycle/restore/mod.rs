@@ -10,9 +10,13 @@
 mod activation;
 mod context;
 mod criu;
+mod go_cold;
+#[cfg(test)]
+mod go_cold_tests;
 mod gpu;
 pub mod job;
 mod restored;
+mod snapshot;
 #[cfg(test)]
 mod undo_tests;
 mod verify;
@@ -21,26 +25,31 @@ mod visible;
 
 use log::info;
 
-use super::driver;
+use super::driver::{self, Failed, Run};
 use super::phase::Phase;
 use crate::error::Result;
-pub use context::{Kind, RestoreRun};
+pub use context::{begin, Begun, Checkpoint, RestoreRun, Source};
+pub use snapshot::Snapshot;
 
-type Units = &'static [&'static dyn Phase<RestoreRun>];
+type Units<S> = &'static [&'static dyn Phase<RestoreRun<S>>];
 
-/// The phases of a restore, in order: what `kind` runs.
-pub fn phases(kind: Kind) -> Units {
-    match kind {
-        Kind::Checkpoint => &[&criu::CriuRestore, &restored::Restored, &visible::Visible],
+/// The phases of a containerd checkpoint's restore, in order.
+pub fn checkpoint_phases() -> Units<Checkpoint> {
+    &[&criu::CriuRestore, &restored::Restored, &visible::Visible]
+}
+
+/// The phases of an artifact's restore, in order.
+pub fn snapshot_phases(gpu: bool) -> Units<Snapshot> {
+    match gpu {
         // CRIU holds the tree stopped: the verification runs beside it.
-        Kind::Snapshot { gpu: false } => &[
+        false => &[
             &criu::CriuRestore,
             &restored::Restored,
             &activation::Activation,
             &visible::Visible,
         ],
         // It cannot with GPUs: every byte first, then CRIU.
-        Kind::Snapshot { gpu: true } => &[
+        true => &[
             &verify_first::VerifyFirst,
             &criu::CriuRestore,
             &restored::Restored,
@@ -51,17 +60,49 @@ pub fn phases(kind: Kind) -> Units {
     }
 }
 
-/// Runs the phases; the restored init's pid, or the start's error.
-pub async fn drive(mut run: RestoreRun) -> Result<i32> {
-    let (stop, units) = (run.stop.clone(), phases(run.kind()));
-    match driver::drive(&mut run, units, &stop, driver::GRACE).await {
+impl Begun {
+    /// Runs the phases; the restored init's pid, or the start's error.
+    pub async fn drive(self) -> Result<i32> {
+        match self {
+            Begun::Checkpoint(mut run) => {
+                let failed = match drive_phases(run.as_mut(), checkpoint_phases()).await {
+                    Ok(()) => return Ok(run.pid),
+                    Err(failed) => failed,
+                };
+                Err(failed.error)
+            }
+            Begun::Snapshot(mut run) => {
+                let units = snapshot_phases(run.source.gpu());
+                match drive_phases(run.as_mut(), units).await {
+                    Ok(()) => Ok(run.pid),
+                    Err(failed) => {
+                        run.journal_failure(&failed);
+                        // Under `auto`, the start went on cold (go_cold.rs).
+                        run.source.cold_pid.ok_or(failed.error)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The phases driven over `run`, its records left on success.
+async fn drive_phases<S: Source>(
+    run: &mut RestoreRun<S>,
+    units: Units<S>,
+) -> std::result::Result<(), Failed>
+where
+    RestoreRun<S>: Run + Recorded,
+{
+    let stop = run.stop.clone();
+    match driver::drive(run, units, &stop, driver::GRACE).await {
         Ok(phases) => {
             // The copy holds its stdio now: the shim's hold must not keep
             // its output open after it exits.
             drop(run.job.spare_stdio.take());
             log::debug!("{}: restore phases: {phases:?}", run.id);
-            run.record_timings(&phases);
-            Ok(run.pid)
+            run.recorded(&phases);
+            Ok(())
         }
         Err(failed) => {
             info!(
@@ -70,10 +111,24 @@ pub async fn drive(mut run: RestoreRun) -> Result<i32> {
                 failed.phase,
                 failed.timings.of(failed.phase)
             );
-            run.journal_failure(&failed);
-            // Under `auto`, the start went on cold (context.rs).
-            run.cold_pid.ok_or(failed.error)
+            Err(failed)
         }
+    }
+}
+
+/// What a restore that succeeded leaves: an artifact's its timings and
+/// journal record; a checkpoint's nothing.
+trait Recorded {
+    fn recorded(&self, phases: &driver::Timings);
+}
+
+impl Recorded for RestoreRun<Checkpoint> {
+    fn recorded(&self, _: &driver::Timings) {}
+}
+
+impl Recorded for RestoreRun<Snapshot> {
+    fn recorded(&self, phases: &driver::Timings) {
+        self.record_timings(phases);
     }
 }
 
@@ -82,8 +137,19 @@ mod tests {
     use super::*;
     use crate::lifecycle::phase::PhaseName::{self, *};
 
+    /// What each restore runs: a checkpoint's, an artifact's without and
+    /// with GPUs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Kind {
+        Checkpoint,
+        Snapshot { gpu: bool },
+    }
+
     fn names(kind: Kind) -> Vec<PhaseName> {
-        phases(kind).iter().map(|p| p.name()).collect()
+        match kind {
+            Kind::Checkpoint => checkpoint_phases().iter().map(|p| p.name()).collect(),
+            Kind::Snapshot { gpu } => snapshot_phases(gpu).iter().map(|p| p.name()).collect(),
+        }
     }
 
     #[test]

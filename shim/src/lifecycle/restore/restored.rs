@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::context::RestoreRun;
+use super::context::{RestoreRun, Source};
 use crate::container::CopyExit;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
@@ -13,29 +13,29 @@ use crate::snapshot::activation::{identity, listener};
 pub struct Restored;
 
 #[async_trait]
-impl Phase<RestoreRun> for Restored {
+impl<S: Source> Phase<RestoreRun<S>> for Restored {
     fn name(&self) -> PhaseName {
         PhaseName::Restored
     }
 
-    async fn run(&self, run: &mut RestoreRun, _: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut RestoreRun<S>, _: &Stop) -> Result<()> {
         let prepared = run.job.prepared.take().expect("taken once");
         let mut c = run.handle.lock().await;
         let pid = c.finish_restore(prepared, Ok(())).await?;
         run.pid = pid;
-        if run.plan.as_ref().is_some_and(|p| p.may_go_cold()) {
+        if run.source.may_go_cold() {
             // Should the copy fail, the start goes on cold: its exit is
             // not the container's until it is visible.
             c.copy_exit = CopyExit::Hold(None);
         }
         run.shared.watch(&c.id, "", pid, run.mark);
-        if let Some(hostname) = run.plan.as_ref().and_then(|p| p.hostname.as_deref()) {
+        if let Some(hostname) = run.source.hostname() {
             // Before the tree runs: it never sees the donor's name.
             identity::set_hostname_of(pid, hostname).map_err(|e| {
                 crate::error::Error::FailedPrecondition(format!("restore: hostname: {e}"))
             })?;
         }
-        if run.plan.is_some() {
+        if run.source.left_stopped() {
             resume(pid);
         }
         Ok(())

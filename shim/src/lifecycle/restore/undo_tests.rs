@@ -13,7 +13,7 @@ use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim_protos::events::task::TaskExit;
 use tokio::sync::Mutex;
 
-use super::context::RestoreRun;
+use super::context::{Begun, Checkpoint, RestoreRun};
 use super::{criu, restored, visible};
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ struct Restore {
 impl Restore {
     /// A container created from a containerd checkpoint, and its restore
     /// begun (the init Restoring).
-    async fn begin() -> (Self, RestoreRun) {
+    async fn begin() -> (Self, RestoreRun<Checkpoint>) {
         let dir = tempfile::tempdir().unwrap();
         let exits = Exits::default();
         let runc = FakeRunc::new(&dir.path().join("runc-root"), &exits);
@@ -69,7 +69,10 @@ impl Restore {
         let mark = exits.mark();
         let run = {
             let mut c = container.lock().await;
-            RestoreRun::begin(&mut c, shared, container.clone(), mark).unwrap()
+            match super::begin(&mut c, shared, container.clone(), mark).unwrap() {
+                Begun::Checkpoint(run) => *run,
+                Begun::Snapshot(_) => panic!("a checkpoint's restore began as an artifact's"),
+            }
         };
         let restore = Self {
             dir,
@@ -104,12 +107,12 @@ enum Act {
 struct Then(PhaseName, Act);
 
 #[async_trait]
-impl Phase<RestoreRun> for Then {
+impl Phase<RestoreRun<Checkpoint>> for Then {
     fn name(&self) -> PhaseName {
         self.0
     }
 
-    async fn run(&self, run: &mut RestoreRun, _: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut RestoreRun<Checkpoint>, _: &Stop) -> Result<()> {
         match self.1 {
             Act::Fail => Err(Error::FailedPrecondition(format!("{}: broken", self.0))),
             Act::CopyExits => {
@@ -127,7 +130,10 @@ impl Phase<RestoreRun> for Then {
     }
 }
 
-async fn drive(run: &mut RestoreRun, phases: &[&dyn Phase<RestoreRun>]) -> Failed {
+async fn drive(
+    run: &mut RestoreRun<Checkpoint>,
+    phases: &[&dyn Phase<RestoreRun<Checkpoint>>],
+) -> Failed {
     let stop = run.stop.clone();
     let driven = driver::drive(run, phases, &stop, driver::GRACE);
     tokio::time::timeout(Duration::from_secs(10), driven)
@@ -264,7 +270,7 @@ async fn a_kill_while_activating_cancels_the_start_before_it_is_visible() {
 async fn every_phase_of_a_checkpoint_restore_passing_makes_it_visible_once() {
     let (r, mut run) = Restore::begin().await;
     let stop = run.stop.clone();
-    let phases = super::phases(super::Kind::Checkpoint);
+    let phases = super::checkpoint_phases();
     driver::drive(&mut run, phases, &stop, driver::GRACE)
         .await
         .unwrap();

@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use super::context::RestoreRun;
+use super::snapshot::Snapshot;
 use super::verify::joined;
 use crate::error::Result;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
@@ -12,17 +13,17 @@ use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 pub struct VerifyFirst;
 
 #[async_trait]
-impl Phase<RestoreRun> for VerifyFirst {
+impl Phase<RestoreRun<Snapshot>> for VerifyFirst {
     fn name(&self) -> PhaseName {
         PhaseName::Verify
     }
 
-    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
-        let Some(v) = run.verify.take() else {
+    async fn run(&self, run: &mut RestoreRun<Snapshot>, stop: &Stop) -> Result<()> {
+        let Some(v) = run.source.verify.take() else {
             return Ok(());
         };
         let verifying = v.spawn(stop.flag(), run.job.deadline.cancel.clone());
-        run.times.verify = joined(Some(verifying), stop.deadline()).await?;
+        run.source.verify_took = joined(Some(verifying), stop.deadline()).await?;
         Ok(())
     }
 }

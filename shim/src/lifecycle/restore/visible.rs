@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::context::RestoreRun;
+use super::context::{RestoreRun, Source};
 use crate::container::CopyExit;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
@@ -13,12 +13,12 @@ use crate::lifecycle::plain::publish_start;
 pub struct Visible;
 
 #[async_trait]
-impl Phase<RestoreRun> for Visible {
+impl<S: Source> Phase<RestoreRun<S>> for Visible {
     fn name(&self) -> PhaseName {
         PhaseName::Visible
     }
 
-    async fn run(&self, run: &mut RestoreRun, stop: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut RestoreRun<S>, stop: &Stop) -> Result<()> {
         let mut c = run.handle.lock().await;
         if stop.deadline().cancel.is_cancelled() {
             return Err(Error::Cancelled(format!(
