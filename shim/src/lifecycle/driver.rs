@@ -24,6 +24,9 @@ pub const GRACE: Duration = Duration::from_millis(500);
 pub trait Run: Send {
     /// Lets go of the artifact lock: called once per start, on every path.
     fn release_lock(&mut self);
+    /// `phase` ran (well or not) and took `took`: the times so far, for a
+    /// later phase that records them (a capture's manifest).
+    fn ran(&mut self, _phase: PhaseName, _took: Duration) {}
     /// Leaves the error record (`vsnap-error.json`) naming `phase`.
     fn record_error(&mut self, phase: PhaseName, e: &Error);
     /// Undoes what the phases did: what runs is killed, runc's state goes.
@@ -35,6 +38,11 @@ pub trait Run: Send {
 pub struct Timings(Vec<(PhaseName, Duration)>);
 
 impl Timings {
+    /// `phase` took `took` (again).
+    pub fn add(&mut self, phase: PhaseName, took: Duration) {
+        self.0.push((phase, took));
+    }
+
     pub fn of(&self, phase: PhaseName) -> Duration {
         self.0
             .iter()
@@ -79,7 +87,9 @@ pub async fn drive<Cx: Run>(
         } else {
             bounded(phase.run(cx, stop), stop, grace, name).await
         };
-        timings.0.push((name, started.elapsed()));
+        let took = started.elapsed();
+        timings.0.push((name, took));
+        cx.ran(name, took);
         if let Err(e) = ran {
             failed = Some((name, e.in_phase(name.as_str())));
             break;

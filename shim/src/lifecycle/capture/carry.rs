@@ -23,7 +23,6 @@ impl Phase<CaptureRun> for Carry {
     }
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
-        let t = Instant::now();
         let dir = run.staging().dir.clone();
         let s = &run.plan;
         if let Some(host_shm) = s.common.host_shm.clone() {
@@ -48,14 +47,12 @@ impl Phase<CaptureRun> for Carry {
                 .await?
             }
         };
-        run.times.rootfs = packing.elapsed();
+        run.rootfs_packing = packing.elapsed();
         info!(
             "{}: writable layer in {:?}: {layer:?}",
-            run.id, run.times.rootfs
+            run.id, run.rootfs_packing
         );
         run.layer = Some(layer);
-        // The checkpoint's time includes what it carries.
-        run.times.checkpoint += t.elapsed();
         Ok(())
     }
 }

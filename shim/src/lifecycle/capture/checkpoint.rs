@@ -29,7 +29,6 @@ impl Phase<CaptureRun> for Checkpoint {
         ensure_root(&s.common.root).map_err(|e| artifact_error("capture", e))?;
         let staging = Staging::new(&s.common.root, s.common.artifact.as_str())
             .map_err(|e| artifact_error("capture", e))?;
-        let t = Instant::now();
         let flags = CheckpointFlags {
             leave_running: true,
             ..criu::snapshot_flags(run.terminal)
@@ -76,7 +75,6 @@ impl Phase<CaptureRun> for Checkpoint {
             criu::check_cuda_plugin_ran(&log)
                 .map_err(|e| Error::FailedPrecondition(e.to_string()))?;
         }
-        run.times.checkpoint = t.elapsed();
         Ok(())
     }
 }

@@ -56,14 +56,10 @@ pub struct CaptureRun {
     /// What the digest phase left out of the page images.
     pub(super) zero_pages: Option<ZeroPages>,
     pub(super) published: Option<PathBuf>,
-    pub(super) times: Times,
-}
-
-#[derive(Default)]
-pub(super) struct Times {
-    pub(super) inventory: Duration,
-    pub(super) checkpoint: Duration,
-    pub(super) rootfs: Duration,
+    /// The phases that ran so far, as the driver timed them.
+    pub(super) ran: Timings,
+    /// Of the carry phase: packing the writable layer.
+    pub(super) rootfs_packing: Duration,
 }
 
 impl CaptureRun {
@@ -97,7 +93,8 @@ impl CaptureRun {
             contents: None,
             zero_pages: None,
             published: None,
-            times: Times::default(),
+            ran: Timings::default(),
+            rootfs_packing: Duration::ZERO,
         }
     }
 
@@ -156,6 +153,10 @@ impl CaptureRun {
 impl Run for CaptureRun {
     fn release_lock(&mut self) {
         drop(self.lock.take());
+    }
+
+    fn ran(&mut self, phase: PhaseName, took: Duration) {
+        self.ran.add(phase, took);
     }
 
     fn record_error(&mut self, phase: PhaseName, e: &Error) {

@@ -5,8 +5,6 @@
 //! fanotify watches handed to CRIU (it cannot open an overlayfs handle
 //! itself), and the volume files it holds open are recorded.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
 
 use super::context::CaptureRun;
@@ -24,7 +22,6 @@ impl Phase<CaptureRun> for Inventory {
     }
 
     async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
-        let t = Instant::now();
         let pids = run.runc.ps(&run.id).await?;
         inventory::check_no_io_uring(&pids)?;
         let sockets = inventory::socket_holders(&pids);
@@ -51,7 +48,6 @@ impl Phase<CaptureRun> for Inventory {
         })
         .await?;
         run.pids = pids;
-        run.times.inventory = t.elapsed();
         Ok(())
     }
 }

@@ -118,9 +118,10 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         contents: contents.expect("the digest phase ran"),
         timings_ms: Timings {
             cold_start_to_capture_ready: ms(ready.cold_start),
-            inventory: ms(run.times.inventory),
-            checkpoint: ms(run.times.checkpoint),
-            rootfs: ms(run.times.rootfs),
+            inventory: ms(run.ran.of(PhaseName::Inventory)),
+            // The checkpoint's time includes what it carries.
+            checkpoint: ms(run.ran.of(PhaseName::Checkpoint) + run.ran.of(PhaseName::Carry)),
+            rootfs: ms(run.rootfs_packing),
         },
         host: HostIdentity {
             gpus: vsnap_artifact::gpu::entries(&s.common.gpus),
