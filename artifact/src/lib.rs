@@ -11,6 +11,7 @@ pub mod compat;
 pub mod content;
 pub mod cpu;
 pub mod criu_logs;
+pub mod criu_options;
 mod durable;
 pub mod encryption;
 mod error;
@@ -32,6 +33,7 @@ pub mod tool_cache;
 
 pub use clocks::Clocks;
 pub use content::{Contents, FileDigest};
+pub use criu_options::CriuOptions;
 pub use error::{ArtifactError, Result};
 pub use fingerprint::{per_pod, HostIdentity, Tools, Workload};
 pub use gpu::Gpu;

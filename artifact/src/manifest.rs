@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use vsnap_protocol::Oracle;
 
 use crate::clocks::Clocks;
+use crate::criu_options::CriuOptions;
 use crate::error::{ArtifactError, Result};
 use crate::fingerprint::{HostIdentity, Workload};
 use crate::key::HostKey;
@@ -29,10 +30,15 @@ pub use crate::layout::MANIFEST;
 ///   a restore does not compare; a shim of format 5 would refuse the field.
 ///   A format 5 artifact is a format 6 one without the list: every
 ///   variable is compared, as its vsnap did.
-pub const SCHEMA_VERSION: u32 = 6;
-/// Every artifact format this vsnap restores: the current and the previous,
-/// so that an upgrade of vsnap keeps the artifacts its predecessor made.
-pub const READABLE_SCHEMA_VERSIONS: [u32; 2] = [5, SCHEMA_VERSION];
+/// - 7: the CRIU options the dump used (`criu`, criu_options.rs), which a
+///   restore repeats by reading them; a shim of format 6 would refuse the
+///   field. A format 5 or 6 artifact was dumped with the options every
+///   vsnap of those formats used ([`CriuOptions::before_recorded`]).
+pub const SCHEMA_VERSION: u32 = 7;
+/// Every artifact format this vsnap restores: the current and the two
+/// before it, so that an upgrade of vsnap keeps the artifacts its
+/// predecessors made (5 and 6 differ from 7 by one recorded field each).
+pub const READABLE_SCHEMA_VERSIONS: [u32; 3] = [5, 6, SCHEMA_VERSION];
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -83,6 +89,10 @@ pub struct Manifest {
     /// before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_pages: Option<crate::memory::ZeroPages>,
+    /// The CRIU options the dump used, which its restores repeat; absent
+    /// in formats 5 and 6 ([`Manifest::criu_options`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub criu: Option<CriuOptions>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
@@ -159,10 +169,14 @@ impl Manifest {
             |e: serde_json::Error| ArtifactError::Invalid(format!("{}: {e}", origin.display()));
         if let Ok(Version { schema_version }) = serde_json::from_slice::<Version>(bytes) {
             if !READABLE_SCHEMA_VERSIONS.contains(&schema_version) {
-                let [previous, current] = READABLE_SCHEMA_VERSIONS;
+                let read: Vec<String> = READABLE_SCHEMA_VERSIONS
+                    .iter()
+                    .map(u32::to_string)
+                    .collect();
                 return Err(ArtifactError::Format(format!(
-                    "{}: schema_version {schema_version} is not an artifact format this vsnap reads ({previous} or {current})",
+                    "{}: schema_version {schema_version} is not an artifact format this vsnap reads ({})",
                     origin.display(),
+                    read.join(", "),
                 )));
             }
         }
@@ -171,6 +185,15 @@ impl Manifest {
 
     /// Checks the layout, reads the manifest strictly and verifies its MAC
     /// with this host's key: the artifact is one this host made, unedited.
+    /// The CRIU options the dump used: recorded (format 7), or those every
+    /// vsnap of formats 5 and 6 used (their session had a terminal where
+    /// the restoring container has one: `shell_job`).
+    pub fn criu_options(&self, shell_job: bool) -> CriuOptions {
+        self.criu
+            .clone()
+            .unwrap_or_else(|| CriuOptions::before_recorded(shell_job))
+    }
+
     pub fn load_verified(root: &Path, name: &str) -> Result<Self> {
         let m = Self::load_unverified(root, name)?;
         let path = root.join(name).join(MANIFEST);
@@ -243,6 +266,7 @@ mod tests {
             rootfs: None,
             memory: None,
             zero_pages: None,
+            criu: None,
             mac: String::new(),
         }
     }
@@ -397,7 +421,7 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (5 or {SCHEMA_VERSION})"
+                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (5, 6, {SCHEMA_VERSION})"
                 ),
             );
         }

@@ -126,10 +126,15 @@ fn inspect_quarantined_reads_the_reason_and_the_manifest() {
     assert_eq!(code, 1, "{v}");
     assert_eq!(v["quarantine"]["cause"], "host");
     let e = v["manifest_error"].as_str().unwrap();
+    let read: Vec<String> = vsnap_artifact::READABLE_SCHEMA_VERSIONS
+        .iter()
+        .map(u32::to_string)
+        .collect();
+    assert_eq!(read.last().unwrap(), &SCHEMA_VERSION.to_string());
     assert!(
         e.contains(&format!(
-            "schema_version 99 is not an artifact format this vsnap reads ({} or {SCHEMA_VERSION})",
-            vsnap_artifact::READABLE_SCHEMA_VERSIONS[0]
+            "schema_version 99 is not an artifact format this vsnap reads ({})",
+            read.join(", ")
         )),
         "{e}"
     );

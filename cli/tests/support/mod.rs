@@ -124,6 +124,7 @@ impl Fixture {
                 dev_shm_bytes: (7 << 20) - 100,
             }),
             zero_pages: Some(vsnap_artifact::ZeroPages::of_pages(5 << 8)),
+            criu: None,
             mac: String::new(),
         };
         m.seal(&key);

@@ -179,6 +179,7 @@ impl Host {
             rootfs: None,
             memory: None,
             zero_pages: None,
+            criu: None,
             mac: String::new(),
         };
         m.seal(&key);

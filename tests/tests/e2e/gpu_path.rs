@@ -143,6 +143,22 @@ fn an_engine_connected_to_itself_is_captured_and_restored() {
         "the copy answers like a cold start"
     );
     e.remove("gps-r0");
+    // The restore repeats the options the dump recorded in the manifest:
+    // a record saying the dump kept no established connections (resealed,
+    // so it is this host's) has CRIU refuse the connected pair.
+    let path = e.manifest("self");
+    let made = std::fs::read(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&made).unwrap();
+    assert_eq!(v["criu"]["tcp_established"], true, "{v}");
+    assert_eq!(v["criu"]["file_locks"], true, "{v}");
+    v["criu"]["tcp_established"] = false.into();
+    let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
+    m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());
+    std::fs::write(&path, m.to_bytes()).unwrap();
+    let out = e.run("gps-r1", "restore", "self", free_port(), &["--env", env[0]]);
+    assert!(!out.ok(), "{out:?}");
+    assert_has(&out.stderr, &["Connected TCP socket in image"]);
+    e.remove("gps-r1");
     e.assert_nothing_left();
 }
 

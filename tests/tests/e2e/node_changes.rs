@@ -165,9 +165,10 @@ fn a_flipped_byte_found_during_the_restore_is_set_aside_and_the_same_start_goes_
 /// previous artifact format and an older shim, sealed with this host's
 /// key. The fixture is made from a fresh capture rather than checked in,
 /// because a manifest binds the host it was made on (its key, runc, CRIU,
-/// kernel): a format 5 artifact is a format 6 one whose workload names no
-/// per-pod variables (every variable compared), and its manifest has the
-/// other fields.
+/// kernel): a format 5 artifact is a format 7 one whose workload names no
+/// per-pod variables (every variable compared) and whose manifest records
+/// no CRIU options (its dump used what every vsnap used), and its manifest
+/// has the other fields.
 fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     let path = e.manifest(name);
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -176,6 +177,8 @@ fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     v["schema_version"] = previous.into();
     let workload = v["workload"].as_object_mut().unwrap();
     assert!(workload.remove("per_pod_env").is_some(), "a format 6 list");
+    let m = v.as_object_mut().unwrap();
+    assert!(m.remove("criu").is_some(), "a format 7 record");
     v["host"]["shim_version"] = "0.0.1-older".into();
     let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
     m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());

@@ -31,7 +31,7 @@ impl Phase<CaptureRun> for Checkpoint {
             .map_err(|e| artifact_error("capture", e))?;
         let flags = CheckpointFlags {
             leave_running: true,
-            ..criu::snapshot_flags(run.terminal)
+            ..criu::options::flags(Some(&run.plan.criu), run.terminal)
         };
         let deadline = Deadline::new(
             Instant::now() + s.checkpoint_timeout,

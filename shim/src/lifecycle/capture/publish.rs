@@ -137,6 +137,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         rootfs: Some(artifact_rootfs::Rootfs { layer, open_files }),
         // The donor still runs: its /dev/shm is there to be read.
         zero_pages: run.zero_pages,
+        criu: Some(run.plan.criu.clone()),
         memory: Some(memory::at_capture(
             &staging.images(),
             &staging.dir.join(shm::ARTIFACT_DIR),

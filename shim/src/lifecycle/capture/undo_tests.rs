@@ -71,6 +71,7 @@ fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
         elide_zero_pages: true,
         push_to: None,
         spec: serde_json::json!({}),
+        criu: vsnap_artifact::CriuOptions::snapshot(false, Vec::new()),
     }
 }
 

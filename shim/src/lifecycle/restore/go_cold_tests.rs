@@ -135,6 +135,7 @@ fn plan(root: &Path, auto: bool, cold: Option<ColdStart>) -> RestorePlan {
         cold,
         shared_root: None,
         hostname: None,
+        criu: None,
     }
 }
 

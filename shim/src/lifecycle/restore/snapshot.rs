@@ -67,7 +67,7 @@ impl Snapshot {
 
     /// The options its capture used, which a restore must repeat.
     pub fn criu_flags(&self, terminal: bool) -> CheckpointFlags {
-        criu::snapshot_flags(terminal)
+        criu::options::flags(self.plan.criu.as_ref(), terminal)
     }
 
     /// What the job needs of the plan: vsnap's page server where it places

@@ -22,15 +22,15 @@
 pub(crate) mod images;
 pub(crate) mod masks;
 pub(crate) mod memory;
+pub(crate) mod options;
 pub(crate) mod pages;
 pub(crate) mod pod;
 pub(crate) mod restore_oom;
 pub(crate) mod zero_pages;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::runc::CheckpointFlags;
 
 /// The per-container config vsnap writes into the bundle.
 pub const BUNDLE_CONFIG: &str = "vsnap-criu.conf";
@@ -38,91 +38,6 @@ pub const BUNDLE_CONFIG: &str = "vsnap-criu.conf";
 /// dumped as "ghost files" up to this size; CRIU's default, 1 MiB, fails the
 /// dump of an engine holding a larger one.
 pub const GHOST_LIMIT_BYTES: u64 = 64 << 30;
-
-/// The CRIU options of a snapshot capture and of every restore of it.
-/// `terminal`: the init has a terminal (CRIU's `shell-job`).
-pub fn snapshot_flags(terminal: bool) -> CheckpointFlags {
-    CheckpointFlags {
-        leave_running: false,
-        tcp_established: true,
-        ext_unix_sk: true,
-        file_locks: true,
-        shell_job: terminal,
-        manage_cgroups_mode: None,
-    }
-}
-
-/// What a container's plan asks of CRIU beyond the base config: a new
-/// per-container option is a field here and its line in [`config_text`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CriuSetup<'a> {
-    /// A restore held stopped until every byte is verified.
-    pub leave_stopped: bool,
-    /// vsnap's page server places the memory.
-    pub lazy_pages: bool,
-    /// A capture's host /dev/shm, where CRIU's link remaps are kept.
-    pub keep_link_remaps_in: Option<&'a Path>,
-    /// A capture's masked folders CRIU is told are external (masks.rs).
-    pub masked_folders: &'a [String],
-    /// A restore's empty read-only tmpfs, bound at each masked folder an
-    /// artifact names external (masks.rs).
-    pub empty_masks: Option<&'a Path>,
-    /// A restore's namespaces the spec joins (pod.rs): CRIU's `join-ns`.
-    pub join_ns: &'a [pod::JoinNs],
-    /// A restore into a network namespace that exists (a pod's): no
-    /// network lock (pod.rs).
-    pub skip_network_lock: bool,
-}
-
-/// The config a container's CRIU reads: what the operator's config held
-/// (`base`: its path and text, the spec's own `org.criu.config` file or
-/// runc's default), then vsnap's lines, which come last so that they win:
-/// the ghost-file limit, the plugin folder and, for a restore whose tree must
-/// stay stopped until vsnap let it run, `leave-stopped`; with vsnap's page
-/// server (pages/) placing the memory, `lazy-pages`.
-pub fn config_text(
-    base: Option<(&Path, &str)>,
-    plugin_dir: &Path,
-    setup: &CriuSetup<'_>,
-    post_dump_script: Option<&Path>,
-) -> String {
-    let mut body = String::new();
-    if let Some((path, text)) = base {
-        body.push_str(&format!("# from {}\n", path.display()));
-        for line in text.lines() {
-            body.push_str(line);
-            body.push('\n');
-        }
-    }
-    body.push_str("# vsnap's options for this container (they override the ones above)\n");
-    body.push_str(&format!("ghost-limit {GHOST_LIMIT_BYTES}\n"));
-    body.push_str(&format!("libdir {}\n", plugin_dir.display()));
-    // A file open or mapped under a name it no longer has while another
-    // name still links it (a spawn-context multiprocessing semaphore in
-    // /dev/shm) is linked back as `link_remap.N` for the restore (shm.rs
-    // carries those and removes them from the donor's folder).
-    body.push_str("link-remap\n");
-    // A connection the kernel accepted and the engine has not (a client of
-    // the donor's listener during start-up) fails a dump without it ("In-flight
-    // connection"): it stays the donor's, a copy's listener starts with an
-    // empty queue. Read by dumps only.
-    body.push_str("skip-in-flight\n");
-    if setup.leave_stopped {
-        body.push_str("leave-stopped\n");
-    }
-    if setup.lazy_pages {
-        body.push_str("lazy-pages\n");
-    }
-    if let Some(script) = post_dump_script {
-        body.push_str(&format!("action-script {}\n", script.display()));
-    }
-    body.push_str(&masks::dump_lines(setup.masked_folders));
-    if let Some(empty) = setup.empty_masks {
-        body.push_str(&masks::restore_line(empty));
-    }
-    body.push_str(&pod::lines(setup.join_ns, setup.skip_network_lock));
-    body
-}
 
 /// Appends `irmap-scan-path` lines for `paths` (inside the container) to
 /// the container's CRIU config `config`, each once: where CRIU looks up a
@@ -167,26 +82,6 @@ pub fn post_dump_script(host_shm: &Path) -> Result<String> {
         prefix = crate::snapshot::rootfs::shm::LINK_REMAP_PREFIX,
         kept = crate::snapshot::rootfs::shm::KEPT_PREFIX,
     ))
-}
-
-/// The config file runc would give CRIU without vsnap: the one the spec's
-/// annotation names (`named`, an empty name meaning none at all), else
-/// `default` (runc's `/etc/criu/runc.conf`). Returns its path and text when
-/// it exists; a named file that cannot be read is an error naming it.
-pub fn base_config(named: Option<&str>, default: &Path) -> Result<Option<(PathBuf, String)>> {
-    let path = match named {
-        Some("") => return Ok(None),
-        Some(p) => PathBuf::from(p),
-        None => default.to_path_buf(),
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some((path, text))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && named.is_none() => Ok(None),
-        Err(e) => Err(Error::io(
-            format!("create: CRIU config {} (org.criu.config)", path.display()),
-            e,
-        )),
-    }
 }
 
 /// For a GPU container's capture: the dump log must show that the CUDA
@@ -307,90 +202,6 @@ fn ends_in_errno(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn capture_and_restore_share_the_options() {
-        let f = snapshot_flags(false);
-        assert!(f.tcp_established && f.ext_unix_sk && f.file_locks);
-        assert!(!f.shell_job && !f.leave_running);
-        assert!(snapshot_flags(true).shell_job);
-    }
-
-    #[test]
-    fn the_config_keeps_the_base_and_ends_with_vsnaps_lines() {
-        let text = config_text(
-            Some((Path::new("/etc/criu/runc.conf"), "tcp-close\nlibdir /old\n")),
-            Path::new("/opt/criu/plugins"),
-            &CriuSetup {
-                leave_stopped: true,
-                lazy_pages: true,
-                keep_link_remaps_in: None,
-                masked_folders: &["/proc/acpi".into()],
-                empty_masks: Some(Path::new("/run/vsnap/empty")),
-                join_ns: &[],
-                skip_network_lock: false,
-            },
-            Some(Path::new("/b/vsnap-post-dump.sh")),
-        );
-        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(
-            lines,
-            [
-                "tcp-close",
-                "libdir /old",
-                "ghost-limit 68719476736",
-                "libdir /opt/criu/plugins",
-                "link-remap",
-                "skip-in-flight",
-                "leave-stopped",
-                "lazy-pages",
-                "action-script /b/vsnap-post-dump.sh",
-                "external mnt[/proc/acpi]:vsnap-empty",
-                "external mnt[vsnap-empty]:/run/vsnap/empty"
-            ]
-        );
-        assert!(text.starts_with("# from /etc/criu/runc.conf\n"));
-        let plain = config_text(
-            None,
-            Path::new("/usr/lib/criu"),
-            &CriuSetup::default(),
-            None,
-        );
-        assert!(!plain.contains("action-script"));
-        assert!(!plain.contains("leave-stopped"));
-        assert!(!plain.contains("lazy-pages"));
-        assert!(plain.contains("libdir /usr/lib/criu\n"));
-    }
-
-    #[test]
-    fn the_base_config_is_the_named_one_or_runcs_default() {
-        let dir = tempfile::tempdir().unwrap();
-        let default = dir.path().join("runc.conf");
-        assert!(
-            base_config(None, &default).unwrap().is_none(),
-            "absent default"
-        );
-        std::fs::write(&default, "log-level 4\n").unwrap();
-        let (p, t) = base_config(None, &default).unwrap().unwrap();
-        assert_eq!((p, t.as_str()), (default.clone(), "log-level 4\n"));
-        assert!(
-            base_config(Some(""), &default).unwrap().is_none(),
-            "none at all"
-        );
-        let named = dir.path().join("mine.conf");
-        let err = base_config(Some(named.to_str().unwrap()), &default)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("mine.conf") && err.contains("org.criu.config"),
-            "{err}"
-        );
-        std::fs::write(&named, "tcp-established\n").unwrap();
-        let (p, _) = base_config(Some(named.to_str().unwrap()), &default)
-            .unwrap()
-            .unwrap();
-        assert_eq!(p, named);
-    }
 
     #[test]
     fn a_plugin_that_turned_itself_off_is_named() {

@@ -14,7 +14,7 @@ use super::engine::{tools_of, Engine, Inputs};
 use super::prepared_plan::Prepared;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
-use crate::snapshot::criu::{self, masks};
+use crate::snapshot::criu::{self, options::Options};
 use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
 
@@ -114,34 +114,12 @@ fn edit(
     if startup && vllm_command::is_vllm_serve(argv) {
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
-    let (masked, empty) = match p {
-        Prepared::Capture(_) if config.external_masks => (masks::masked_folders(spec), None),
-        Prepared::Capture(_) => (Vec::new(), None),
-        Prepared::Restore(_) => (Vec::new(), Some(empty_masks(config)?)),
-    };
-    let join_ns = match p {
-        Prepared::Restore(_) => pod_namespaces(spec, config)?,
-        Prepared::Capture(_) => Vec::new(),
-    };
     let criu = match p {
-        Prepared::Capture(c) => criu::CriuSetup {
-            leave_stopped: false,
-            lazy_pages: false,
-            keep_link_remaps_in: c.common.host_shm.as_deref(),
-            masked_folders: &masked,
-            empty_masks: None,
-            join_ns: &[],
-            skip_network_lock: false,
-        },
-        Prepared::Restore(r) => criu::CriuSetup {
-            leave_stopped: r.holds_stopped(),
-            lazy_pages: r.place_pages,
-            keep_link_remaps_in: None,
-            masked_folders: &[],
-            empty_masks: empty.as_deref(),
-            join_ns: &join_ns,
-            skip_network_lock: criu::pod::joins_network(spec),
-        },
+        Prepared::Capture(c) => Options::capture(&c.criu, c.common.host_shm.as_deref()),
+        Prepared::Restore(r) => {
+            let held = (r.holds_stopped(), r.place_pages);
+            Options::restore(spec, config, r.criu.as_ref(), held)?
+        }
     };
     spec::add_criu_config(
         spec,
@@ -152,35 +130,6 @@ fn edit(
         criu,
     )?;
     super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
-}
-
-/// The pod's UTS and IPC namespaces a restore joins (criu/pod.rs), once
-/// CRIU proved it can.
-fn pod_namespaces(
-    spec: &Value,
-    config: &vsnap_config::RuntimeConfig,
-) -> Result<Vec<criu::pod::JoinNs>> {
-    let join =
-        criu::pod::joined(spec).map_err(|e| Error::InvalidArgument(format!("restore: {e}")))?;
-    if !join.is_empty() {
-        criu::pod::check_patched(&config.criu_binary)
-            .map_err(|e| Error::FailedPrecondition(format!("restore: preflight: {e}")))?;
-    }
-    Ok(join)
-}
-
-/// The host's empty read-only tmpfs a restore binds at runc's masked
-/// folders (criu/masks.rs), mounted if it is not yet.
-fn empty_masks(config: &vsnap_config::RuntimeConfig) -> Result<std::path::PathBuf> {
-    masks::ensure_empty(&config.runtime_dir).map_err(|e| {
-        Error::io(
-            format!(
-                "restore: mount the empty read-only tmpfs for runc's masked folders under {}",
-                config.runtime_dir.display()
-            ),
-            e,
-        )
-    })
 }
 
 /// A fresh control dir for the container, owned by its engine's user.

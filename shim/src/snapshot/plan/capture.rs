@@ -34,4 +34,7 @@ pub struct CapturePlan {
     /// The spec as read at create (its mounts: the volumes the inventory
     /// records).
     pub spec: serde_json::Value,
+    /// The CRIU options the dump uses (criu/options.rs), recorded in the
+    /// manifest for its restores.
+    pub criu: vsnap_artifact::CriuOptions,
 }

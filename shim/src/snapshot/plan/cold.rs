@@ -39,6 +39,7 @@ pub(super) fn capture_plan(
         elide_zero_pages: config.elide_zero_pages,
         push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
         spec: inputs.spec.clone(),
+        criu: crate::snapshot::criu::options::dump_options(&inputs.spec, config),
     })
 }
 

@@ -41,6 +41,8 @@ struct Preflight {
     /// The sealed manifest's MAC: what names these bytes to the other
     /// restores of the artifact (the page share).
     mac: String,
+    /// The CRIU options its dump used, where it recorded them.
+    criu: Option<artifact::CriuOptions>,
 }
 
 fn preflight_error(e: ArtifactError) -> Error {
@@ -107,6 +109,7 @@ pub(super) fn prepare_restore(
         cold,
         shared_root: shared_root(inputs, layer),
         hostname: crate::snapshot::criu::pod::hostname_to_set(&inputs.spec),
+        criu: found.criu,
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
@@ -242,6 +245,7 @@ fn preflight(
         owner,
         memory,
         mac: manifest.mac,
+        criu: manifest.criu,
     })
 }
 

@@ -74,6 +74,10 @@ pub struct RestorePlan {
     /// own: CRIU restored the donor's name into it, the restore sets this
     /// one before the tree runs (criu/pod.rs).
     pub hostname: Option<String>,
+    /// The CRIU options its dump used, from the manifest (None: an
+    /// artifact of format 5 or 6, which did not record them), repeated by
+    /// the restore (criu/options.rs).
+    pub criu: Option<vsnap_artifact::CriuOptions>,
 }
 
 /// What a cold start of the container needs after its restore failed at

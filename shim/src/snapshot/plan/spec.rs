@@ -144,9 +144,9 @@ pub fn add_criu_config(
     file: &str,
     base_default: &Path,
     plugin_dir: &Path,
-    setup: criu::CriuSetup<'_>,
+    options: criu::options::Options,
 ) -> Result<()> {
-    let script = match setup.keep_link_remaps_in {
+    let script = match options.keep_link_remaps_in.as_deref() {
         Some(host_shm) => {
             use std::os::unix::fs::OpenOptionsExt;
             let path = bundle.join(criu::POST_DUMP_SCRIPT);
@@ -169,11 +169,10 @@ pub fn add_criu_config(
         .map(str::to_string)
         // A create retried on the same bundle: the spec already names ours.
         .filter(|p| Path::new(p) != named_path);
-    let base = criu::base_config(named.as_deref(), base_default)?;
-    let body = criu::config_text(
+    let base = criu::options::base_config(named.as_deref(), base_default)?;
+    let body = options.config_text(
         base.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
         plugin_dir,
-        &setup,
         script.as_deref(),
     );
     std::fs::write(&path, body)
