@@ -7,6 +7,8 @@
 //! - `plan/`: the annotations, the engine read from the spec, the choice
 //!   between a capture and a restore, the prepared plans, the restore
 //!   preflight and the bundle's edits;
+//! - `engine_argv/`: the engine's command line as the engine reads it
+//!   (argparse, vLLM's serve arguments and environment) and its profile;
 //! - `criu/`: CRIU's options and config, its images, the page server that
 //!   places a restore's memory, memory limits and out-of-memory;
 //! - `gpu/`: NVIDIA devices, the CUDA preflight, cuda-checkpoint;
@@ -20,6 +22,7 @@
 
 pub mod activation;
 pub mod criu;
+pub mod engine_argv;
 pub mod gpu;
 pub mod inventory;
 pub mod plan;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use vsnap_artifact::ArtifactName;
 
 use crate::error::{Error, Result};
+use crate::snapshot::engine_argv::Protocol;
 use crate::snapshot::store::fetch::Wanted;
 
 pub const PLAN: &str = "vsnap.io/plan";
@@ -51,7 +52,7 @@ pub struct Plan {
     pub capture_timeout: Option<Duration>,
     pub activation_timeout: Option<Duration>,
     /// The engine protocol annotation, resolved against the argv at create.
-    pub engine_protocol: Option<String>,
+    pub engine_protocol: Option<Protocol>,
     /// Where to pull the artifact from when it is not here (restore, auto).
     pub artifact_ref: Option<String>,
 }
@@ -91,7 +92,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
         after_capture: after_capture_of(a)?,
         capture_timeout: seconds(a, CAPTURE_TIMEOUT)?,
         activation_timeout: seconds(a, ACTIVATION_TIMEOUT)?,
-        engine_protocol: a.get(ENGINE_PROTOCOL).cloned(),
+        engine_protocol: protocol_of(a)?,
         artifact_ref,
     }))
 }
@@ -163,6 +164,19 @@ fn after_capture_of(a: &HashMap<String, String>) -> Result<AfterCapture> {
             format!("{other:?} is not one of serve, exit"),
         )),
     }
+}
+
+/// The engine protocol [`ENGINE_PROTOCOL`] asks for, if it asks.
+fn protocol_of(a: &HashMap<String, String>) -> Result<Option<Protocol>> {
+    let Some(name) = a.get(ENGINE_PROTOCOL) else {
+        return Ok(None);
+    };
+    Protocol::named(name).map(Some).ok_or_else(|| {
+        invalid(
+            ENGINE_PROTOCOL,
+            format!("{name:?} is not one of startup, barrier"),
+        )
+    })
 }
 
 /// A timeout annotation `key`: whole seconds in 1..=86400, if given.
@@ -430,6 +444,7 @@ mod tests {
             (AFTER_CAPTURE, "linger"),
             (CAPTURE_TIMEOUT, "0"),
             (ACTIVATION_TIMEOUT, "soon"),
+            (ENGINE_PROTOCOL, "carrier"),
         ] {
             let mut a = ann(&base);
             a.insert(PLAN.into(), "create".into());

@@ -15,8 +15,9 @@ use super::prepared_plan::Prepared;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::criu::{self, masks};
-use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
+use crate::snapshot::engine_argv::vllm_command;
+use crate::snapshot::engine_argv::Profile;
+use crate::snapshot::{activation::canary, plan::spec};
 
 /// The part of the plan both directions share, with a fresh control dir.
 pub(super) fn common_part(

@@ -12,8 +12,9 @@ use vsnap_config::RuntimeConfig;
 
 use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE, PER_POD_ENV};
 use crate::error::{Error, Result};
-use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{artifact_error, gpu, plan::spec, plan::vllm_command, rootfs, CONTROL_MOUNT};
+use crate::snapshot::engine_argv::vllm_command;
+use crate::snapshot::engine_argv::Profile;
+use crate::snapshot::{artifact_error, gpu, plan::spec, rootfs, CONTROL_MOUNT};
 
 /// What a create hands the preparation.
 pub struct Inputs<'a> {
@@ -71,7 +72,7 @@ impl Engine {
         .with_per_pod_env(config.per_pod_env.iter().chain(&per_pod))
         .with_tenant(inputs.tenant);
         let argv = spec::args(spec);
-        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
+        let profile = Profile::detect(plan.engine_protocol, &argv)?;
         let gpus = gpus_of(spec, config)?;
         // A donor that goes on serving keeps its GPU memory: a restore on
         // the same GPU would run out of it.

@@ -8,10 +8,10 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::prepared_plan::Prepared;
-use super::profile::Profile;
 use super::restore::RestorePlan;
 use super::spec::{add_hooks, args, hook_binary, HOOK_BINARY};
 use crate::error::{Error, Result};
+use crate::snapshot::engine_argv::{vllm_command, Profile};
 
 /// The checks for a snapshot container. Restore: `ownership` of the
 /// artifact and the copy's control dir, and `fingerprint` (manifest MAC, host
@@ -91,7 +91,7 @@ fn restore_checks(
     .to_vec();
     // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
     // captured workload was taken before that edit.
-    if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
+    if s.profile == Profile::Startup && vllm_command::is_vllm_serve(argv) {
         fingerprint.push("--strip-snapshot-config-arg".into());
     }
     // Whose container this is, and whose artifact it may restore: the

@@ -6,7 +6,6 @@
 //! engine). `auto` is a choice between the two (choose.rs).
 
 pub mod annotations;
-pub(crate) mod argparse;
 mod bundle;
 mod capture;
 mod choose;
@@ -19,12 +18,10 @@ mod lock;
 mod preflight;
 mod prepare;
 mod prepared_plan;
-pub(crate) mod profile;
 pub(crate) mod refusal;
 mod restore;
 pub(crate) mod spec;
 pub(crate) mod tenant;
-pub(crate) mod vllm_command;
 
 pub use annotations::{from_annotations, AfterCapture, CRI_CONTAINER_TYPE, PLAN};
 pub use capture::CapturePlan;
