@@ -18,7 +18,7 @@ use crate::exits::Exits;
 use crate::init_start::InitStart;
 use crate::labels;
 use crate::runc::{CriuTools, Runc, RuncVerbs};
-use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};
+use crate::snapshot::plan::{prepare, Inputs, PreparedPlan, CRI_CONTAINER_TYPE, PLAN};
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
 use crate::snapshot::{plan::spec, store::fetch};
 
@@ -112,7 +112,7 @@ impl Creator<'_> {
         req: &CreateRequest,
         spec: serde_json::Value,
         began: std::time::SystemTime,
-    ) -> Result<Option<Prepared>> {
+    ) -> Result<Option<PreparedPlan>> {
         let config = &req.config;
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A container without a plan runs plain: its tenant is never read,

@@ -11,7 +11,7 @@ use vsnap_protocol::ControlDir;
 
 use super::common::{self, Common, Listen};
 use super::engine::{tools_of, Engine, Inputs};
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::criu::{self, masks};
@@ -62,7 +62,7 @@ pub(super) fn capture_timeout(inputs: &Inputs<'_>) -> Duration {
 /// The spec's edits of either plan, written at once: the control dir, the
 /// snapshot config, CRIU's config, the preflight hooks. On failure the
 /// control dir goes.
-pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> Result<()> {
     let edited = edit_spec_once(inputs, p, argv);
     if edited.is_err() {
         p.cleanup();
@@ -70,10 +70,10 @@ pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) 
     edited
 }
 
-fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> Result<()> {
     let mut spec = std::mem::take(&mut inputs.spec);
     let edited = edit(inputs, &mut spec, p, argv, criu::BUNDLE_CONFIG);
-    if let Prepared::Restore(r) = p {
+    if let PlanRef::Restore(r) = p {
         if r.shared_root.is_some() {
             spec["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
         }
@@ -89,7 +89,7 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Res
 /// `ColdCapture`). The container's own spec is untouched.
 pub(super) fn write_capture_spec(
     inputs: &Inputs<'_>,
-    p: &Prepared,
+    p: PlanRef<'_>,
     argv: &[String],
     (spec_file, criu_file): (&str, &str),
 ) -> Result<()> {
@@ -103,7 +103,7 @@ pub(super) fn write_capture_spec(
 fn edit(
     inputs: &Inputs<'_>,
     spec: &mut Value,
-    p: &Prepared,
+    p: PlanRef<'_>,
     argv: &[String],
     criu_file: &str,
 ) -> Result<()> {
@@ -116,16 +116,16 @@ fn edit(
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
     let (masked, empty) = match p {
-        Prepared::Capture(_) if config.external_masks => (masks::masked_folders(spec), None),
-        Prepared::Capture(_) => (Vec::new(), None),
-        Prepared::Restore(_) => (Vec::new(), Some(empty_masks(config)?)),
+        PlanRef::Capture(_) if config.external_masks => (masks::masked_folders(spec), None),
+        PlanRef::Capture(_) => (Vec::new(), None),
+        PlanRef::Restore(_) => (Vec::new(), Some(empty_masks(config)?)),
     };
     let join_ns = match p {
-        Prepared::Restore(_) => pod_namespaces(spec, config)?,
-        Prepared::Capture(_) => Vec::new(),
+        PlanRef::Restore(_) => pod_namespaces(spec, config)?,
+        PlanRef::Capture(_) => Vec::new(),
     };
     let criu = match p {
-        Prepared::Capture(c) => criu::CriuSetup {
+        PlanRef::Capture(c) => criu::CriuSetup {
             leave_stopped: false,
             lazy_pages: false,
             keep_link_remaps_in: c.common.host_shm.as_deref(),
@@ -134,7 +134,7 @@ fn edit(
             join_ns: &[],
             skip_network_lock: false,
         },
-        Prepared::Restore(r) => criu::CriuSetup {
+        PlanRef::Restore(r) => criu::CriuSetup {
             leave_stopped: r.holds_stopped(),
             lazy_pages: r.place_pages,
             keep_link_remaps_in: None,

@@ -12,7 +12,7 @@ use super::capture::CapturePlan;
 use super::common::Common;
 use super::engine::{Engine, Inputs};
 use super::lock::WriteLock;
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::restore::ColdStart;
 use super::{spec, tenant};
 use crate::error::Result;
@@ -62,10 +62,11 @@ pub(super) fn cold_start(
         return Ok(cold);
     }
     let plan = capture_plan(inputs, engine, common.clone(), None, layer.clone());
-    let prepared = Prepared::Capture(plan);
-    write_capture_spec(inputs, &prepared, &engine.argv, ColdStart::CAPTURE_FILES)?;
-    let Prepared::Capture(plan) = prepared else {
-        unreachable!("made above")
-    };
+    write_capture_spec(
+        inputs,
+        PlanRef::Capture(&plan),
+        &engine.argv,
+        ColdStart::CAPTURE_FILES,
+    )?;
     Ok(cold.with_capture(inputs.bundle, plan))
 }

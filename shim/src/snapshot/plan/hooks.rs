@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
 use super::spec::{add_hooks, args, hook_binary, HOOK_BINARY};
 use crate::error::{Error, Result};
@@ -18,7 +18,11 @@ use crate::snapshot::engine_argv::{vllm_command, Profile};
 /// and workload) with the shim's tools and version. Create: `ownership` of
 /// the control dir. Both add `io-uring` when `enforce_io_uring` (the
 /// container's user against `kernel.io_uring_disabled`).
-pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
+pub fn snapshot_checks(
+    p: PlanRef<'_>,
+    argv: &[String],
+    enforce_io_uring: bool,
+) -> Vec<Vec<String>> {
     let c = p.common();
     let control = c.control_dir.display().to_string();
     // The control dir is the engine's user's (the folders above it root's).
@@ -29,8 +33,8 @@ pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) ->
         vec!["--control-owner".into(), owner.to_string()]
     };
     let mut checks = match p {
-        Prepared::Restore(r) => restore_checks(r, argv, control, control_owner),
-        Prepared::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
+        PlanRef::Restore(r) => restore_checks(r, argv, control, control_owner),
+        PlanRef::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
             .into_iter()
             .chain(control_owner)
             .collect()],
@@ -127,7 +131,7 @@ fn restore_checks(
 /// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
 /// left out with a warning (the shim's own preflight still runs), unless the
 /// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool) -> Result<()> {
+pub fn add_snapshot_hooks(spec: &mut Value, p: PlanRef<'_>, enforce_io_uring: bool) -> Result<()> {
     let Some(hook) = hook_binary() else {
         if enforce_io_uring {
             return Err(Error::FailedPrecondition(format!(

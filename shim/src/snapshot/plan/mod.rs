@@ -29,5 +29,5 @@ pub use common::Common;
 pub use engine::Inputs;
 pub use lock::{ReadLock, WriteLock};
 pub use prepare::prepare;
-pub use prepared_plan::Prepared;
+pub use prepared_plan::PreparedPlan;
 pub use restore::{ColdCapture, ColdStart, RestorePlan};

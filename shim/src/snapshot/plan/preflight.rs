@@ -21,7 +21,7 @@ use super::bundle::{common_part, edit_spec};
 use super::common::Common;
 use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
@@ -121,12 +121,8 @@ pub(super) fn prepare_restore(
             }
         }
     }
-    let prepared = Prepared::Restore(Box::new(plan));
-    edit_spec(inputs, &prepared, &engine.argv)?;
-    let Prepared::Restore(plan) = prepared else {
-        unreachable!("made above")
-    };
-    Ok(plan)
+    edit_spec(inputs, PlanRef::Restore(&plan), &engine.argv)?;
+    Ok(Box::new(plan))
 }
 
 /// The container made ready for the restore: the control files of the
