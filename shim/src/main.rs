@@ -6,6 +6,7 @@
 
 mod any;
 mod bootstrap;
+mod bundle_spec;
 mod cleanup;
 mod confine;
 mod console;

@@ -339,7 +339,7 @@ fn restore_job(
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
     let prepared = c.begin_restore(deadline.cancel.clone())?;
-    let spec = &c.cgroup_spec;
+    let spec = c.spec.value();
     let cgroups_path = c.cgroups_path();
     Ok(RestoreJob {
         id: c.id.clone(),

@@ -43,7 +43,7 @@ pub(super) fn common_part(
         control_owner,
         api_key: vllm_command::api_key(&engine.argv, &engine.env).map(canary::ApiKey::new),
         gpus: engine.gpus.clone(),
-        host_shm: spec::host_dev_shm(&inputs.spec),
+        host_shm: spec::host_dev_shm(inputs.spec.value()),
         activation_timeout,
         activation_source,
         netns: inputs.netns.clone(),
@@ -72,15 +72,15 @@ pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]
 
 fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> Result<()> {
     let mut spec = std::mem::take(&mut inputs.spec);
-    let edited = edit(inputs, &mut spec, p, argv, criu::BUNDLE_CONFIG);
+    let edited = edit(inputs, spec.value_mut(), p, argv, criu::BUNDLE_CONFIG);
     if let PlanRef::Restore(r) = p {
         if r.shared_root.is_some() {
-            spec["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
+            spec.value_mut()["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
         }
     }
     inputs.spec = spec;
     edited?;
-    spec::write(inputs.bundle, &inputs.spec)
+    inputs.spec.write(inputs.bundle)
 }
 
 /// The spec and CRIU config a capture of the container would run with,
@@ -94,8 +94,8 @@ pub(super) fn write_capture_spec(
     (spec_file, criu_file): (&str, &str),
 ) -> Result<()> {
     let mut spec = inputs.spec.clone();
-    edit(inputs, &mut spec, p, argv, criu_file)?;
-    spec::write_to(&inputs.bundle.join(spec_file), &spec)
+    edit(inputs, spec.value_mut(), p, argv, criu_file)?;
+    spec.write_to(&inputs.bundle.join(spec_file))
 }
 
 /// Edits `spec` for `p`: the control dir, the snapshot config, CRIU's
@@ -152,7 +152,7 @@ fn edit(
         &config.cuda_plugin_dir,
         criu,
     )?;
-    super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
+    super::hooks::add_snapshot_hooks(spec, p, argv, config.enforce_io_uring_sysctl)
 }
 
 /// The pod's UTS and IPC namespaces a restore joins (criu/pod.rs), once
@@ -190,7 +190,7 @@ fn make_control_dir(inputs: &Inputs<'_>, root: &Path) -> Result<(std::path::Path
         .join(".control")
         .join(format!("{}-{}", inputs.namespace, inputs.id));
     crate::snapshot::remove_control_dir(&control_dir);
-    let owner = spec::process_owner(&inputs.spec)?;
+    let owner = spec::process_owner(inputs.spec.value())?;
     ControlDir::create_owned_by(&control_dir, owner.0, Some(owner.1))
         .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
     Ok((control_dir, owner))

@@ -14,7 +14,7 @@ use super::engine::{Engine, Inputs};
 use super::lock::WriteLock;
 use super::prepared_plan::PlanRef;
 use super::restore::ColdStart;
-use super::{spec, tenant};
+use super::tenant;
 use crate::error::Result;
 use crate::snapshot::{rootfs, store::fetch};
 
@@ -38,7 +38,7 @@ pub(super) fn capture_plan(
         layer_limit: config.rootfs_diff_limit_bytes,
         elide_zero_pages: config.elide_zero_pages,
         push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
-        spec: inputs.spec.clone(),
+        spec: inputs.spec.value().clone(),
     })
 }
 
@@ -55,7 +55,7 @@ pub(super) fn cold_start(
     layer: &rootfs::WritableLayer,
     cold: ColdStart,
 ) -> Result<ColdStart> {
-    spec::write_to(&cold.spec, &inputs.spec)?;
+    inputs.spec.write_to(&cold.spec)?;
     // Never over another tenant's artifact (`owner`: one shared with
     // this container's tenant).
     if owner != inputs.tenant || !tenant::may_create(&inputs.config.tenants, inputs.tenant) {

@@ -6,15 +6,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde_json::Value;
 use vsnap_artifact::{self as artifact, Tenant, Tools, Workload};
 use vsnap_config::RuntimeConfig;
 
 use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE, PER_POD_ENV};
+use crate::bundle_spec::BundleSpec;
 use crate::error::{Error, Result};
 use crate::snapshot::engine_argv::vllm_command;
 use crate::snapshot::engine_argv::Profile;
-use crate::snapshot::{artifact_error, gpu, plan::spec, rootfs, CONTROL_MOUNT};
+use crate::snapshot::{artifact_error, gpu, rootfs, CONTROL_MOUNT};
 
 /// What a create hands the preparation.
 pub struct Inputs<'a> {
@@ -31,7 +31,7 @@ pub struct Inputs<'a> {
     pub image_digest: Option<&'a str>,
     pub layer: rootfs::WritableLayer,
     /// The bundle's spec as read at create: edited here, written once.
-    pub spec: Value,
+    pub spec: BundleSpec,
     /// When the shim's Create began (reported with a restore's timings).
     pub create_began: std::time::SystemTime,
     /// The bundle's file the spec names as its network namespace, set by
@@ -56,7 +56,7 @@ impl Engine {
     pub(super) fn of(inputs: &Inputs<'_>, root: &Path) -> Result<Self> {
         let plan = &inputs.plan;
         let config = inputs.config;
-        let spec = &inputs.spec;
+        let spec = inputs.spec.value();
         let key =
             artifact::FingerprintKey::load_or_create(root, config.fleet_fingerprint_key.as_deref())
                 .map_err(|e| artifact_error("create: fingerprint key", e))?;
@@ -71,7 +71,7 @@ impl Engine {
         }
         .with_per_pod_env(config.per_pod_env.iter().chain(&per_pod))
         .with_tenant(inputs.tenant);
-        let argv = spec::args(spec);
+        let argv = inputs.spec.args();
         let profile = Profile::detect(plan.engine_protocol, &argv)?;
         let gpus = gpus_of(spec, config)?;
         // A donor that goes on serving keeps its GPU memory: a restore on
@@ -81,14 +81,7 @@ impl Engine {
         } else {
             plan.after_capture
         };
-        let env: Vec<String> = spec["process"]["env"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let env = inputs.spec.env();
         vllm_command::check_vllm_command(&argv)?;
         for missing in vllm_command::check_vllm_env(&argv, &env)? {
             log::warn!(

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
-use super::spec::{add_hooks, args, hook_binary, HOOK_BINARY};
+use super::spec::{add_hooks, hook_binary, HOOK_BINARY};
 use crate::error::{Error, Result};
 use crate::snapshot::engine_argv::{vllm_command, Profile};
 
@@ -131,7 +131,12 @@ fn restore_checks(
 /// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
 /// left out with a warning (the shim's own preflight still runs), unless the
 /// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(spec: &mut Value, p: PlanRef<'_>, enforce_io_uring: bool) -> Result<()> {
+pub fn add_snapshot_hooks(
+    spec: &mut Value,
+    p: PlanRef<'_>,
+    argv: &[String],
+    enforce_io_uring: bool,
+) -> Result<()> {
     let Some(hook) = hook_binary() else {
         if enforce_io_uring {
             return Err(Error::FailedPrecondition(format!(
@@ -141,6 +146,6 @@ pub fn add_snapshot_hooks(spec: &mut Value, p: PlanRef<'_>, enforce_io_uring: bo
         log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
         return Ok(());
     };
-    let checks = snapshot_checks(p, &args(spec), enforce_io_uring);
+    let checks = snapshot_checks(p, argv, enforce_io_uring);
     add_hooks(spec, &hook, &checks)
 }

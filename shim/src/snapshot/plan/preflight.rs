@@ -106,7 +106,7 @@ pub(super) fn prepare_restore(
         auto,
         cold,
         shared_root: shared_root(inputs, layer),
-        hostname: crate::snapshot::criu::pod::hostname_to_set(&inputs.spec),
+        hostname: crate::snapshot::criu::pod::hostname_to_set(inputs.spec.value()),
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
@@ -212,7 +212,7 @@ fn preflight(
     let memory = manifest.memory;
     crate::snapshot::criu::memory::preflight(
         memory.as_ref(),
-        &inputs.spec,
+        inputs.spec.value(),
         inputs.config.memory_preflight,
     )?;
     if !host.tolerated.is_empty() {
@@ -226,7 +226,7 @@ fn preflight(
     artifact::content::verify_sizes(&dir, &manifest.contents).map_err(Refusal::of_artifact)?;
     let carried = match &manifest.rootfs {
         Some(r) => {
-            rootfs::check_volume_files(&r.open_files, &inputs.spec)?;
+            rootfs::check_volume_files(&r.open_files, inputs.spec.value())?;
             Some((r.layer.clone(), manifest.contents.clone()))
         }
         None => None,
@@ -313,7 +313,7 @@ fn shared_root(inputs: &Inputs<'_>, layer: &rootfs::WritableLayer) -> Option<std
     let rootfs::WritableLayer::Shared = layer else {
         return None;
     };
-    let root = inputs.bundle.join(inputs.spec["root"]["path"].as_str()?);
+    let root = inputs.bundle.join(inputs.spec.root_path()?);
     let own = inputs.bundle.join(RestorePlan::SHARED_ROOT_MOUNT);
     (root.is_dir() && !same_folder(&root, &own)).then_some(root)
 }

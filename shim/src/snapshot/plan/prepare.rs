@@ -37,7 +37,7 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<PreparedPlan>> {
     // A network namespace of the container's own is made by the shim
     // (netns_holder.rs): named before the workload is read, so a capture
     // and its restores record the same.
-    inputs.netns = crate::netns_holder::name_in_spec(&mut inputs.spec, inputs.bundle);
+    inputs.netns = crate::netns_holder::name_in_spec(inputs.spec.value_mut(), inputs.bundle);
     let mut engine = Engine::of(&inputs, &root)?;
     if let rootfs::WritableLayer::Mounted(overlay) = &layer {
         // dockerd's per-container merged path: the image's layers instead.
@@ -113,7 +113,7 @@ fn prepare_capture(
 /// overlay2), else a shared folder.
 fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::WritableLayer {
     match layer {
-        rootfs::WritableLayer::Shared => match inputs.spec["root"]["path"].as_str() {
+        rootfs::WritableLayer::Shared => match inputs.spec.root_path() {
             Some(root) => rootfs::WritableLayer::of_root_folder(
                 &inputs.bundle.join(root),
                 &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
