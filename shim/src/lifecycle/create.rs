@@ -237,3 +237,7 @@ fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
         _ => PathBuf::from("/run/vsnap/runc").join(namespace),
     }
 }
+
+#[cfg(test)]
+#[path = "create_tests.rs"]
+mod tests;
