@@ -15,8 +15,7 @@ use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::criu::{self, masks};
-use crate::snapshot::engine_argv::vllm_command;
-use crate::snapshot::engine_argv::Profile;
+use crate::snapshot::engine_argv::{EngineCommand, Profile};
 use crate::snapshot::{activation::canary, plan::spec};
 
 /// The part of the plan both directions share, with a fresh control dir.
@@ -34,14 +33,14 @@ pub(super) fn common_part(
         root: config.artifact_root.clone(),
         workload: engine.workload.clone(),
         tools: tools_of(config),
-        profile: engine.profile.clone(),
+        profile: engine.command.profile.clone(),
         listen: Listen {
             host: inputs.plan.host.clone(),
             port: inputs.plan.port,
         },
         control_dir,
         control_owner,
-        api_key: vllm_command::api_key(&engine.argv, &engine.env).map(canary::ApiKey::new),
+        api_key: engine.command.api_key().map(canary::ApiKey::new),
         gpus: engine.gpus.clone(),
         host_shm: spec::host_dev_shm(inputs.spec.value()),
         activation_timeout,
@@ -62,17 +61,21 @@ pub(super) fn capture_timeout(inputs: &Inputs<'_>) -> Duration {
 /// The spec's edits of either plan, written at once: the control dir, the
 /// snapshot config, CRIU's config, the preflight hooks. On failure the
 /// control dir goes.
-pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> Result<()> {
-    let edited = edit_spec_once(inputs, p, argv);
+pub(super) fn edit_spec(
+    inputs: &mut Inputs<'_>,
+    p: PlanRef<'_>,
+    command: &EngineCommand,
+) -> Result<()> {
+    let edited = edit_spec_once(inputs, p, command);
     if edited.is_err() {
         p.cleanup();
     }
     edited
 }
 
-fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> Result<()> {
+fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, command: &EngineCommand) -> Result<()> {
     let mut spec = std::mem::take(&mut inputs.spec);
-    let edited = edit(inputs, spec.value_mut(), p, argv, criu::BUNDLE_CONFIG);
+    let edited = edit(inputs, spec.value_mut(), p, command, criu::BUNDLE_CONFIG);
     if let PlanRef::Restore(r) = p {
         if r.shared_root.is_some() {
             spec.value_mut()["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
@@ -90,11 +93,11 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, argv: &[String]) -> R
 pub(super) fn write_capture_spec(
     inputs: &Inputs<'_>,
     p: PlanRef<'_>,
-    argv: &[String],
+    command: &EngineCommand,
     (spec_file, criu_file): (&str, &str),
 ) -> Result<()> {
     let mut spec = inputs.spec.clone();
-    edit(inputs, spec.value_mut(), p, argv, criu_file)?;
+    edit(inputs, spec.value_mut(), p, command, criu_file)?;
     spec.write_to(&inputs.bundle.join(spec_file))
 }
 
@@ -104,7 +107,7 @@ fn edit(
     inputs: &Inputs<'_>,
     spec: &mut Value,
     p: PlanRef<'_>,
-    argv: &[String],
+    command: &EngineCommand,
     criu_file: &str,
 ) -> Result<()> {
     let (bundle, config) = (inputs.bundle, inputs.config);
@@ -112,7 +115,7 @@ fn edit(
     let common = p.common();
     let startup = common.profile == Profile::Startup;
     spec::add_control_dir(spec, &common.control_dir, startup.then_some(timeout))?;
-    if startup && vllm_command::is_vllm_serve(argv) {
+    if startup && command.is_vllm_serve() {
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
     let (masked, empty) = match p {
@@ -152,7 +155,7 @@ fn edit(
         &config.cuda_plugin_dir,
         criu,
     )?;
-    super::hooks::add_snapshot_hooks(spec, p, argv, config.enforce_io_uring_sysctl)
+    super::hooks::add_snapshot_hooks(spec, p, command, config.enforce_io_uring_sysctl)
 }
 
 /// The pod's UTS and IPC namespaces a restore joins (criu/pod.rs), once

@@ -65,7 +65,7 @@ pub(super) fn cold_start(
     write_capture_spec(
         inputs,
         PlanRef::Capture(&plan),
-        &engine.argv,
+        &engine.command,
         ColdStart::CAPTURE_FILES,
     )?;
     Ok(cold.with_capture(inputs.bundle, plan))

@@ -1,7 +1,8 @@
 //! What create hands the preparation ([`Inputs`]) and what it reads of
 //! the engine from the spec ([`Engine`]): the workload's identity keyed
-//! with the host's or the fleet's key, the command line, the engine
-//! profile, the container's GPUs, the binaries an artifact depends on.
+//! with the host's or the fleet's key, the command (its line, environment
+//! and profile, as engine_argv/ reads them), the container's GPUs, the
+//! binaries an artifact depends on.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,8 +13,7 @@ use vsnap_config::RuntimeConfig;
 use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE, PER_POD_ENV};
 use crate::bundle_spec::BundleSpec;
 use crate::error::{Error, Result};
-use crate::snapshot::engine_argv::vllm_command;
-use crate::snapshot::engine_argv::Profile;
+use crate::snapshot::engine_argv::EngineCommand;
 use crate::snapshot::{artifact_error, gpu, rootfs, CONTROL_MOUNT};
 
 /// What a create hands the preparation.
@@ -42,9 +42,7 @@ pub struct Inputs<'a> {
 /// What identifies the workload and how its engine speaks.
 pub(super) struct Engine {
     pub(super) workload: Workload,
-    pub(super) argv: Vec<String>,
-    pub(super) env: Vec<String>,
-    pub(super) profile: Profile,
+    pub(super) command: EngineCommand,
     pub(super) gpus: Vec<gpu::Gpu>,
     /// The plan's, or `exit` for a GPU engine that did not choose.
     pub(super) after_capture: AfterCapture,
@@ -71,8 +69,13 @@ impl Engine {
         }
         .with_per_pod_env(config.per_pod_env.iter().chain(&per_pod))
         .with_tenant(inputs.tenant);
-        let argv = inputs.spec.args();
-        let profile = Profile::detect(plan.engine_protocol, &argv)?;
+        let (command, missing) = EngineCommand::of(&inputs.spec, plan.engine_protocol)?;
+        for missing in missing {
+            log::warn!(
+                "{}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)",
+                inputs.id
+            );
+        }
         let gpus = gpus_of(spec, config)?;
         // A donor that goes on serving keeps its GPU memory: a restore on
         // the same GPU would run out of it.
@@ -81,19 +84,9 @@ impl Engine {
         } else {
             plan.after_capture
         };
-        let env = inputs.spec.env();
-        vllm_command::check_vllm_command(&argv)?;
-        for missing in vllm_command::check_vllm_env(&argv, &env)? {
-            log::warn!(
-                "{}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)",
-                inputs.id
-            );
-        }
         Ok(Engine {
             workload,
-            argv,
-            env,
-            profile,
+            command,
             gpus,
             after_capture,
         })

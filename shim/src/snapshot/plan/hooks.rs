@@ -11,7 +11,7 @@ use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
 use super::spec::{add_hooks, hook_binary, HOOK_BINARY};
 use crate::error::{Error, Result};
-use crate::snapshot::engine_argv::{vllm_command, Profile};
+use crate::snapshot::engine_argv::{EngineCommand, Profile};
 
 /// The checks for a snapshot container. Restore: `ownership` of the
 /// artifact and the copy's control dir, and `fingerprint` (manifest MAC, host
@@ -20,7 +20,7 @@ use crate::snapshot::engine_argv::{vllm_command, Profile};
 /// container's user against `kernel.io_uring_disabled`).
 pub fn snapshot_checks(
     p: PlanRef<'_>,
-    argv: &[String],
+    command: &EngineCommand,
     enforce_io_uring: bool,
 ) -> Vec<Vec<String>> {
     let c = p.common();
@@ -33,7 +33,7 @@ pub fn snapshot_checks(
         vec!["--control-owner".into(), owner.to_string()]
     };
     let mut checks = match p {
-        PlanRef::Restore(r) => restore_checks(r, argv, control, control_owner),
+        PlanRef::Restore(r) => restore_checks(r, command, control, control_owner),
         PlanRef::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
             .into_iter()
             .chain(control_owner)
@@ -49,7 +49,7 @@ pub fn snapshot_checks(
 /// its fingerprint (manifest MAC, host, workload) with the shim's tools.
 fn restore_checks(
     r: &RestorePlan,
-    argv: &[String],
+    command: &EngineCommand,
     control: String,
     control_owner: Vec<String>,
 ) -> Vec<Vec<String>> {
@@ -95,7 +95,7 @@ fn restore_checks(
     .to_vec();
     // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
     // captured workload was taken before that edit.
-    if s.profile == Profile::Startup && vllm_command::is_vllm_serve(argv) {
+    if s.profile == Profile::Startup && command.is_vllm_serve() {
         fingerprint.push("--strip-snapshot-config-arg".into());
     }
     // Whose container this is, and whose artifact it may restore: the
@@ -134,7 +134,7 @@ fn restore_checks(
 pub fn add_snapshot_hooks(
     spec: &mut Value,
     p: PlanRef<'_>,
-    argv: &[String],
+    command: &EngineCommand,
     enforce_io_uring: bool,
 ) -> Result<()> {
     let Some(hook) = hook_binary() else {
@@ -146,6 +146,6 @@ pub fn add_snapshot_hooks(
         log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
         return Ok(());
     };
-    let checks = snapshot_checks(p, argv, enforce_io_uring);
+    let checks = snapshot_checks(p, command, enforce_io_uring);
     add_hooks(spec, &hook, &checks)
 }

@@ -121,7 +121,7 @@ pub(super) fn prepare_restore(
             }
         }
     }
-    edit_spec(inputs, PlanRef::Restore(&plan), &engine.argv)?;
+    edit_spec(inputs, PlanRef::Restore(&plan), &engine.command)?;
     Ok(Box::new(plan))
 }
 

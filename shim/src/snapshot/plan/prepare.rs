@@ -104,7 +104,7 @@ fn prepare_capture(
     };
     let common = common_part(inputs, &engine, name)?;
     let plan = capture_plan(inputs, &engine, common, Some(lock), layer);
-    edit_spec(inputs, PlanRef::Capture(&plan), &engine.argv)?;
+    edit_spec(inputs, PlanRef::Capture(&plan), &engine.command)?;
     Ok(Some(plan))
 }
 
