@@ -335,9 +335,9 @@ impl TaskService {
             }
         };
         let metrics = if pid == 0 {
-            crate::metrics::empty()
+            crate::cgroup_stats::empty()
         } else {
-            tokio::task::spawn_blocking(move || crate::metrics::collect(pid))
+            tokio::task::spawn_blocking(move || crate::cgroup_stats::collect(pid))
                 .await
                 .map_err(|e| Error::Other(format!("stats: {e}")))??
         };

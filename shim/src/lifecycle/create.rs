@@ -20,8 +20,8 @@ use crate::init_start::InitStart;
 use crate::labels;
 use crate::runc::{CriuTools, Runc, RuncVerbs};
 use crate::snapshot::plan::{prepare, Inputs, PreparedPlan, CRI_CONTAINER_TYPE, PLAN};
+use crate::snapshot::registry::fetch;
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
-use crate::snapshot::store::fetch;
 
 /// A Create request, unwrapped from the wire.
 pub struct CreateRequest {

@@ -17,8 +17,9 @@
 //! - `activation/`: waking a copy (control dir or barrier), its canary,
 //!   its listener;
 //! - `rootfs/`: the writable layer and /dev/shm a capture carries;
-//! - `store/`: registry fetch and push, the metrics journal, the records
-//!   a failure leaves.
+//! - `registry/`: an artifact pulled from or pushed to a registry;
+//! - `records/`: what outlives the task: the metrics journal, a restore's
+//!   timings, a failure's record, CRIU's log.
 
 pub mod activation;
 pub mod criu;
@@ -26,8 +27,9 @@ pub mod engine_argv;
 pub mod gpu;
 pub mod inventory;
 pub mod plan;
+pub mod records;
+pub mod registry;
 pub mod rootfs;
-pub mod store;
 
 pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 

@@ -25,8 +25,8 @@ use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::fallback;
 use crate::snapshot::plan::refusal::{start_cause, Cause};
 use crate::snapshot::plan::{ReadLock, RestorePlan, WriteLock};
-use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
-use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
+use crate::snapshot::records::reports::{keep_criu_log, record_error, RestoreTimings};
+use crate::snapshot::{criu as criu_flags, criu::memory, records::journal};
 use vsnap_artifact::journal::Op;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no

@@ -8,7 +8,7 @@ use vsnap_artifact::ArtifactName;
 use crate::bundle_spec::CRI_SANDBOX;
 use crate::error::{Error, Result};
 use crate::snapshot::engine_argv::Protocol;
-use crate::snapshot::store::fetch::Wanted;
+use crate::snapshot::registry::fetch::Wanted;
 
 pub const PLAN: &str = "vsnap.io/plan";
 pub const ARTIFACT: &str = "vsnap.io/artifact";

@@ -16,7 +16,7 @@ use super::prepared_plan::PlanRef;
 use super::restore::ColdStart;
 use super::tenant;
 use crate::error::Result;
-use crate::snapshot::{rootfs, store::fetch};
+use crate::snapshot::{registry::fetch, rootfs};
 
 /// A capture's plan of the container, on its shared part `common`.
 pub(super) fn capture_plan(
