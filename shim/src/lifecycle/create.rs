@@ -11,7 +11,7 @@ use containerd_shim::asynchronous::io::Stdio;
 use log::warn;
 use vsnap_config::RuntimeConfig;
 
-use crate::bundle_spec::BundleSpec;
+use crate::bundle_spec::{BundleSpec, CRI_CONTAINER_TYPE};
 use crate::cleanup;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::exits::Exits;
 use crate::init_start::InitStart;
 use crate::labels;
 use crate::runc::{CriuTools, Runc, RuncVerbs};
-use crate::snapshot::plan::{prepare, Inputs, PreparedPlan, CRI_CONTAINER_TYPE, PLAN};
+use crate::snapshot::plan::{prepare, Inputs, PreparedPlan, PLAN};
 use crate::snapshot::registry::fetch;
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
 

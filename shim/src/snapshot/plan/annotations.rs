@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use vsnap_artifact::ArtifactName;
 
-use crate::bundle_spec::CRI_SANDBOX;
+use crate::bundle_spec::{CRI_CONTAINER_TYPE, CRI_SANDBOX};
 use crate::error::{Error, Result};
 use crate::snapshot::engine_argv::Protocol;
 use crate::snapshot::registry::fetch::Wanted;
@@ -23,8 +23,6 @@ pub const ACTIVATION_TIMEOUT: &str = "vsnap.io/activation-timeout";
 pub const ENGINE_PROTOCOL: &str = "vsnap.io/engine-protocol";
 /// More environment variables each pod is given as its own (per_pod.rs).
 pub const PER_POD_ENV: &str = vsnap_artifact::per_pod::ANNOTATION;
-/// CRI marks a pod's sandbox (pause) container with this; it always runs plain.
-pub use crate::bundle_spec::CRI_CONTAINER_TYPE;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -70,7 +68,8 @@ impl Plan {
     }
 }
 
-/// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).
+/// `None` when the container runs plain (no plan, `off`, or a CRI sandbox:
+/// [`CRI_CONTAINER_TYPE`], which labels may carry too).
 pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
     if a.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some(CRI_SANDBOX) {
         return Ok(None);

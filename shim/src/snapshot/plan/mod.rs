@@ -3,7 +3,9 @@
 //! init's start: a [`CapturePlan`] (cold start, capture, publish) or a
 //! [`RestorePlan`] (restore, activation), each holding only what its
 //! direction uses, over a [`Common`] part (the artifact's name and the
-//! engine). `auto` is a choice between the two (choose.rs).
+//! engine). `auto` is a choice between the two (choose.rs). The engine's
+//! command is read by engine_argv/, the bundle's spec by
+//! crate::bundle_spec: this room asks them.
 
 pub mod annotations;
 mod bundle;
@@ -23,7 +25,7 @@ mod restore;
 pub(crate) mod spec;
 pub(crate) mod tenant;
 
-pub use annotations::{from_annotations, AfterCapture, CRI_CONTAINER_TYPE, PLAN};
+pub use annotations::{from_annotations, AfterCapture, PLAN};
 pub use capture::CapturePlan;
 pub use common::Common;
 pub use engine::Inputs;
