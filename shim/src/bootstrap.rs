@@ -87,9 +87,9 @@ fn serve_on(opts: &StartOpts, address: &str, listener: &UnixListener) -> Result<
 
 /// The group a container's shim serves: its pod (CRI's sandbox id) or itself.
 fn grouping(bundle: &Path, id: &str) -> String {
-    crate::cleanup::read_spec(bundle)
+    crate::bundle_spec::BundleSpec::read(bundle)
         .ok()
-        .and_then(|spec| spec["annotations"][SANDBOX_ID].as_str().map(String::from))
+        .and_then(|spec| spec.annotation(SANDBOX_ID).map(String::from))
         .unwrap_or_else(|| id.to_string())
 }
 

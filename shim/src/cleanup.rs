@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use serde::{Deserialize, Serialize};
 
+use crate::bundle_spec::BundleSpec;
 use crate::error::Error;
 use crate::exits::Exits;
 use crate::inflight::{in_flight_pids, is_dead, IN_FLIGHT};
@@ -88,21 +89,10 @@ pub fn restored_init_pid(bundle: &Path) -> Option<i32> {
         .then_some(pid)
 }
 
-/// The bundle's spec (`config.json`) as JSON; an error unless an object.
-pub fn read_spec(bundle: &Path) -> std::result::Result<serde_json::Value, String> {
-    let bytes = std::fs::read(bundle.join("config.json")).map_err(|e| e.to_string())?;
-    match serde_json::from_slice(&bytes) {
-        Ok(spec @ serde_json::Value::Object(_)) => Ok(spec),
-        Ok(_) => Err("the spec is not a JSON object".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// The container's cgroupfs path from its spec, when it has one.
+/// The container's cgroupfs path from its bundle's spec, when it has one
+/// (no container holds the spec here: its shim died).
 pub fn cgroups_path(bundle: &Path) -> Option<PathBuf> {
-    let spec = read_spec(bundle).ok()?;
-    let path = PathBuf::from(spec["linux"]["cgroupsPath"].as_str()?);
-    path.is_absolute().then_some(path)
+    BundleSpec::read(bundle).ok()?.cgroups_path()
 }
 
 /// The `delete` containerd runs after the shim of `id` died: stop runc and
@@ -142,10 +132,10 @@ pub async fn dead_shim_delete(bundle: &Path, id: &str, fallback: Runc) {
     }
 }
 
-/// The spec's `root.path`, absolute (a relative one is under the bundle).
+/// The bundle's spec's `root.path` as config.json holds it now (a plan's
+/// edits included), absolute (a relative one is under the bundle).
 pub fn rootfs_path(bundle: &Path) -> Option<PathBuf> {
-    let spec = read_spec(bundle).ok()?;
-    Some(bundle.join(spec["root"]["path"].as_str()?))
+    Some(bundle.join(BundleSpec::read(bundle).ok()?.root_path()?))
 }
 
 /// Undoes what a killed or failed `runc restore` leaves: runc's criu-root

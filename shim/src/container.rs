@@ -9,6 +9,7 @@ use containerd_shim::asynchronous::io::Stdio;
 use log::warn;
 use tokio_util::sync::CancellationToken;
 
+use crate::bundle_spec::BundleSpec;
 use crate::error::{Error, Result};
 use crate::init_start::InitStart;
 use crate::prepared::Prepared;
@@ -27,9 +28,9 @@ pub struct Container {
     pub start: InitStart,
     /// While the init is restoring or activating: what a kill cancels.
     pub starting: Option<CancellationToken>,
-    /// The spec's cgroup and memory settings (`linux.cgroupsPath`,
-    /// `linux.resources.memory`), from the spec read once at create.
-    pub cgroup_spec: serde_json::Value,
+    /// What the shim asks of the spec read once at create (its
+    /// annotations, cgroup and memory settings: `BundleSpec::kept`).
+    pub spec: BundleSpec,
     /// The rootfs mounts of the Create request, and whether they are mounted.
     rootfs: Vec<RootMount>,
     rootfs_mounted: bool,
@@ -56,8 +57,9 @@ pub struct CreateConfig {
     pub runc: Arc<dyn RuncVerbs>,
     pub no_pivot: bool,
     pub start: InitStart,
-    /// The bundle's spec as create read it (once).
-    pub spec: serde_json::Value,
+    /// What the container keeps of the bundle's spec as create read it
+    /// (once; the terminal checked against the request's stdio there).
+    pub spec: BundleSpec,
 }
 
 impl Container {
@@ -65,14 +67,6 @@ impl Container {
     /// checkpoint, prepares the restore that `start` will run). On failure
     /// nothing is left behind.
     pub async fn create(cfg: CreateConfig) -> Result<Self> {
-        let spec = &cfg.spec;
-        let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
-        if terminal != cfg.stdio.terminal {
-            return Err(Error::InvalidArgument(format!(
-                "create: spec says terminal={terminal} but the task asks terminal={}",
-                cfg.stdio.terminal
-            )));
-        }
         let mut c = Container {
             id: cfg.id,
             bundle: cfg.bundle,
@@ -82,7 +76,7 @@ impl Container {
             execs: HashMap::new(),
             start: cfg.start,
             starting: None,
-            cgroup_spec: cgroup_spec(spec),
+            spec: cfg.spec,
             rootfs: cfg.rootfs,
             rootfs_mounted: false,
             copy_exit: CopyExit::Publish,
@@ -217,8 +211,7 @@ impl Container {
 
     /// The spec's `linux.cgroupsPath` when it is a cgroupfs path.
     pub fn cgroups_path(&self) -> Option<PathBuf> {
-        let path = PathBuf::from(self.cgroup_spec["linux"]["cgroupsPath"].as_str()?);
-        path.is_absolute().then_some(path)
+        self.spec.cgroups_path()
     }
 
     /// Registers an exec process (not started yet).
@@ -551,15 +544,3 @@ pub use cold::{ColdWay, CopyExit};
 #[cfg(test)]
 #[path = "container_kill_tests.rs"]
 mod kill_tests;
-
-/// What the shim keeps of a spec after create: its cgroup and memory
-/// settings, which a restore reads at Start.
-fn cgroup_spec(spec: &serde_json::Value) -> serde_json::Value {
-    let linux = &spec["linux"];
-    serde_json::json!({
-        "linux": {
-            "cgroupsPath": linux["cgroupsPath"],
-            "resources": {"memory": linux["resources"]["memory"]},
-        }
-    })
-}

@@ -54,7 +54,7 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         execs: HashMap::new(),
         start: InitStart::Plain,
         starting,
-        cgroup_spec: serde_json::Value::Null,
+        spec: Default::default(),
         rootfs: Vec::new(),
         rootfs_mounted: false,
         copy_exit: super::CopyExit::Publish,

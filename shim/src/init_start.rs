@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::snapshot::plan::{CapturePlan, Common, Prepared, RestorePlan};
+use crate::snapshot::plan::{CapturePlan, Common, PreparedPlan, RestorePlan};
 
 /// How a container's init starts, chosen at create from the request's
 /// checkpoint and the snapshot plan (annotations, labels, config).
@@ -43,7 +43,7 @@ impl InitStart {
     /// The start of a task created with `checkpoint` (containerd's) and
     /// `prepared` (the plan prepared at create). Both at once is refused:
     /// a checkpoint restore has no canary to hold the copy to.
-    pub fn resolve(checkpoint: Option<PathBuf>, prepared: Option<Prepared>) -> Result<Self> {
+    pub fn resolve(checkpoint: Option<PathBuf>, prepared: Option<PreparedPlan>) -> Result<Self> {
         match (checkpoint, prepared) {
             (Some(image), None) => Ok(InitStart::Restore(RestoreSource::Checkpoint(image))),
             (Some(image), Some(p)) => {
@@ -56,10 +56,10 @@ impl InitStart {
                 )))
             }
             (None, None) => Ok(InitStart::Plain),
-            (None, Some(Prepared::Restore(r))) => {
+            (None, Some(PreparedPlan::Restore(r))) => {
                 Ok(InitStart::Restore(RestoreSource::Artifact(r)))
             }
-            (None, Some(Prepared::Capture(c))) => Ok(InitStart::Capture(c)),
+            (None, Some(PreparedPlan::Capture(c))) => Ok(InitStart::Capture(c)),
         }
     }
 

@@ -6,6 +6,7 @@
 
 mod any;
 mod bootstrap;
+mod bundle_spec;
 mod cleanup;
 mod confine;
 mod console;
@@ -24,7 +25,7 @@ mod init_state;
 mod labels;
 mod lifecycle;
 // Not called until task.rs wires stats and TaskOOM to them.
-mod metrics;
+mod cgroup_stats;
 mod mounts;
 mod netns_holder;
 mod oom;

@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn a_failed_restores_binds_on_the_rootfs_go_and_the_rootfs_stays() {
-        crate::metrics::test_support::require_root();
+        crate::cgroup_stats::test_support::require_root();
         use nix::mount::{mount, MsFlags};
         let dir = tempfile::tempdir().unwrap();
         let rootfs = dir.path().join("rootfs");

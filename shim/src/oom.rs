@@ -28,8 +28,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::cgroup_stats::{cgroups_of, parse_flat_keyed, Cgroups};
 use crate::error::{Error, Result};
-use crate::metrics::{cgroups_of, parse_flat_keyed, Cgroups};
 
 /// Starts watching the memory cgroup of process `pid` for OOMs.
 ///
@@ -192,7 +192,7 @@ fn parse_populated(content: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::test_support::*;
+    use crate::cgroup_stats::test_support::*;
     use std::time::Duration;
     use tokio::time::timeout;
 

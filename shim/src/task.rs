@@ -7,7 +7,6 @@
 //! start, exit, delete; exec added, exec started, exit): each is queued while
 //! its container's lock is held.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -297,8 +296,8 @@ impl TaskService {
 
     async fn do_kill(&self, req: Kill) -> Result<()> {
         let handle = self.container(&req.process.id)?;
-        let bundle = handle.lock().await.bundle.clone();
-        if req.process.is_init() && req.signal != 0 && is_cri_sandbox(&bundle) {
+        let sandbox = handle.lock().await.spec.is_cri_sandbox();
+        if req.process.is_init() && req.signal != 0 && sandbox {
             self.shared.cancel_restores_beside(&req.process.id).await;
         }
         let c = handle.lock().await;
@@ -336,9 +335,9 @@ impl TaskService {
             }
         };
         let metrics = if pid == 0 {
-            crate::metrics::empty()
+            crate::cgroup_stats::empty()
         } else {
-            tokio::task::spawn_blocking(move || crate::metrics::collect(pid))
+            tokio::task::spawn_blocking(move || crate::cgroup_stats::collect(pid))
                 .await
                 .map_err(|e| Error::Other(format!("stats: {e}")))??
         };
@@ -548,14 +547,6 @@ fn wire_status(s: Status) -> api::Status {
         Status::Paused => api::Status::PAUSED,
         Status::Stopped => api::Status::STOPPED,
     }
-}
-
-/// Whether the bundle's spec is a CRI pod sandbox (pause) container.
-fn is_cri_sandbox(bundle: &Path) -> bool {
-    std::fs::read(bundle.join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .is_some_and(|spec| spec["annotations"]["io.kubernetes.cri.container-type"] == "sandbox")
 }
 
 #[cfg(test)]

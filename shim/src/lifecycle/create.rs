@@ -11,6 +11,7 @@ use containerd_shim::asynchronous::io::Stdio;
 use log::warn;
 use vsnap_config::RuntimeConfig;
 
+use crate::bundle_spec::{BundleSpec, CRI_CONTAINER_TYPE};
 use crate::cleanup;
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
@@ -18,9 +19,9 @@ use crate::exits::Exits;
 use crate::init_start::InitStart;
 use crate::labels;
 use crate::runc::{CriuTools, Runc, RuncVerbs};
-use crate::snapshot::plan::{prepare, Inputs, Prepared, CRI_CONTAINER_TYPE, PLAN};
+use crate::snapshot::plan::{prepare, Inputs, PreparedPlan, PLAN};
+use crate::snapshot::registry::fetch;
 use crate::snapshot::rootfs::{RootMount, WritableLayer};
-use crate::snapshot::{plan::spec, store::fetch};
 
 /// A Create request, unwrapped from the wire.
 pub struct CreateRequest {
@@ -69,10 +70,18 @@ impl Creator<'_> {
             exits: self.exits.clone(),
             criu: CriuTools::new(&config.criu_binary, &config.cuda_checkpoint),
         };
-        // Read once: the plan's edits are made to a copy, written once; the
-        // container keeps what it needs of it.
-        let spec = spec::read(&req.bundle)?;
-        let snapshot = self.snapshot_plan(&req, spec.clone(), began).await?;
+        // Read once: the container keeps what it asks of it later; the
+        // plan's preparation edits it and writes it back once.
+        let spec = BundleSpec::read(&req.bundle)?;
+        if spec.terminal() != req.stdio.terminal {
+            return Err(Error::InvalidArgument(format!(
+                "create: spec says terminal={} but the task asks terminal={}",
+                spec.terminal(),
+                req.stdio.terminal
+            )));
+        }
+        let kept = spec.kept();
+        let snapshot = self.snapshot_plan(&req, spec, began).await?;
         // What a delete after this shim's death needs (cleanup.rs).
         let record = cleanup::Record {
             runc_binary: runc.binary.clone(),
@@ -101,7 +110,7 @@ impl Creator<'_> {
             runc: (self.make_runc)(runc),
             no_pivot: config.no_pivot_root,
             start,
-            spec,
+            spec: kept,
         })
         .await
     }
@@ -110,9 +119,9 @@ impl Creator<'_> {
     async fn snapshot_plan(
         &self,
         req: &CreateRequest,
-        spec: serde_json::Value,
+        spec: BundleSpec,
         began: std::time::SystemTime,
-    ) -> Result<Option<Prepared>> {
+    ) -> Result<Option<PreparedPlan>> {
         let config = &req.config;
         let settings = self.snapshot_settings(&spec, &req.id, config).await?;
         // A container without a plan runs plain: its tenant is never read,
@@ -123,7 +132,7 @@ impl Creator<'_> {
         };
         // The tenant's right to the reference is checked before any
         // connection.
-        let tenant = crate::snapshot::plan::tenant::resolve(self.namespace, &spec)?;
+        let tenant = crate::snapshot::plan::tenant::resolve(self.namespace, spec.value())?;
         crate::snapshot::plan::tenant::check_reference(config, &tenant, &plan)?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
@@ -164,11 +173,11 @@ impl Creator<'_> {
     /// already choose a plan, or `read_labels` is off).
     async fn snapshot_settings(
         &self,
-        spec: &serde_json::Value,
+        spec: &BundleSpec,
         id: &str,
         config: &RuntimeConfig,
     ) -> Result<HashMap<String, String>> {
-        let annotations = spec::annotations(spec);
+        let annotations = spec.annotations();
         if !config.read_labels
             || annotations.contains_key(PLAN)
             || annotations.contains_key(CRI_CONTAINER_TYPE)
@@ -228,3 +237,7 @@ fn runc_root_for(bundle: &Path, namespace: &str) -> PathBuf {
         _ => PathBuf::from("/run/vsnap/runc").join(namespace),
     }
 }
+
+#[cfg(test)]
+#[path = "create_tests.rs"]
+mod tests;

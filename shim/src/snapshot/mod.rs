@@ -7,6 +7,8 @@
 //! - `plan/`: the annotations, the engine read from the spec, the choice
 //!   between a capture and a restore, the prepared plans, the restore
 //!   preflight and the bundle's edits;
+//! - `engine_argv/`: the engine's command line as the engine reads it
+//!   (argparse, vLLM's serve arguments and environment) and its profile;
 //! - `criu/`: CRIU's options and config, its images, the page server that
 //!   places a restore's memory, memory limits and out-of-memory;
 //! - `gpu/`: NVIDIA devices, the CUDA preflight, cuda-checkpoint;
@@ -15,16 +17,19 @@
 //! - `activation/`: waking a copy (control dir or barrier), its canary,
 //!   its listener;
 //! - `rootfs/`: the writable layer and /dev/shm a capture carries;
-//! - `store/`: registry fetch and push, the metrics journal, the records
-//!   a failure leaves.
+//! - `registry/`: an artifact pulled from or pushed to a registry;
+//! - `records/`: what outlives the task: the metrics journal, a restore's
+//!   timings, a failure's record, CRIU's log.
 
 pub mod activation;
 pub mod criu;
+pub mod engine_argv;
 pub mod gpu;
 pub mod inventory;
 pub mod plan;
+pub mod records;
+pub mod registry;
 pub mod rootfs;
-pub mod store;
 
 pub use vsnap_protocol::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
 

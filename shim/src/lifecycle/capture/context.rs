@@ -18,8 +18,8 @@ use crate::lifecycle::driver::{Failed, Run, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::RuncVerbs;
 use crate::snapshot::plan::{CapturePlan, WriteLock};
-use crate::snapshot::store::journal;
-use crate::snapshot::store::records::{keep_criu_log, record_error};
+use crate::snapshot::records::journal;
+use crate::snapshot::records::reports::{keep_criu_log, record_error};
 use vsnap_artifact::journal::Op;
 
 /// How long an engine that reported its failure has to exit on its own.

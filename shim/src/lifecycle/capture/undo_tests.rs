@@ -18,8 +18,8 @@ use crate::exits::Exits;
 use crate::fakes::FakeRunc;
 use crate::lifecycle::driver::{self, Failed};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::snapshot::engine_argv::Profile;
 use crate::snapshot::plan::common::Listen;
-use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::plan::{AfterCapture, CapturePlan, Common};
 use crate::snapshot::rootfs::WritableLayer;
 

@@ -22,7 +22,7 @@ use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::criu::memory;
-use crate::snapshot::store::records::record_error;
+use crate::snapshot::records::reports::record_error;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
@@ -203,7 +203,7 @@ fn restore_job(
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
     let prepared = c.begin_restore(deadline.cancel.clone())?;
-    let spec = &c.cgroup_spec;
+    let spec = c.spec.value();
     let cgroups_path = c.cgroups_path();
     Ok(RestoreJob {
         id: c.id.clone(),

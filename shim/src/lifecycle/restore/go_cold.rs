@@ -17,7 +17,7 @@ use crate::lifecycle::plain;
 use crate::snapshot::plan::fallback;
 use crate::snapshot::plan::refusal::{start_cause, Cause};
 use crate::snapshot::plan::WriteLock;
-use crate::snapshot::store::records::{keep_criu_log, record_error};
+use crate::snapshot::records::reports::{keep_criu_log, record_error};
 
 /// What becomes of a restore that failed in `phase` with `e`.
 #[derive(Debug, PartialEq, Eq)]

@@ -29,8 +29,8 @@ use crate::lifecycle::driver::{self, Failed};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
 use crate::process::Status;
 use crate::shared::{ContainerRef, Shared};
+use crate::snapshot::engine_argv::Profile;
 use crate::snapshot::plan::common::Listen;
-use crate::snapshot::plan::profile::Profile;
 use crate::snapshot::plan::refusal::Cause;
 use crate::snapshot::plan::{ColdStart, Common, RestorePlan};
 
@@ -167,7 +167,7 @@ impl Restore {
             runc: runc.clone(),
             no_pivot: false,
             start,
-            spec: serde_json::json!({}),
+            spec: serde_json::json!({}).into(),
         })
         .await
         .unwrap();

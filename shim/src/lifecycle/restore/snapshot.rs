@@ -20,8 +20,8 @@ use crate::runc::CheckpointFlags;
 use crate::snapshot::criu;
 use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::{ReadLock, RestorePlan};
-use crate::snapshot::store::journal;
-use crate::snapshot::store::records::RestoreTimings;
+use crate::snapshot::records::journal;
+use crate::snapshot::records::reports::RestoreTimings;
 use vsnap_artifact::journal::Op;
 
 /// An artifact's restore under way.

@@ -53,7 +53,7 @@ impl Restore {
             runc: runc.clone(),
             no_pivot: false,
             start: InitStart::Restore(RestoreSource::Checkpoint(dir.path().join("checkpoint"))),
-            spec: serde_json::json!({}),
+            spec: serde_json::json!({}).into(),
         })
         .await
         .unwrap();

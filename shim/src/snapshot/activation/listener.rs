@@ -76,11 +76,13 @@ pub fn container_pids(pid: i32) -> Result<Vec<i32>, String> {
         .map_err(|e| format!("pid {pid}: {e}"))?;
     let controllers = container_controllers(&own)
         .ok_or_else(|| format!("pid {pid} is in the root cgroup, not in a container's"))?;
-    let cgroups =
-        crate::metrics::cgroups_of(pid as u32, "the engine's cgroup").map_err(|e| e.to_string())?;
+    let cgroups = crate::cgroup_stats::cgroups_of(pid as u32, "the engine's cgroup")
+        .map_err(|e| e.to_string())?;
     let dir = match &cgroups {
-        crate::metrics::Cgroups::V1(dirs) => controllers.iter().find_map(|c| dirs.get(c)).cloned(),
-        crate::metrics::Cgroups::V2(dir) => Some(dir.clone()),
+        crate::cgroup_stats::Cgroups::V1(dirs) => {
+            controllers.iter().find_map(|c| dirs.get(c)).cloned()
+        }
+        crate::cgroup_stats::Cgroups::V2(dir) => Some(dir.clone()),
     }
     .ok_or_else(|| format!("no cgroup of pid {pid}"))?;
     let procs = std::fs::read_to_string(dir.join("cgroup.procs"))
@@ -283,7 +285,7 @@ mod tests {
     /// by this test process, outside it: refused, naming the holder.
     #[test]
     fn a_listener_outside_the_cgroup_is_refused_naming_its_holder() {
-        use crate::metrics::test_support::{require_root, Shell, TestCgroup};
+        use crate::cgroup_stats::test_support::{require_root, Shell, TestCgroup};
         require_root();
         let cg = TestCgroup::create(&["pids", "memory"], "listener");
         let shell = Shell::spawn("read x");

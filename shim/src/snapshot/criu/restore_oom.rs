@@ -231,7 +231,7 @@ fn times(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::test_support::{require_root, Shell};
+    use crate::cgroup_stats::test_support::{require_root, Shell};
 
     #[test]
     fn the_host_s_oom_kills_are_read_from_vmstat() {

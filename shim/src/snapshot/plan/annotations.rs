@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 use vsnap_artifact::ArtifactName;
 
+use crate::bundle_spec::{CRI_CONTAINER_TYPE, CRI_SANDBOX};
 use crate::error::{Error, Result};
-use crate::snapshot::store::fetch::Wanted;
+use crate::snapshot::engine_argv::Protocol;
+use crate::snapshot::registry::fetch::Wanted;
 
 pub const PLAN: &str = "vsnap.io/plan";
 pub const ARTIFACT: &str = "vsnap.io/artifact";
@@ -21,8 +23,6 @@ pub const ACTIVATION_TIMEOUT: &str = "vsnap.io/activation-timeout";
 pub const ENGINE_PROTOCOL: &str = "vsnap.io/engine-protocol";
 /// More environment variables each pod is given as its own (per_pod.rs).
 pub const PER_POD_ENV: &str = vsnap_artifact::per_pod::ANNOTATION;
-/// CRI marks a pod's sandbox (pause) container with this; it always runs plain.
-pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -51,7 +51,7 @@ pub struct Plan {
     pub capture_timeout: Option<Duration>,
     pub activation_timeout: Option<Duration>,
     /// The engine protocol annotation, resolved against the argv at create.
-    pub engine_protocol: Option<String>,
+    pub engine_protocol: Option<Protocol>,
     /// Where to pull the artifact from when it is not here (restore, auto).
     pub artifact_ref: Option<String>,
 }
@@ -68,9 +68,10 @@ impl Plan {
     }
 }
 
-/// `None` when the container runs plain (no plan, `off`, or a CRI sandbox).
+/// `None` when the container runs plain (no plan, `off`, or a CRI sandbox:
+/// [`CRI_CONTAINER_TYPE`], which labels may carry too).
 pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
-    if a.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
+    if a.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some(CRI_SANDBOX) {
         return Ok(None);
     }
     check_known_keys(a)?;
@@ -91,7 +92,7 @@ pub fn from_annotations(a: &HashMap<String, String>) -> Result<Option<Plan>> {
         after_capture: after_capture_of(a)?,
         capture_timeout: seconds(a, CAPTURE_TIMEOUT)?,
         activation_timeout: seconds(a, ACTIVATION_TIMEOUT)?,
-        engine_protocol: a.get(ENGINE_PROTOCOL).cloned(),
+        engine_protocol: protocol_of(a)?,
         artifact_ref,
     }))
 }
@@ -163,6 +164,19 @@ fn after_capture_of(a: &HashMap<String, String>) -> Result<AfterCapture> {
             format!("{other:?} is not one of serve, exit"),
         )),
     }
+}
+
+/// The engine protocol [`ENGINE_PROTOCOL`] asks for, if it asks.
+fn protocol_of(a: &HashMap<String, String>) -> Result<Option<Protocol>> {
+    let Some(name) = a.get(ENGINE_PROTOCOL) else {
+        return Ok(None);
+    };
+    Protocol::named(name).map(Some).ok_or_else(|| {
+        invalid(
+            ENGINE_PROTOCOL,
+            format!("{name:?} is not one of startup, barrier"),
+        )
+    })
 }
 
 /// A timeout annotation `key`: whole seconds in 1..=86400, if given.
@@ -430,6 +444,7 @@ mod tests {
             (AFTER_CAPTURE, "linger"),
             (CAPTURE_TIMEOUT, "0"),
             (ACTIVATION_TIMEOUT, "soon"),
+            (ENGINE_PROTOCOL, "carrier"),
         ] {
             let mut a = ann(&base);
             a.insert(PLAN.into(), "create".into());

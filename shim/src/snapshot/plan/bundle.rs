@@ -11,12 +11,12 @@ use vsnap_protocol::ControlDir;
 
 use super::common::{self, Common, Listen};
 use super::engine::{tools_of, Engine, Inputs};
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
 use crate::error::{Error, Result};
 use crate::snapshot::criu::{self, options::Options};
-use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{activation::canary, plan::spec, plan::vllm_command};
+use crate::snapshot::engine_argv::{EngineCommand, Profile};
+use crate::snapshot::{activation::canary, plan::spec};
 
 /// The part of the plan both directions share, with a fresh control dir.
 pub(super) fn common_part(
@@ -33,16 +33,16 @@ pub(super) fn common_part(
         root: config.artifact_root.clone(),
         workload: engine.workload.clone(),
         tools: tools_of(config),
-        profile: engine.profile.clone(),
+        profile: engine.command.profile.clone(),
         listen: Listen {
             host: inputs.plan.host.clone(),
             port: inputs.plan.port,
         },
         control_dir,
         control_owner,
-        api_key: vllm_command::api_key(&engine.argv, &engine.env).map(canary::ApiKey::new),
+        api_key: engine.command.api_key().map(canary::ApiKey::new),
         gpus: engine.gpus.clone(),
-        host_shm: spec::host_dev_shm(&inputs.spec),
+        host_shm: spec::host_dev_shm(inputs.spec.value()),
         activation_timeout,
         activation_source,
         netns: inputs.netns.clone(),
@@ -61,25 +61,29 @@ pub(super) fn capture_timeout(inputs: &Inputs<'_>) -> Duration {
 /// The spec's edits of either plan, written at once: the control dir, the
 /// snapshot config, CRIU's config, the preflight hooks. On failure the
 /// control dir goes.
-pub(super) fn edit_spec(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
-    let edited = edit_spec_once(inputs, p, argv);
+pub(super) fn edit_spec(
+    inputs: &mut Inputs<'_>,
+    p: PlanRef<'_>,
+    command: &EngineCommand,
+) -> Result<()> {
+    let edited = edit_spec_once(inputs, p, command);
     if edited.is_err() {
         p.cleanup();
     }
     edited
 }
 
-fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Result<()> {
+fn edit_spec_once(inputs: &mut Inputs<'_>, p: PlanRef<'_>, command: &EngineCommand) -> Result<()> {
     let mut spec = std::mem::take(&mut inputs.spec);
-    let edited = edit(inputs, &mut spec, p, argv, criu::BUNDLE_CONFIG);
-    if let Prepared::Restore(r) = p {
+    let edited = edit(inputs, spec.value_mut(), p, command, criu::BUNDLE_CONFIG);
+    if let PlanRef::Restore(r) = p {
         if r.shared_root.is_some() {
-            spec["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
+            spec.value_mut()["root"]["path"] = Value::from(RestorePlan::SHARED_ROOT_MOUNT);
         }
     }
     inputs.spec = spec;
     edited?;
-    spec::write(inputs.bundle, &inputs.spec)
+    inputs.spec.write(inputs.bundle)
 }
 
 /// The spec and CRIU config a capture of the container would run with,
@@ -88,13 +92,13 @@ fn edit_spec_once(inputs: &mut Inputs<'_>, p: &Prepared, argv: &[String]) -> Res
 /// `ColdCapture`). The container's own spec is untouched.
 pub(super) fn write_capture_spec(
     inputs: &Inputs<'_>,
-    p: &Prepared,
-    argv: &[String],
+    p: PlanRef<'_>,
+    command: &EngineCommand,
     (spec_file, criu_file): (&str, &str),
 ) -> Result<()> {
     let mut spec = inputs.spec.clone();
-    edit(inputs, &mut spec, p, argv, criu_file)?;
-    spec::write_to(&inputs.bundle.join(spec_file), &spec)
+    edit(inputs, spec.value_mut(), p, command, criu_file)?;
+    spec.write_to(&inputs.bundle.join(spec_file))
 }
 
 /// Edits `spec` for `p`: the control dir, the snapshot config, CRIU's
@@ -102,8 +106,8 @@ pub(super) fn write_capture_spec(
 fn edit(
     inputs: &Inputs<'_>,
     spec: &mut Value,
-    p: &Prepared,
-    argv: &[String],
+    p: PlanRef<'_>,
+    command: &EngineCommand,
     criu_file: &str,
 ) -> Result<()> {
     let (bundle, config) = (inputs.bundle, inputs.config);
@@ -111,12 +115,12 @@ fn edit(
     let common = p.common();
     let startup = common.profile == Profile::Startup;
     spec::add_control_dir(spec, &common.control_dir, startup.then_some(timeout))?;
-    if startup && vllm_command::is_vllm_serve(argv) {
+    if startup && command.is_vllm_serve() {
         spec::add_snapshot_config_arg(spec, timeout)?;
     }
     let criu = match p {
-        Prepared::Capture(c) => Options::capture(&c.criu, c.common.host_shm.as_deref()),
-        Prepared::Restore(r) => {
+        PlanRef::Capture(c) => Options::capture(&c.criu, c.common.host_shm.as_deref()),
+        PlanRef::Restore(r) => {
             let held = (r.holds_stopped(), r.place_pages);
             Options::restore(spec, config, r.criu.as_ref(), held)?
         }
@@ -129,7 +133,7 @@ fn edit(
         &config.cuda_plugin_dir,
         criu,
     )?;
-    super::hooks::add_snapshot_hooks(spec, p, config.enforce_io_uring_sysctl)
+    super::hooks::add_snapshot_hooks(spec, p, command, config.enforce_io_uring_sysctl)
 }
 
 /// A fresh control dir for the container, owned by its engine's user.
@@ -138,7 +142,7 @@ fn make_control_dir(inputs: &Inputs<'_>, root: &Path) -> Result<(std::path::Path
         .join(".control")
         .join(format!("{}-{}", inputs.namespace, inputs.id));
     crate::snapshot::remove_control_dir(&control_dir);
-    let owner = spec::process_owner(&inputs.spec)?;
+    let owner = spec::process_owner(inputs.spec.value())?;
     ControlDir::create_owned_by(&control_dir, owner.0, Some(owner.1))
         .map_err(|e| Error::FailedPrecondition(format!("create: control dir: {e}")))?;
     Ok((control_dir, owner))

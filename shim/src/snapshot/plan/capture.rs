@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::annotations::AfterCapture;
 use super::common::Common;
 use super::lock::WriteLock;
-use crate::snapshot::{rootfs, store::fetch};
+use crate::snapshot::{registry::fetch, rootfs};
 
 #[derive(Clone, Debug)]
 pub struct CapturePlan {

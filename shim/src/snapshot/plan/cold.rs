@@ -12,11 +12,11 @@ use super::capture::CapturePlan;
 use super::common::Common;
 use super::engine::{Engine, Inputs};
 use super::lock::WriteLock;
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::restore::ColdStart;
-use super::{spec, tenant};
+use super::tenant;
 use crate::error::Result;
-use crate::snapshot::{rootfs, store::fetch};
+use crate::snapshot::{registry::fetch, rootfs};
 
 /// A capture's plan of the container, on its shared part `common`.
 pub(super) fn capture_plan(
@@ -38,8 +38,8 @@ pub(super) fn capture_plan(
         layer_limit: config.rootfs_diff_limit_bytes,
         elide_zero_pages: config.elide_zero_pages,
         push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
-        spec: inputs.spec.clone(),
-        criu: crate::snapshot::criu::options::dump_options(&inputs.spec, config),
+        spec: inputs.spec.value().clone(),
+        criu: crate::snapshot::criu::options::dump_options(inputs.spec.value(), config),
     })
 }
 
@@ -56,17 +56,18 @@ pub(super) fn cold_start(
     layer: &rootfs::WritableLayer,
     cold: ColdStart,
 ) -> Result<ColdStart> {
-    spec::write_to(&cold.spec, &inputs.spec)?;
+    inputs.spec.write_to(&cold.spec)?;
     // Never over another tenant's artifact (`owner`: one shared with
     // this container's tenant).
     if owner != inputs.tenant || !tenant::may_create(&inputs.config.tenants, inputs.tenant) {
         return Ok(cold);
     }
     let plan = capture_plan(inputs, engine, common.clone(), None, layer.clone());
-    let prepared = Prepared::Capture(plan);
-    write_capture_spec(inputs, &prepared, &engine.argv, ColdStart::CAPTURE_FILES)?;
-    let Prepared::Capture(plan) = prepared else {
-        unreachable!("made above")
-    };
+    write_capture_spec(
+        inputs,
+        PlanRef::Capture(&plan),
+        &engine.command,
+        ColdStart::CAPTURE_FILES,
+    )?;
     Ok(cold.with_capture(inputs.bundle, plan))
 }

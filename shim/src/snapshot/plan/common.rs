@@ -12,8 +12,8 @@ use super::annotations::ACTIVATION_TIMEOUT;
 use crate::deadline::Deadline;
 use crate::snapshot::activation::canary::ApiKey;
 use crate::snapshot::activation::target::Target;
+use crate::snapshot::engine_argv::Profile;
 use crate::snapshot::gpu::Gpu;
-use crate::snapshot::plan::profile::Profile;
 
 /// Where the engine listens (`vsnap.io/listen`).
 #[derive(Clone, Debug, PartialEq, Eq)]

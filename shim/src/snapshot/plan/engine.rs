@@ -1,19 +1,20 @@
 //! What create hands the preparation ([`Inputs`]) and what it reads of
 //! the engine from the spec ([`Engine`]): the workload's identity keyed
-//! with the host's or the fleet's key, the command line, the engine
-//! profile, the container's GPUs, the binaries an artifact depends on.
+//! with the host's or the fleet's key, the command (its line, environment
+//! and profile, as engine_argv/ reads them), the container's GPUs, the
+//! binaries an artifact depends on.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde_json::Value;
 use vsnap_artifact::{self as artifact, Tenant, Tools, Workload};
 use vsnap_config::RuntimeConfig;
 
 use super::annotations::{AfterCapture, Plan, AFTER_CAPTURE, PER_POD_ENV};
+use crate::bundle_spec::BundleSpec;
 use crate::error::{Error, Result};
-use crate::snapshot::plan::profile::Profile;
-use crate::snapshot::{artifact_error, gpu, plan::spec, plan::vllm_command, rootfs, CONTROL_MOUNT};
+use crate::snapshot::engine_argv::EngineCommand;
+use crate::snapshot::{artifact_error, gpu, rootfs, CONTROL_MOUNT};
 
 /// What a create hands the preparation.
 pub struct Inputs<'a> {
@@ -30,7 +31,7 @@ pub struct Inputs<'a> {
     pub image_digest: Option<&'a str>,
     pub layer: rootfs::WritableLayer,
     /// The bundle's spec as read at create: edited here, written once.
-    pub spec: Value,
+    pub spec: BundleSpec,
     /// When the shim's Create began (reported with a restore's timings).
     pub create_began: std::time::SystemTime,
     /// The bundle's file the spec names as its network namespace, set by
@@ -41,9 +42,7 @@ pub struct Inputs<'a> {
 /// What identifies the workload and how its engine speaks.
 pub(super) struct Engine {
     pub(super) workload: Workload,
-    pub(super) argv: Vec<String>,
-    pub(super) env: Vec<String>,
-    pub(super) profile: Profile,
+    pub(super) command: EngineCommand,
     pub(super) gpus: Vec<gpu::Gpu>,
     /// The plan's, or `exit` for a GPU engine that did not choose.
     pub(super) after_capture: AfterCapture,
@@ -55,7 +54,7 @@ impl Engine {
     pub(super) fn of(inputs: &Inputs<'_>, root: &Path) -> Result<Self> {
         let plan = &inputs.plan;
         let config = inputs.config;
-        let spec = &inputs.spec;
+        let spec = inputs.spec.value();
         let key =
             artifact::FingerprintKey::load_or_create(root, config.fleet_fingerprint_key.as_deref())
                 .map_err(|e| artifact_error("create: fingerprint key", e))?;
@@ -70,8 +69,13 @@ impl Engine {
         }
         .with_per_pod_env(config.per_pod_env.iter().chain(&per_pod))
         .with_tenant(inputs.tenant);
-        let argv = spec::args(spec);
-        let profile = Profile::detect(plan.engine_protocol.as_deref(), &argv)?;
+        let (command, missing) = EngineCommand::of(&inputs.spec, plan.engine_protocol)?;
+        for missing in missing {
+            log::warn!(
+                "{}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)",
+                inputs.id
+            );
+        }
         let gpus = gpus_of(spec, config)?;
         // A donor that goes on serving keeps its GPU memory: a restore on
         // the same GPU would run out of it.
@@ -80,26 +84,9 @@ impl Engine {
         } else {
             plan.after_capture
         };
-        let env: Vec<String> = spec["process"]["env"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        vllm_command::check_vllm_command(&argv)?;
-        for missing in vllm_command::check_vllm_env(&argv, &env)? {
-            log::warn!(
-                "{}: vLLM without {missing}: a capture may fail or a copy misbehave (docs/gpu-hosts.md)",
-                inputs.id
-            );
-        }
         Ok(Engine {
             workload,
-            argv,
-            env,
-            profile,
+            command,
             gpus,
             after_capture,
         })

@@ -18,7 +18,7 @@ use super::lock::WriteLock;
 use super::refusal::{Cause, Refusal};
 use super::tenant;
 use crate::error::Result;
-use crate::snapshot::{artifact_error, store::journal};
+use crate::snapshot::{artifact_error, records::journal};
 
 /// What became of a refusal under `auto`.
 pub(super) enum Fallback {

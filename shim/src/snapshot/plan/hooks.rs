@@ -7,18 +7,22 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::prepared_plan::Prepared;
-use super::profile::Profile;
+use super::prepared_plan::PlanRef;
 use super::restore::RestorePlan;
-use super::spec::{add_hooks, args, hook_binary, HOOK_BINARY};
+use super::spec::{add_hooks, hook_binary, HOOK_BINARY};
 use crate::error::{Error, Result};
+use crate::snapshot::engine_argv::{EngineCommand, Profile};
 
 /// The checks for a snapshot container. Restore: `ownership` of the
 /// artifact and the copy's control dir, and `fingerprint` (manifest MAC, host
 /// and workload) with the shim's tools and version. Create: `ownership` of
 /// the control dir. Both add `io-uring` when `enforce_io_uring` (the
 /// container's user against `kernel.io_uring_disabled`).
-pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) -> Vec<Vec<String>> {
+pub fn snapshot_checks(
+    p: PlanRef<'_>,
+    command: &EngineCommand,
+    enforce_io_uring: bool,
+) -> Vec<Vec<String>> {
     let c = p.common();
     let control = c.control_dir.display().to_string();
     // The control dir is the engine's user's (the folders above it root's).
@@ -29,8 +33,8 @@ pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) ->
         vec!["--control-owner".into(), owner.to_string()]
     };
     let mut checks = match p {
-        Prepared::Restore(r) => restore_checks(r, argv, control, control_owner),
-        Prepared::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
+        PlanRef::Restore(r) => restore_checks(r, command, control, control_owner),
+        PlanRef::Capture(_) => vec![["ownership".into(), "--control-dir".into(), control]
             .into_iter()
             .chain(control_owner)
             .collect()],
@@ -45,7 +49,7 @@ pub fn snapshot_checks(p: &Prepared, argv: &[String], enforce_io_uring: bool) ->
 /// its fingerprint (manifest MAC, host, workload) with the shim's tools.
 fn restore_checks(
     r: &RestorePlan,
-    argv: &[String],
+    command: &EngineCommand,
     control: String,
     control_owner: Vec<String>,
 ) -> Vec<Vec<String>> {
@@ -91,7 +95,7 @@ fn restore_checks(
     .to_vec();
     // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
     // captured workload was taken before that edit.
-    if s.profile == Profile::Startup && super::vllm_command::is_vllm_serve(argv) {
+    if s.profile == Profile::Startup && command.is_vllm_serve() {
         fingerprint.push("--strip-snapshot-config-arg".into());
     }
     // Whose container this is, and whose artifact it may restore: the
@@ -127,7 +131,12 @@ fn restore_checks(
 /// other spec edits. Without `vsnap-hook` beside the shim, the hooks are
 /// left out with a warning (the shim's own preflight still runs), unless the
 /// io_uring sysctl is enforced: then the create fails.
-pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool) -> Result<()> {
+pub fn add_snapshot_hooks(
+    spec: &mut Value,
+    p: PlanRef<'_>,
+    command: &EngineCommand,
+    enforce_io_uring: bool,
+) -> Result<()> {
     let Some(hook) = hook_binary() else {
         if enforce_io_uring {
             return Err(Error::FailedPrecondition(format!(
@@ -137,6 +146,6 @@ pub fn add_snapshot_hooks(spec: &mut Value, p: &Prepared, enforce_io_uring: bool
         log::warn!("{HOOK_BINARY} is not installed beside the shim: no preflight hooks");
         return Ok(());
     };
-    let checks = snapshot_checks(p, &args(spec), enforce_io_uring);
+    let checks = snapshot_checks(p, command, enforce_io_uring);
     add_hooks(spec, &hook, &checks)
 }

@@ -3,10 +3,11 @@
 //! init's start: a [`CapturePlan`] (cold start, capture, publish) or a
 //! [`RestorePlan`] (restore, activation), each holding only what its
 //! direction uses, over a [`Common`] part (the artifact's name and the
-//! engine). `auto` is a choice between the two (choose.rs).
+//! engine). `auto` is a choice between the two (choose.rs). The engine's
+//! command is read by engine_argv/, the bundle's spec by
+//! crate::bundle_spec: this room asks them.
 
 pub mod annotations;
-pub(crate) mod argparse;
 mod bundle;
 mod capture;
 mod choose;
@@ -19,18 +20,16 @@ mod lock;
 mod preflight;
 mod prepare;
 mod prepared_plan;
-pub(crate) mod profile;
 pub(crate) mod refusal;
 mod restore;
 pub(crate) mod spec;
 pub(crate) mod tenant;
-pub(crate) mod vllm_command;
 
-pub use annotations::{from_annotations, AfterCapture, CRI_CONTAINER_TYPE, PLAN};
+pub use annotations::{from_annotations, AfterCapture, PLAN};
 pub use capture::CapturePlan;
 pub use common::Common;
 pub use engine::Inputs;
 pub use lock::{ReadLock, WriteLock};
 pub use prepare::prepare;
-pub use prepared_plan::Prepared;
+pub use prepared_plan::PreparedPlan;
 pub use restore::{ColdCapture, ColdStart, RestorePlan};

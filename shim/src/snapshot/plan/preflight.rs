@@ -21,11 +21,11 @@ use super::bundle::{common_part, edit_spec};
 use super::common::Common;
 use super::engine::{tools_of, Engine, Inputs};
 use super::lock::ReadLock;
-use super::prepared_plan::Prepared;
+use super::prepared_plan::PlanRef;
 use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, plan::tenant, rootfs, rootfs::shm, store::journal};
+use crate::snapshot::{artifact_error, plan::tenant, records::journal, rootfs, rootfs::shm};
 
 /// What the restore preflight found in the artifact.
 struct Preflight {
@@ -108,7 +108,7 @@ pub(super) fn prepare_restore(
         auto,
         cold,
         shared_root: shared_root(inputs, layer),
-        hostname: crate::snapshot::criu::pod::hostname_to_set(&inputs.spec),
+        hostname: crate::snapshot::criu::pod::hostname_to_set(inputs.spec.value()),
         criu: found.criu,
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
@@ -124,12 +124,8 @@ pub(super) fn prepare_restore(
             }
         }
     }
-    let prepared = Prepared::Restore(Box::new(plan));
-    edit_spec(inputs, &prepared, &engine.argv)?;
-    let Prepared::Restore(plan) = prepared else {
-        unreachable!("made above")
-    };
-    Ok(plan)
+    edit_spec(inputs, PlanRef::Restore(&plan), &engine.command)?;
+    Ok(Box::new(plan))
 }
 
 /// The container made ready for the restore: the control files of the
@@ -219,7 +215,7 @@ fn preflight(
     let memory = manifest.memory;
     crate::snapshot::criu::memory::preflight(
         memory.as_ref(),
-        &inputs.spec,
+        inputs.spec.value(),
         inputs.config.memory_preflight,
     )?;
     if !host.tolerated.is_empty() {
@@ -233,7 +229,7 @@ fn preflight(
     artifact::content::verify_sizes(&dir, &manifest.contents).map_err(Refusal::of_artifact)?;
     let carried = match &manifest.rootfs {
         Some(r) => {
-            rootfs::check_volume_files(&r.open_files, &inputs.spec)?;
+            rootfs::check_volume_files(&r.open_files, inputs.spec.value())?;
             Some((r.layer.clone(), manifest.contents.clone()))
         }
         None => None,
@@ -321,7 +317,7 @@ fn shared_root(inputs: &Inputs<'_>, layer: &rootfs::WritableLayer) -> Option<std
     let rootfs::WritableLayer::Shared = layer else {
         return None;
     };
-    let root = inputs.bundle.join(inputs.spec["root"]["path"].as_str()?);
+    let root = inputs.bundle.join(inputs.spec.root_path()?);
     let own = inputs.bundle.join(RestorePlan::SHARED_ROOT_MOUNT);
     (root.is_dir() && !same_folder(&root, &own)).then_some(root)
 }

@@ -18,7 +18,7 @@ use super::cold::capture_plan;
 use super::engine::{Engine, Inputs};
 use super::fallback::{self, Fallback};
 use super::lock::WriteLock;
-use super::prepared_plan::Prepared;
+use super::prepared_plan::{PlanRef, PreparedPlan};
 use super::refusal::Cause;
 use crate::error::{Error, Result};
 use crate::snapshot::{artifact_error, plan::tenant, rootfs};
@@ -26,7 +26,7 @@ use crate::snapshot::{artifact_error, plan::tenant, rootfs};
 /// Prepares the container for its plan: the control dir, the spec edits
 /// and, for a restore, the validated artifact. `None`: the container
 /// starts cold without a capture (see [`prepare_capture`]).
-pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
+pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<PreparedPlan>> {
     let started = Instant::now();
     let root = inputs.config.artifact_root.clone();
     artifact::ensure_root(&root).map_err(|e| artifact_error("create: artifact root", e))?;
@@ -37,7 +37,7 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
     // A network namespace of the container's own is made by the shim
     // (netns_holder.rs): named before the workload is read, so a capture
     // and its restores record the same.
-    inputs.netns = crate::netns_holder::name_in_spec(&mut inputs.spec, inputs.bundle);
+    inputs.netns = crate::netns_holder::name_in_spec(inputs.spec.value_mut(), inputs.bundle);
     let mut engine = Engine::of(&inputs, &root)?;
     if let rootfs::WritableLayer::Mounted(overlay) = &layer {
         // dockerd's per-container merged path: the image's layers instead.
@@ -47,10 +47,10 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
     let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()));
     if choice == Choice::Capture {
         return prepare_capture(&mut inputs, engine, name, layer, None)
-            .map(|c| c.map(Prepared::Capture));
+            .map(|c| c.map(PreparedPlan::Capture));
     }
     match super::preflight::prepare_restore(&mut inputs, &engine, name.clone(), &layer, started) {
-        Ok(r) => Ok(Some(Prepared::Restore(r))),
+        Ok(r) => Ok(Some(PreparedPlan::Restore(r))),
         // Another container is writing it (it published a moment ago, or
         // replaces it): this one starts cold and captures nothing.
         Err(refusal) if inputs.plan.mode == Mode::Auto && refusal.cause == Cause::Busy => {
@@ -67,7 +67,7 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<Prepared>> {
                 Fallback::Cold => Ok(None),
                 Fallback::Capture(lock) => {
                     prepare_capture(&mut inputs, engine, name, layer, Some(lock))
-                        .map(|c| c.map(Prepared::Capture))
+                        .map(|c| c.map(PreparedPlan::Capture))
                 }
             }
         }
@@ -104,11 +104,7 @@ fn prepare_capture(
     };
     let common = common_part(inputs, &engine, name)?;
     let plan = capture_plan(inputs, &engine, common, Some(lock), layer);
-    let prepared = Prepared::Capture(plan);
-    edit_spec(inputs, &prepared, &engine.argv)?;
-    let Prepared::Capture(plan) = prepared else {
-        unreachable!("made above")
-    };
+    edit_spec(inputs, PlanRef::Capture(&plan), &engine.command)?;
     Ok(Some(plan))
 }
 
@@ -117,7 +113,7 @@ fn prepare_capture(
 /// overlay2), else a shared folder.
 fn resolve_layer(layer: rootfs::WritableLayer, inputs: &Inputs<'_>) -> rootfs::WritableLayer {
     match layer {
-        rootfs::WritableLayer::Shared => match inputs.spec["root"]["path"].as_str() {
+        rootfs::WritableLayer::Shared => match inputs.spec.root_path() {
             Some(root) => rootfs::WritableLayer::of_root_folder(
                 &inputs.bundle.join(root),
                 &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),

@@ -2,10 +2,9 @@
 //! bind-mounted at [`CONTROL_MOUNT`], the engine told where it is, and the
 //! `vsnap-hook` preflight checks as `createRuntime` hooks.
 //! Unknown spec fields are kept as they are (the spec is edited as JSON).
-//! The spec is read once at create ([`read`]), edited in memory by the
-//! `add_*` functions and written once ([`write`]).
+//! The spec is read once at create (`crate::bundle_spec::BundleSpec`),
+//! edited in memory by the `add_*` functions and written once.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -13,26 +12,6 @@ use serde_json::{json, Value};
 use crate::error::{Error, Result};
 use crate::snapshot::criu;
 use crate::snapshot::{CONTROL_MOUNT, SNAPSHOT_CONFIG_ENV};
-
-/// The spec's annotations (empty when it has none).
-pub fn annotations(spec: &Value) -> HashMap<String, String> {
-    spec.get("annotations")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-pub fn read(bundle: &Path) -> Result<Value> {
-    let path = bundle.join("config.json");
-    let bytes = std::fs::read(&path)
-        .map_err(|e| Error::io(format!("create: read {}", path.display()), e))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::InvalidArgument(format!("create: bundle {}: {e}", path.display())))
-}
 
 /// Adds the control dir mount and, for the startup profile (`timeout_s`
 /// given), the engine's snapshot config in its environment.
@@ -70,18 +49,6 @@ pub fn add_control_dir(spec: &mut Value, control_dir: &Path, timeout_s: Option<u
     });
     env.push(Value::String(entry));
     Ok(())
-}
-
-/// The process's argv.
-pub fn args(spec: &Value) -> Vec<String> {
-    spec["process"]["args"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Who the container's process runs as, as the host sees it: `process.user`'s
@@ -262,25 +229,10 @@ pub fn add_hooks(spec: &mut Value, hook: &Path, checks: &[Vec<String>]) -> Resul
     Ok(())
 }
 
-/// Replaces the bundle's config.json whole (`write_atomic`).
-pub fn write(bundle: &Path, spec: &Value) -> Result<()> {
-    write_to(&bundle.join("config.json"), spec)
-}
-
-/// Writes `spec` to `path` whole (`write_atomic`).
-pub fn write_to(path: &Path, spec: &Value) -> Result<()> {
-    let bytes = serde_json::to_vec(spec).map_err(|e| Error::Other(format!("create: spec: {e}")))?;
-    vsnap_protocol::write_atomic(path, &bytes).map_err(|e| {
-        Error::io(
-            format!("create: write {}", path.display()),
-            std::io::Error::other(e),
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle_spec::BundleSpec;
 
     /// The bundle holds config.json and no temporary file beside it.
     fn assert_only_config_json(bundle: &Path) {
@@ -299,11 +251,11 @@ mod tests {
             r#"{"ociVersion":"1.0.2","process":{"args":["x"],"env":["A=1"],"cwd":"/"},"root":{"path":"r"},"x-custom":1}"#,
         )
         .unwrap();
-        let mut spec = read(dir.path()).unwrap();
+        let mut spec = BundleSpec::read(dir.path()).unwrap();
         for _ in 0..2 {
-            add_control_dir(&mut spec, Path::new("/var/lib/vsnap/c1"), Some(60)).unwrap();
+            add_control_dir(spec.value_mut(), Path::new("/var/lib/vsnap/c1"), Some(60)).unwrap();
         }
-        write(dir.path(), &spec).unwrap();
+        spec.write(dir.path()).unwrap();
         let spec: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap())
                 .unwrap();
@@ -357,7 +309,7 @@ mod tests {
             vec!["ownership".to_string(), "--control-dir".into(), "/c".into()],
             vec!["io-uring".to_string()],
         ];
-        let mut spec = read(dir.path()).unwrap();
+        let mut spec = BundleSpec::read(dir.path()).unwrap().value().clone();
         for _ in 0..2 {
             add_hooks(&mut spec, Path::new("/opt/vsnap/vsnap-hook"), &checks).unwrap();
         }

@@ -10,7 +10,8 @@
 //!   no challenge and no status, so vsnap checks the canary itself over HTTP
 //!   after the release.
 //!
-//! Chosen by `vsnap.io/engine-protocol`, or detected from the argv: a
+//! Chosen by `vsnap.io/engine-protocol` (a [`Protocol`], read with the
+//! other annotations in plan/annotations.rs), or detected from the argv: a
 //! `vllm.snapshot.server` command line, or a `--ready-file` argument, means
 //! barrier.
 //!
@@ -24,9 +25,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::argparse::{self, Arg};
 use crate::error::{Error, Result};
-use crate::snapshot::plan::annotations::ENGINE_PROTOCOL;
-use crate::snapshot::plan::argparse::{self, Arg};
 use crate::snapshot::CONTROL_MOUNT;
 
 /// The module of released vLLM's barrier server.
@@ -35,6 +35,24 @@ pub const SNAPSHOT_SERVER: &str = "vllm.snapshot.server";
 /// The flags of `vllm.snapshot.server` (its parser has no others, not even
 /// `--help`), which the reference engine takes too.
 const BARRIER_FLAGS: [&str; 3] = ["--ready-file", "--release-file", "--release-timeout-s"];
+
+/// The protocol a container's annotation asks for, before the argv is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Startup,
+    Barrier,
+}
+
+impl Protocol {
+    /// The protocol `name` names, as the annotation spells it.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "startup" => Some(Protocol::Startup),
+            "barrier" => Some(Protocol::Barrier),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -47,16 +65,18 @@ pub enum Profile {
 }
 
 impl Profile {
-    pub fn detect(annotation: Option<&str>, argv: &[String]) -> Result<Self> {
+    /// The profile `asked` for (the annotation's), else the one the argv
+    /// shows; the barrier profile's files as the argv names them.
+    pub fn detect(asked: Option<Protocol>, argv: &[String]) -> Result<Self> {
         let invalid = |m: String| Error::InvalidArgument(format!("create: {m}"));
         let flags = barrier_flags(argv).map_err(invalid)?;
         let barrier_args = flags.ready_file.is_some()
             || flags.release_file.is_some()
             || snapshot_server_args(argv).is_some();
-        match annotation {
-            Some("startup") => Ok(Profile::Startup),
+        match asked {
+            Some(Protocol::Startup) => Ok(Profile::Startup),
             None if !barrier_args => Ok(Profile::Startup),
-            Some("barrier") | None => {
+            Some(Protocol::Barrier) | None => {
                 let file = |flag: &str, value: &Option<String>| -> Result<String> {
                     let value = value.as_deref().ok_or_else(|| {
                         invalid(format!(
@@ -81,9 +101,6 @@ impl Profile {
                     release: file("--release-file", &flags.release_file)?,
                 })
             }
-            Some(other) => Err(invalid(format!(
-                "annotation {ENGINE_PROTOCOL}: {other:?} is not one of startup, barrier"
-            ))),
         }
     }
 
@@ -353,13 +370,9 @@ mod tests {
             "/run/vsnap/control/r",
         ]);
         assert!(Profile::detect(None, &a).is_err());
-        let err = Profile::detect(Some("barrier"), &argv(&["x"]))
+        let err = Profile::detect(Some(Protocol::Barrier), &argv(&["x"]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("--ready-file"), "{err}");
-        let err = Profile::detect(Some("carrier"), &argv(&["x"]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(ENGINE_PROTOCOL), "{err}");
     }
 }

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
+use super::profile::{barrier_rest, snapshot_server_args, SNAPSHOT_SERVER};
 use crate::error::{Error, Result};
-use crate::snapshot::plan::profile::{barrier_rest, snapshot_server_args, SNAPSHOT_SERVER};
 
 /// A `vllm serve` command line (the CLI or the OpenAI server module), which
 /// reads the snapshot config from its arguments rather than the environment.

@@ -1,4 +1,6 @@
-//! Container resource statistics, read straight from the cgroup filesystem.
+//! Container resource statistics, read straight from the cgroup filesystem:
+//! what containerd's Stats asks (its `Metrics` messages; `ctr task metrics`).
+//! Not the metrics journal of restores and captures (snapshot/records/).
 //!
 //! containerd-shim's own `cgroup::collect_metrics` reads cgroup v2 keys even on
 //! a cgroup v1 host, so CPU and RSS come out as 0 there. This module finds a
