@@ -4,3 +4,6 @@
 
 pub(crate) mod journal;
 pub(crate) mod reports;
+
+#[cfg(test)]
+mod tests;

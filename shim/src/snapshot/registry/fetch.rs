@@ -227,3 +227,66 @@ impl PushTarget {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(auto: bool) -> Wanted {
+        Wanted {
+            reference: "registry.test:5000/fleet/a:1".into(),
+            name: ArtifactName::new("a").unwrap(),
+            auto,
+        }
+    }
+
+    #[test]
+    fn only_an_auto_create_pushes_and_only_where_the_config_asks() {
+        let mut config = RuntimeConfig {
+            push_created: true,
+            ..Default::default()
+        };
+        let target = PushTarget::of(&config, Some(wanted(true))).expect("pushes");
+        assert_eq!(
+            (target.reference.as_str(), target.name.as_str()),
+            ("registry.test:5000/fleet/a:1", "a")
+        );
+        assert!(
+            PushTarget::of(&config, Some(wanted(false))).is_none(),
+            "restore"
+        );
+        assert!(PushTarget::of(&config, None).is_none(), "no reference");
+        config.push_created = false;
+        assert!(
+            PushTarget::of(&config, Some(wanted(true))).is_none(),
+            "not asked"
+        );
+    }
+
+    #[test]
+    fn an_artifact_is_here_when_its_manifest_is_and_a_damaged_one_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(local(root.path(), "a"), Ok(false));
+        let dir = vsnap_artifact::path(root.path(), "a");
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(dir.join("manifest.json"), b"{").unwrap();
+        let e = local(root.path(), "a").unwrap_err();
+        assert!(e.contains("manifest.json"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_plan_without_a_reference_pulls_nothing_and_a_pull_past_its_bound_says_it_resumes() {
+        let config = RuntimeConfig::default();
+        ensure_local("c1", &config, &Exits::default(), None)
+            .await
+            .unwrap();
+        let e = pull_deadline("r/a:1", Duration::from_secs(30)).to_string();
+        assert!(
+            e.contains("pull r/a:1") && e.contains("pull_timeout_s (30s)"),
+            "{e}"
+        );
+        assert!(e.contains("resumes from its download cache"), "{e}");
+    }
+}
