@@ -10,12 +10,13 @@ use async_trait::async_trait;
 use log::info;
 use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{layout, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
+use vsnap_pages::zero_pages;
 
 use super::context::CaptureRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::criu::{memory, zero_pages};
+use crate::snapshot::criu::memory;
 use crate::snapshot::{artifact_error, rootfs::shm, DIGEST_THREADS};
 
 /// The images folder of an artifact, as its content digests name it.

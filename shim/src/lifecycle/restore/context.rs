@@ -21,13 +21,13 @@ use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::lifecycle::plain;
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::fallback;
 use crate::snapshot::plan::refusal::{start_cause, Cause};
 use crate::snapshot::plan::{ReadLock, RestorePlan, WriteLock};
 use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
 use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
 use vsnap_artifact::journal::Op;
+use vsnap_pages::Sharing;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.

@@ -15,11 +15,11 @@ use crate::runc::{CheckpointFlags, ChildStdio, RestoreFiles, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
-use crate::snapshot::criu::pages::{
-    Budget, Fillers, PageServer, PlaceError, Placed, Sharing, Verification, MAX_FILLERS,
-};
 use crate::snapshot::criu::restore_oom::RestoreOom;
 use vsnap_config::HugePages;
+use vsnap_pages::{
+    Budget, Fillers, PageServer, PlaceError, Placed, Sharing, Verification, MAX_FILLERS,
+};
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.

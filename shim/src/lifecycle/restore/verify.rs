@@ -15,7 +15,8 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::artifact_error;
 use crate::snapshot::plan::RestorePlan;
-use crate::snapshot::{criu::pages, DIGEST_THREADS};
+use crate::snapshot::DIGEST_THREADS;
+use vsnap_pages as pages;
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.

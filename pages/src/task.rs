@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::snapshot::criu::images::{self, LazyPages};
+use crate::images::{self, LazyPages};
 
 use super::huge::Huge;
 

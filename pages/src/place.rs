@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::snapshot::criu::images::PAGE_SIZE;
+use crate::images::PAGE_SIZE;
 
 use super::task::Task;
 

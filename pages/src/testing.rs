@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::snapshot::criu::images::testing::{entry, image, mm_advised};
-use crate::snapshot::criu::images::{self, PAGE_SIZE};
+use crate::images::testing::{entry, image, mm_advised};
+use crate::images::{self, PAGE_SIZE};
 
 use super::protocol::SOCKET_NAME;
 use super::task::task_pages_files;

@@ -11,7 +11,7 @@ use vsnap_artifact::FileDigest;
 
 use super::output::Output;
 use super::vmas::Elidable;
-use crate::snapshot::criu::images::{PagemapEntry, PAGE_SIZE, PE_PRESENT};
+use crate::images::{PagemapEntry, PAGE_SIZE, PE_PRESENT};
 
 /// Pages read, checked and moved at once.
 pub(super) const PIECE_PAGES: u64 = 512;

@@ -17,7 +17,7 @@
 
 use vsnap_config::HugePages;
 
-use crate::snapshot::criu::images::LazyPages;
+use crate::images::LazyPages;
 
 use super::huge::Huge;
 use super::task::Task;
@@ -120,7 +120,7 @@ pub(super) fn settle(tasks: &mut [Task], policy: HugePages) -> HugeChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::criu::images::LazyRange;
+    use crate::images::LazyRange;
 
     const MIB: u64 = 1 << 20;
 

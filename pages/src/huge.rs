@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nix::sys::uio::{process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
-use crate::snapshot::criu::images::{self, LazyPages, Vma};
+use crate::images::{self, LazyPages, Vma};
 
 /// `1 << MADV_HUGEPAGE` and `1 << MADV_NOHUGEPAGE` in a VMA's `madv`.
 const MADV_HUGEPAGE_BIT: u64 = 1 << libc::MADV_HUGEPAGE;
@@ -260,7 +260,7 @@ fn is_task(host: i32, pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::criu::images::LazyRange;
+    use crate::images::LazyRange;
 
     #[test]
     fn the_hosts_mode_is_the_bracketed_word() {

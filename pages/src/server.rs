@@ -225,7 +225,7 @@ mod tests {
         artifact, connect, deadline, region, send_task, write_images, UFFD_FEATURE_EVENT_UNMAP,
     };
     use super::*;
-    use crate::snapshot::criu::images::PAGE_SIZE;
+    use crate::images::PAGE_SIZE;
     use std::io::Write;
 
     #[tokio::test]
@@ -263,8 +263,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_hole_in_the_pagemap_reads_as_zeros_when_touched_early_or_never() {
-        use crate::snapshot::criu::images::testing::{entry, image};
-        use crate::snapshot::criu::images::{MM_MAGIC, PAGEMAP_MAGIC, PE_LAZY, PE_PRESENT};
+        use crate::images::testing::{entry, image};
+        use crate::images::{MM_MAGIC, PAGEMAP_MAGIC, PE_LAZY, PE_PRESENT};
         let dir = tempfile::tempdir().unwrap();
         let pages = 64u64;
         let mut r = region((pages * PAGE_SIZE) as usize, 0);
@@ -297,7 +297,7 @@ mod tests {
             }
         }
         std::fs::write(dir.path().join("pages-1.img"), file).unwrap();
-        let mm = crate::snapshot::criu::images::testing::mm(start, at(pages));
+        let mm = crate::images::testing::mm(start, at(pages));
         std::fs::write(dir.path().join("mm-13.img"), image(MM_MAGIC, &[mm])).unwrap();
 
         let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();

@@ -38,12 +38,20 @@
 //! - `share`: several restores of one artifact sharing the reading and
 //!   hashing of its pages (a leader, followers);
 //! - `budget`: the host's filler slots, shared by every restore's server;
-//! - `outcome`: what was placed, or why not.
+//! - `outcome`: what was placed, or why not;
+//! - `images`: the little of CRIU's image format the server reads;
+//! - `zero_pages`: a capture's all-zero pages left out of its images, as
+//!   holes the server answers with zero pages.
+//!
+//! The shim is its one user in production (its restore starts a server,
+//! its capture elides zero pages); the probes of `tests/examples` run
+//! the same code outside CRIU.
 
 mod budget;
 mod fill;
 mod huge;
 mod huge_free;
+mod images;
 mod outcome;
 mod place;
 mod protocol;
@@ -53,6 +61,7 @@ mod task;
 #[cfg(test)]
 mod testing;
 mod verify;
+pub mod zero_pages;
 
 pub use budget::{Budget, MAX_SLOTS as MAX_FILLERS};
 pub use outcome::{PlaceError, Placed};

@@ -9,8 +9,8 @@ use prost::Message;
 use super::compaction::is_zero;
 use super::vmas::*;
 use super::*;
-use crate::snapshot::criu::images::testing::image;
-use crate::snapshot::criu::images::{
+use crate::images::testing::image;
+use crate::images::{
     lazy_ranges, parse_pagemap, parse_vmas, MM_MAGIC, PE_LAZY, PE_PARENT,
 };
 
