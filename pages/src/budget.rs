@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::error::{PageError, Phase};
+
 /// The most slots a budget has: the fillers' own cap.
 pub const MAX_SLOTS: usize = 8;
 
@@ -51,8 +53,8 @@ impl Budget {
     /// (root-only, 0700) when missing. A folder that is a symlink, is not
     /// this user's or that others may write is refused: whoever could
     /// write there could hold every slot.
-    pub fn open(dir: &Path, slots: usize) -> Result<Self, String> {
-        private_dir(dir, "filler budget")?;
+    pub fn open(dir: &Path, slots: usize) -> Result<Self, PageError> {
+        private_dir(dir, Phase::Budget)?;
         Ok(Budget {
             dir: dir.to_path_buf(),
             slots: slots.clamp(1, MAX_SLOTS),
@@ -67,7 +69,7 @@ impl Budget {
 
     /// Takes a slot: the first free one from `from` on, else waits for
     /// slot `from` (its holder lets go after a chunk, or dies).
-    pub(super) fn take(&self, from: usize) -> Result<Slot, String> {
+    pub(super) fn take(&self, from: usize) -> Result<Slot, PageError> {
         let t = Instant::now();
         for k in 0..self.slots {
             match Flock::lock(
@@ -96,11 +98,9 @@ impl Budget {
         }
     }
 
-    fn failed(&self, i: usize, e: Errno) -> String {
-        format!(
-            "filler budget: lock {}: {e}",
-            self.path(i % self.slots).display()
-        )
+    fn failed(&self, i: usize, e: Errno) -> PageError {
+        let path = self.path(i % self.slots);
+        PageError::failed(Phase::Budget, path.display(), format!("lock: {e}"))
     }
 
     fn path(&self, i: usize) -> PathBuf {
@@ -109,7 +109,7 @@ impl Budget {
 
     /// Slot `i`'s file, opened anew: each holder its own open file (a
     /// `flock` belongs to an open file, not to a process or a thread).
-    fn file(&self, i: usize) -> Result<File, String> {
+    fn file(&self, i: usize) -> Result<File, PageError> {
         let path = self.path(i);
         File::options()
             .read(true)
@@ -119,29 +119,28 @@ impl Budget {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
-            .map_err(|e| format!("filler budget: open {}: {e}", path.display()))
+            .map_err(|e| PageError::failed(Phase::Budget, path.display(), format!("open: {e}")))
     }
 }
 
 /// Makes `dir` (root-only, 0700) when missing and refuses a folder that is
 /// a symlink, is not this user's or that others may write: whoever could
-/// write there could take what the shims of the host share in it. `what`
-/// names it in errors.
-pub(super) fn private_dir(dir: &Path, what: &str) -> Result<(), String> {
+/// write there could take what the shims of the host share in it. Errors
+/// are of `phase`.
+pub(super) fn private_dir(dir: &Path, phase: Phase) -> Result<(), PageError> {
+    let fail = |detail: String| PageError::failed(phase, dir.display(), detail);
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("{what}: create {}: {e}", dir.display()))?;
-    let md =
-        std::fs::symlink_metadata(dir).map_err(|e| format!("{what}: {}: {e}", dir.display()))?;
+        .map_err(|e| fail(format!("create: {e}")))?;
+    let md = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !md.is_dir() || md.uid() != me || md.permissions().mode() & 0o022 != 0 {
-        return Err(format!(
-            "{what}: {} is not a folder of uid {me} that only it may write",
-            dir.display()
-        ));
+        return Err(fail(format!(
+            "not a folder of uid {me} that only it may write"
+        )));
     }
     Ok(())
 }
@@ -238,24 +237,26 @@ mod tests {
     #[tokio::test]
     async fn a_page_server_places_its_chunks_under_the_budget() {
         use super::super::protocol::RESTORE_FINISHED;
-        use super::super::server::{Fillers, PageServer};
-        use super::super::testing::{artifact, connect, deadline, region, send_task};
+        use super::super::server::PageServer;
+        use super::super::testing::{artifact, connect, deadline, region, send_task, verified};
+        use crate::plan::{FillerBudget, PagePlan};
         use std::io::Write;
         let r = region(3 << 20, 0);
         let (dir, v, data) = artifact(13, &r);
         let budget = Budget::open(&dir.path().join("fillers"), 1).unwrap();
         // Another restore holds the host's only slot.
         let held = budget.take(0).unwrap();
-        let fillers = Fillers {
-            threads: 2,
-            budget: Some(budget),
-            share: None,
-            huge: Default::default(),
-        };
         let images = dir.path().join("images");
-        let server = PageServer::start(dir.path(), &images, fillers, Some(v)).unwrap();
+        let plan = PagePlan {
+            budget: Some(FillerBudget {
+                dir: dir.path().join("fillers"),
+                slots: 1,
+            }),
+            ..verified(&images, 2, v)
+        };
+        let server = PageServer::start(plan, dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 13, &r.uffd);
+        send_task(&mut conn, 13, r.fd());
         conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
         let finished = tokio::spawn(server.finish(deadline()));
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -276,7 +277,7 @@ mod tests {
         let open = dir.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = Budget::open(&open, 2).unwrap_err();
+        let e = Budget::open(&open, 2).unwrap_err().to_string();
         assert!(e.contains("only it may write"), "{e}");
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(dir.path(), &link).unwrap();

@@ -5,13 +5,13 @@
 //! they take what the share gives them (`share::Follower::next`).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use vsnap_artifact::content::CHUNK;
+use crate::chunks::{fillers, Buffer, Chunks, PIECE};
+use crate::error::{PageError, Phase};
 
 use super::budget::Budget;
-use super::outcome::PlaceError;
-use super::place::{serve_faults, wait, Buffer, FILL_CHUNK};
+use super::place::{serve_faults, wait};
 use super::share::{Job, Role};
 use super::task::Task;
 use super::verify::{place_checked, place_chunk, PagesFile};
@@ -40,28 +40,17 @@ impl Fill<'_> {
         threads: usize,
         fault_buf: &mut Buffer,
         faults: &AtomicU64,
-    ) -> Result<(), PlaceError> {
-        let work: Vec<(usize, usize)> = self
-            .files
-            .iter()
-            .enumerate()
-            .flat_map(|(i, f)| (0..f.size.div_ceil(CHUNK) as usize).map(move |c| (i, c)))
-            .collect();
+    ) -> Result<(), PageError> {
+        let sizes: Vec<u64> = self.files.iter().map(|f| f.size).collect();
+        let chunks = Chunks::of(&sizes);
         if let Some(Role::Follower(f)) = self.share {
             f.begin();
         }
-        let next = AtomicUsize::new(0);
         let done = AtomicBool::new(false);
         let tasks = self.tasks;
         std::thread::scope(|s| {
-            let fillers: Vec<_> = (0..threads)
-                .map(|k| {
-                    let (work, next) = (&work, &next);
-                    s.spawn(move || self.fill(k, work, next))
-                })
-                .collect();
             // Meanwhile: the faults of tasks waiting for a page.
-            let serving = s.spawn(|| -> Result<(), PlaceError> {
+            let serving = s.spawn(|| -> Result<(), PageError> {
                 while !done.load(Ordering::SeqCst) {
                     for i in wait(-1, tasks)? {
                         serve_faults(&tasks[i], fault_buf, faults)?;
@@ -69,55 +58,47 @@ impl Fill<'_> {
                 }
                 Ok(())
             });
-            let mut result = Ok(());
-            for f in fillers {
-                let r = f
-                    .join()
-                    .unwrap_or_else(|_| Err("a filling thread panicked".into()));
-                if result.is_ok() {
-                    result = r;
-                }
-                if result.is_err() {
-                    self.stop.store(true, Ordering::SeqCst);
-                }
-            }
+            let result = fillers(
+                threads,
+                |k| self.fill(k, &chunks),
+                || self.stop.store(true, Ordering::SeqCst),
+            );
             done.store(true, Ordering::SeqCst);
-            let served = serving
-                .join()
-                .unwrap_or_else(|_| Err("the fault thread panicked".into()));
+            let served = serving.join().unwrap_or_else(|_| {
+                Err(PageError::failed(
+                    Phase::Place,
+                    "the fault thread",
+                    "panicked",
+                ))
+            });
             result.and(served)
         })
     }
 
     /// What filler does next: as a follower, what the share gives it;
-    /// else the next `(file, chunk)` of `work`. `None`: nothing left.
-    fn next(&self, work: &[(usize, usize)], next: &AtomicUsize) -> Result<Option<Job>, PlaceError> {
+    /// else the next chunk of `chunks`. `None`: nothing left.
+    fn next(&self, chunks: &Chunks) -> Result<Option<Job>, PageError> {
         if let Some(Role::Follower(f)) = self.share {
             return f.next(self.stop, self.dir);
         }
-        let job = work
-            .get(next.fetch_add(1, Ordering::Relaxed))
-            .map(|&(file, chunk)| Job::Read { file, chunk });
-        Ok(job)
+        Ok(chunks.next().map(|c| Job::Read {
+            file: c.file,
+            chunk: c.index,
+        }))
     }
 
     /// Filler `k`: takes the next chunk until none is left or the server
     /// stops, each placed under a slot of the budget (never waiting for the
     /// share's leader while it holds one).
-    fn fill(
-        &self,
-        k: usize,
-        work: &[(usize, usize)],
-        next: &AtomicUsize,
-    ) -> Result<(), PlaceError> {
-        let mut buf = Buffer::new(FILL_CHUNK as usize);
+    fn fill(&self, k: usize, chunks: &Chunks) -> Result<(), PageError> {
+        let mut buf = Buffer::new(PIECE as usize);
         // Restores start their fillers on different slots.
         let from = std::process::id() as usize + k;
         loop {
             if self.stop.load(Ordering::SeqCst) {
-                return Err(PlaceError::from("cancelled"));
+                return Err(PageError::cancelled(Phase::Place));
             }
-            let Some(job) = self.next(work, next)? else {
+            let Some(job) = self.next(chunks)? else {
                 return Ok(());
             };
             let slot = self.budget.map(|b| b.take(from)).transpose()?;
@@ -125,7 +106,7 @@ impl Fill<'_> {
                 self.waited
                     .fetch_add(s.waited.as_nanos() as u64, Ordering::Relaxed);
                 if self.stop.load(Ordering::SeqCst) {
-                    return Err(PlaceError::from("cancelled"));
+                    return Err(PageError::cancelled(Phase::Place));
                 }
             }
             self.place(job, buf.as_mut())?;
@@ -139,7 +120,7 @@ impl Fill<'_> {
     }
 
     /// One chunk placed: read (and shared, by a leader) or from the share.
-    fn place(&self, job: Job, buf: &mut [u8]) -> Result<(), PlaceError> {
+    fn place(&self, job: Job, buf: &mut [u8]) -> Result<(), PageError> {
         match job {
             Job::Read { file, chunk } => {
                 let f = &self.files[file];

@@ -34,13 +34,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nix::sys::uio::{process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
+use crate::error::{pid as task, PageError, Phase};
 use crate::images::{self, LazyPages, Vma};
+use crate::uffd;
 
 /// `1 << MADV_HUGEPAGE` and `1 << MADV_NOHUGEPAGE` in a VMA's `madv`.
 const MADV_HUGEPAGE_BIT: u64 = 1 << libc::MADV_HUGEPAGE;
 const MADV_NOHUGEPAGE_BIT: u64 = 1 << libc::MADV_NOHUGEPAGE;
-/// `UFFDIO_UNREGISTER` (`_IOR(0xAA, 0x01, struct uffdio_range)`).
-const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_AA01;
 /// The host's THP mode.
 const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
@@ -109,15 +109,15 @@ impl Huge {
         pid: i32,
         host_pid: Option<i32>,
         lazy: &LazyPages,
-    ) -> Result<Option<Self>, String> {
+    ) -> Result<Option<Self>, PageError> {
         let mode = ThpMode::host();
         if mode == ThpMode::Never {
             return Ok(None);
         }
         let path = images.join(format!("mm-{pid}.img"));
-        let mm = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-        let vmas =
-            images::parse_vma_entries(&mm).map_err(|e| format!("{}: {e}", path.display()))?;
+        let fail = |e: String| PageError::failed(Phase::Images, path.display(), e);
+        let mm = std::fs::read(&path).map_err(|e| fail(format!("read: {e}")))?;
+        let vmas = images::parse_vma_entries(&mm).map_err(fail)?;
         let vmas = eligible_vmas(&vmas, lazy, mode);
         let host_pid = host_pid.filter(|h| is_task(*h, pid));
         Ok(match (vmas.is_empty(), host_pid) {
@@ -184,26 +184,20 @@ impl Huge {
 
     /// Unregisters every eligible VMA from `uffd` (task `pid`'s): from now
     /// on a touch of them is the kernel's fault, no more the server's.
-    pub(super) fn take(&self, pid: i32, uffd: &impl AsRawFd) -> Result<(), String> {
+    pub(super) fn take(&self, pid: i32, fd: &impl AsRawFd) -> Result<(), PageError> {
         for &(start, end) in &self.vmas {
-            let mut range = [start, end - start];
-            // SAFETY: a valid uffdio_range; the kernel reads it only.
-            let rc =
-                unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_UNREGISTER, range.as_mut_ptr()) };
-            if rc != 0 {
-                return Err(format!(
-                    "pid {pid}: UFFDIO_UNREGISTER of {start:#x}+{}: {}",
-                    end - start,
-                    std::io::Error::last_os_error()
-                ));
-            }
+            uffd::unregister(fd, start, end).map_err(|e| {
+                let what = format!("UFFDIO_UNREGISTER of {start:#x}+{}: {e}", end - start);
+                PageError::failed(Phase::Huge, task(pid), what)
+            })?;
         }
         self.taken.store(true, Ordering::Release);
         Ok(())
     }
 
     /// Writes `data` at `vaddr` of task `pid` (an eligible VMA, taken).
-    pub(super) fn write(&self, pid: i32, vaddr: u64, data: &[u8]) -> Result<(), String> {
+    pub(super) fn write(&self, pid: i32, vaddr: u64, data: &[u8]) -> Result<(), PageError> {
+        let fail = |what: String| PageError::failed(Phase::Place, task(pid), what);
         let mut done = 0usize;
         while done < data.len() {
             let rest = &data[done..];
@@ -213,21 +207,21 @@ impl Huge {
             }];
             match process_vm_writev(Pid::from_raw(self.host_pid), &[IoSlice::new(rest)], &remote) {
                 Ok(0) => {
-                    return Err(format!(
-                        "pid {pid}: process_vm_writev of {:#x}+{}: nothing written",
+                    return Err(fail(format!(
+                        "process_vm_writev of {:#x}+{}: nothing written",
                         vaddr + done as u64,
                         rest.len()
-                    ))
+                    )))
                 }
                 Ok(n) => done += n,
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => {
-                    return Err(format!(
-                        "pid {pid}: process_vm_writev of {:#x}+{} (host pid {}): {e}",
+                    return Err(fail(format!(
+                        "process_vm_writev of {:#x}+{} (host pid {}): {e}",
                         vaddr + done as u64,
                         rest.len(),
                         self.host_pid
-                    ))
+                    )))
                 }
             }
         }

@@ -16,6 +16,8 @@
 
 use std::path::Path;
 
+use crate::error::{PageError, Phase};
+
 pub const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 pub const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 pub const MM_MAGIC: u32 = 0x5749_2820;
@@ -71,16 +73,16 @@ impl LazyPages {
 }
 
 /// Reads task `pid`'s pagemap and VMAs from `images`.
-pub fn lazy_pages(images: &Path, pid: i32) -> Result<LazyPages, String> {
+pub fn lazy_pages(images: &Path, pid: i32) -> Result<LazyPages, PageError> {
     let pagemap_path = images.join(format!("pagemap-{pid}.img"));
-    let pagemap = std::fs::read(&pagemap_path)
-        .map_err(|e| format!("read {}: {e}", pagemap_path.display()))?;
-    let (pages_id, entries) =
-        parse_pagemap(&pagemap).map_err(|e| format!("{}: {e}", pagemap_path.display()))?;
+    let in_pagemap = |e: String| PageError::failed(Phase::Images, pagemap_path.display(), e);
+    let pagemap = std::fs::read(&pagemap_path).map_err(|e| in_pagemap(format!("read: {e}")))?;
+    let (pages_id, entries) = parse_pagemap(&pagemap).map_err(in_pagemap)?;
     let mm_path = images.join(format!("mm-{pid}.img"));
-    let mm = std::fs::read(&mm_path).map_err(|e| format!("read {}: {e}", mm_path.display()))?;
-    let vmas = parse_vmas(&mm).map_err(|e| format!("{}: {e}", mm_path.display()))?;
-    let ranges = lazy_ranges(&entries, &vmas)?;
+    let in_mm = |e: String| PageError::failed(Phase::Images, mm_path.display(), e);
+    let mm = std::fs::read(&mm_path).map_err(|e| in_mm(format!("read: {e}")))?;
+    let vmas = parse_vmas(&mm).map_err(in_mm)?;
+    let ranges = lazy_ranges(&entries, &vmas).map_err(in_pagemap)?;
     Ok(LazyPages { pages_id, ranges })
 }
 

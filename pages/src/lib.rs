@@ -25,47 +25,58 @@
 //! is any range that could not be filled: a registered range left empty
 //! would read as zeros once the descriptor is closed.
 //!
+//! - `plan`: what a restore's server is to do, decided before CRIU starts;
 //! - `protocol`: CRIU's side of the socket;
 //! - `task`: a restored task read from its images, and the pages files of
 //!   an image folder;
-//! - `place`: `UFFDIO_COPY`, early faults and the poll over the tasks;
+//! - `place`: early faults and the poll over the tasks; `uffd`: the
+//!   userfaultfd calls themselves;
 //! - `huge`: the VMAs eligible for huge pages, unregistered and written
 //!   through the kernel's fault path instead;
 //! - `huge_free`: which of them go huge now (`huge_pages`: while the
 //!   host's free 2 MiB blocks cover them, always, or never);
 //! - `verify`: the pages files read chunk by chunk against their digests;
-//! - `server`: the server's thread; `fill`: the fillers;
+//! - `server`: the server's thread; `fill`: the fillers; `chunks`: the
+//!   chunks they take, read piece by piece;
 //! - `share`: several restores of one artifact sharing the reading and
 //!   hashing of its pages (a leader, followers);
 //! - `budget`: the host's filler slots, shared by every restore's server;
-//! - `outcome`: what was placed, or why not;
+//! - `outcome`: what was placed; `error`: why not;
 //! - `images`: the little of CRIU's image format the server reads;
 //! - `zero_pages`: a capture's all-zero pages left out of its images, as
 //!   holes the server answers with zero pages.
 //!
-//! The shim is its one user in production (its restore starts a server,
-//! its capture elides zero pages); the probes of `tests/examples` run
-//! the same code outside CRIU.
+//! The shim is its one user in production (its restore preflight makes a
+//! [`PagePlan`], its restore starts a [`PageServer`] with it, its capture
+//! elides zero pages); the probes of `tests/examples` run the fill's own
+//! pieces ([`chunks`], [`uffd`]) outside CRIU.
 
 mod budget;
+pub mod chunks;
+mod error;
 mod fill;
 mod huge;
 mod huge_free;
 mod images;
 mod outcome;
 mod place;
+mod plan;
 mod protocol;
 mod server;
 mod share;
 mod task;
 #[cfg(test)]
 mod testing;
+pub mod uffd;
 mod verify;
 pub mod zero_pages;
 
-pub use budget::{Budget, MAX_SLOTS as MAX_FILLERS};
-pub use outcome::{PlaceError, Placed};
-pub use server::{Fillers, PageServer};
+pub use budget::MAX_SLOTS as MAX_FILLERS;
+pub use error::{PageError, Phase};
+pub use outcome::Placed;
+pub use plan::{FillerBudget, PagePlan};
+pub use server::PageServer;
 pub use share::Sharing;
-pub use task::task_pages_files;
 pub use verify::Verification;
+/// The runtime config's `huge_pages` policy, a plan's `huge`.
+pub use vsnap_config::HugePages;

@@ -1,8 +1,6 @@
-//! What the page server placed, and why it could not.
+//! What the page server placed (why it could not: `crate::error`).
 
 use std::time::Duration;
-
-use vsnap_artifact::ArtifactError;
 
 /// What the server placed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -32,33 +30,4 @@ pub struct Placed {
     pub chunks_read: u64,
     /// A leader's: chunks it sent to at least one follower.
     pub chunks_shared_out: u64,
-}
-
-/// Why pages could not be placed.
-#[derive(Debug)]
-pub enum PlaceError {
-    /// A pages file differs from its digest: the artifact is damaged.
-    Damaged(ArtifactError),
-    Failed(String),
-}
-
-impl From<String> for PlaceError {
-    fn from(e: String) -> Self {
-        PlaceError::Failed(e)
-    }
-}
-
-impl From<&str> for PlaceError {
-    fn from(e: &str) -> Self {
-        PlaceError::Failed(e.to_string())
-    }
-}
-
-impl std::fmt::Display for PlaceError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PlaceError::Damaged(e) => e.fmt(f),
-            PlaceError::Failed(e) => f.write_str(e),
-        }
-    }
 }

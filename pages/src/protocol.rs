@@ -10,6 +10,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::error::{pid as task, PageError, Phase};
+
 /// CRIU connects to this name in its work folder.
 pub const SOCKET_NAME: &str = "lazy-pages.socket";
 /// `LAZY_PAGES_RESTORE_FINISHED` ("RSTF").
@@ -17,8 +19,8 @@ pub(super) const RESTORE_FINISHED: u32 = 0x5253_5446;
 
 /// Binds `socket`; a path too long for `sun_path` is reached through the
 /// folder's descriptor.
-pub(super) fn bind(work: &Path, socket: &Path) -> Result<UnixListener, String> {
-    let fail = |e: std::io::Error| format!("listen on {}: {e}", socket.display());
+pub(super) fn bind(work: &Path, socket: &Path) -> Result<UnixListener, PageError> {
+    let fail = |e: std::io::Error| PageError::failed(Phase::Listen, socket.display(), e);
     if socket.as_os_str().len() < 100 {
         return UnixListener::bind(socket).map_err(fail);
     }
@@ -26,21 +28,27 @@ pub(super) fn bind(work: &Path, socket: &Path) -> Result<UnixListener, String> {
     UnixListener::bind(format!("/proc/self/fd/{}/{SOCKET_NAME}", dir.as_raw_fd())).map_err(fail)
 }
 
-pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixStream, String> {
+/// CRIU's connection as errors name it.
+const CONN: &str = "CRIU's connection";
+
+fn conn_error(detail: impl std::fmt::Display) -> PageError {
+    PageError::failed(Phase::Connect, CONN, detail)
+}
+
+pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixStream, PageError> {
     loop {
         match listener.accept() {
             Ok((conn, _)) => {
-                conn.set_nonblocking(false)
-                    .map_err(|e| format!("the CRIU connection: {e}"))?;
+                conn.set_nonblocking(false).map_err(conn_error)?;
                 // Each message then says which process sent it: a task
                 // sends its own descriptor (its host pid, for huge pages).
                 nix::sys::socket::setsockopt(&conn, nix::sys::socket::sockopt::PassCred, &true)
-                    .map_err(|e| format!("the CRIU connection: SO_PASSCRED: {e}"))?;
+                    .map_err(|e| conn_error(format!("SO_PASSCRED: {e}")))?;
                 return Ok(conn);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if stop.load(Ordering::SeqCst) {
-                    return Err("cancelled before CRIU connected".into());
+                    return Err(PageError::cancelled(Phase::Connect));
                 }
                 let mut p = libc::pollfd {
                     fd: listener.as_raw_fd(),
@@ -50,7 +58,7 @@ pub(super) fn accept(listener: &UnixListener, stop: &AtomicBool) -> Result<UnixS
                 // SAFETY: one valid pollfd.
                 unsafe { libc::poll(&mut p, 1, 50) };
             }
-            Err(e) => return Err(format!("accept CRIU's connection: {e}")),
+            Err(e) => return Err(conn_error(format!("accept: {e}"))),
         }
     }
 }
@@ -64,13 +72,13 @@ pub(super) enum Message {
 }
 
 /// One message of CRIU's lazy-pages protocol.
-pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
+pub(super) fn receive(conn: &UnixStream) -> Result<Message, PageError> {
     let mut word = [0u8; 4];
     let mut got = 0;
     while got < 4 {
         let (n, _, _) = recv(conn, &mut word[got..])?;
         if n == 0 {
-            return Err("CRIU closed the connection before the restore finished".into());
+            return Err(conn_error("closed by CRIU before the restore finished"));
         }
         got += n;
     }
@@ -85,7 +93,11 @@ pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
     let mut byte = [0u8; 1];
     match recv(conn, &mut byte)? {
         (1, Some(fd), sender) => Ok(Message::Task(pid, fd, sender)),
-        _ => Err(format!("CRIU sent pid {pid} without its userfaultfd")),
+        _ => Err(PageError::failed(
+            Phase::Connect,
+            task(pid),
+            "sent by CRIU without its userfaultfd",
+        )),
     }
 }
 
@@ -94,7 +106,7 @@ pub(super) fn receive(conn: &UnixStream) -> Result<Message, String> {
 fn recv(
     conn: &UnixStream,
     buf: &mut [u8],
-) -> Result<(usize, Option<OwnedFd>, Option<i32>), String> {
+) -> Result<(usize, Option<OwnedFd>, Option<i32>), PageError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut space = nix::cmsg_space!(RawFd, libc::ucred);
     let mut iov = [IoSliceMut::new(buf)];
@@ -104,9 +116,12 @@ fn recv(
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| format!("receive from CRIU: {e}"))?;
+    .map_err(|e| conn_error(format!("recvmsg: {e}")))?;
     let (mut fd, mut sender) = (None, None);
-    for c in msg.cmsgs().map_err(|e| format!("receive from CRIU: {e}"))? {
+    for c in msg
+        .cmsgs()
+        .map_err(|e| conn_error(format!("recvmsg: {e}")))?
+    {
         match c {
             ControlMessageOwned::ScmRights(fds) => {
                 for raw in fds {

@@ -10,40 +10,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vsnap_artifact::content::CHUNK;
-use vsnap_config::HugePages;
+use crate::chunks::{Buffer, CHUNK};
+use crate::error::{PageError, Phase};
+use crate::plan::PagePlan;
 
 use super::budget::Budget;
 use super::fill::Fill;
 use super::huge_free;
-use super::outcome::{PlaceError, Placed};
-use super::place::{serve_faults, wait, Buffer, FAULT_CHUNK};
+use super::outcome::Placed;
+use super::place::{serve_faults, wait, FAULT_CHUNK};
 use super::protocol::{accept, bind, receive, Message, SOCKET_NAME};
 use super::share::{self, Role, Sharing};
 use super::task::Task;
 use super::verify::{pages_files, Verification};
-
-/// How many fillers a restore's server runs, the host's budget they take
-/// a slot of for each chunk (none: they place at will), where the
-/// restores of its artifact share the reading and hashing (none: alone),
-/// and which eligible memory they write as huge pages.
-pub struct Fillers {
-    pub threads: usize,
-    pub budget: Option<Budget>,
-    pub share: Option<Sharing>,
-    pub huge: HugePages,
-}
-
-impl From<usize> for Fillers {
-    fn from(threads: usize) -> Self {
-        Fillers {
-            threads,
-            budget: None,
-            share: None,
-            huge: HugePages::default(),
-        }
-    }
-}
 
 /// This restore's part in its artifact's share, taken before CRIU starts
 /// (a leader listens from then on); only a verified restore shares.
@@ -52,7 +31,7 @@ fn join_share(share: Option<&Sharing>, verify: Option<&Verification>) -> Option<
     match share::join(s, v) {
         Ok(role) => role,
         Err(e) => {
-            log::warn!("restore: page share: {e}: placing alone");
+            log::warn!("restore: {e}: placing alone");
             None
         }
     }
@@ -62,38 +41,36 @@ fn join_share(share: Option<&Sharing>, verify: Option<&Verification>) -> Option<
 pub struct PageServer {
     socket: PathBuf,
     stop: Arc<AtomicBool>,
-    result: Option<tokio::sync::oneshot::Receiver<Result<Placed, PlaceError>>>,
+    result: Option<tokio::sync::oneshot::Receiver<Result<Placed, PageError>>>,
 }
 
 impl PageServer {
     /// Listens on `<work>/lazy-pages.socket` (before CRIU starts: it
-    /// connects first thing) for the restore of `images`.
-    pub fn start(
-        work: &Path,
-        images: &Path,
-        fillers: impl Into<Fillers>,
-        verify: Option<Verification>,
-    ) -> Result<Self, String> {
-        let fillers = fillers.into();
+    /// connects first thing) for the restore `plan` describes.
+    pub fn start(plan: PagePlan, work: &Path) -> Result<Self, PageError> {
+        let budget = match &plan.budget {
+            Some(b) => Some(Budget::open(&b.dir, b.slots)?),
+            None => None,
+        };
         let socket = work.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&socket);
         let listener = bind(work, &socket)?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| format!("{}: {e}", socket.display()))?;
+            .map_err(|e| PageError::failed(Phase::Listen, socket.display(), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (images, flag) = (images.to_path_buf(), stop.clone());
-        let role = join_share(fillers.share.as_ref(), verify.as_ref());
+        let flag = stop.clone();
+        let role = join_share(plan.share.as_ref(), plan.verification.as_ref());
         std::thread::Builder::new()
             .name("vsnap-pages".into())
             .spawn(move || {
-                let served = serve(listener, &images, fillers, verify, role.as_ref(), &flag);
+                let served = serve(listener, plan, budget, role.as_ref(), &flag);
                 // A leader lets its followers go (they read what is left).
                 drop(role);
                 let _ = tx.send(served);
             })
-            .map_err(|e| format!("start the page server: {e}"))?;
+            .map_err(|e| PageError::failed(Phase::Listen, "the server's thread", e))?;
         Ok(PageServer {
             socket,
             stop,
@@ -103,12 +80,13 @@ impl PageServer {
 
     /// Waits until every page is in place (after CRIU's restore returned),
     /// at most until `deadline`.
-    pub async fn finish(mut self, deadline: Instant) -> Result<Placed, PlaceError> {
+    pub async fn finish(mut self, deadline: Instant) -> Result<Placed, PageError> {
         let rx = self.result.take().expect("finished once");
+        let fail = |detail| PageError::failed(Phase::Finish, "the server's thread", detail);
         match tokio::time::timeout_at(deadline.into(), rx).await {
             Ok(Ok(placed)) => placed,
-            Ok(Err(_)) => Err("the page server thread ended without a result".into()),
-            Err(_) => Err("pages not in place by the deadline".into()),
+            Ok(Err(_)) => Err(fail("ended without a result")),
+            Err(_) => Err(fail("pages not in place by the deadline")),
         }
     }
 }
@@ -123,14 +101,14 @@ impl Drop for PageServer {
 
 fn serve(
     listener: UnixListener,
-    images: &Path,
-    fillers: Fillers,
-    verify: Option<Verification>,
+    plan: PagePlan,
+    budget: Option<Budget>,
     role: Option<&Role>,
     stop: &AtomicBool,
-) -> Result<Placed, PlaceError> {
+) -> Result<Placed, PageError> {
     let conn = accept(&listener, stop)?;
     drop(listener);
+    let images = plan.images.as_path();
     let faults = AtomicU64::new(0);
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
     let mut tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
@@ -138,25 +116,25 @@ fn serve(
     // The tree is stopped now: the VMAs eligible for huge pages that the
     // policy places so leave the userfaultfd (a fault already queued is
     // served first), the fillers write them.
-    let huge = huge_free::settle(&mut tasks, fillers.huge);
+    let huge = huge_free::settle(&mut tasks, plan.huge);
     for t in &tasks {
         if let Some(h) = &t.huge {
             serve_faults(t, &mut fault_buf, &faults)?;
             h.take(t.pid, &t.uffd)?;
         }
     }
-    let files = pages_files(images, &tasks, verify.as_ref())?;
-    let dir = verify.map(|v| v.dir).unwrap_or_default();
+    let files = pages_files(images, &tasks, plan.verification.as_ref())?;
+    let dir = plan.verification.map(|v| v.dir).unwrap_or_default();
     let fill = Fill {
         files: &files,
         tasks: &tasks,
         dir: &dir,
         stop,
-        budget: fillers.budget.as_ref(),
+        budget: budget.as_ref(),
         share: role,
         waited: AtomicU64::new(0),
     };
-    fill.run(fillers.threads.max(1), &mut fault_buf, &faults)?;
+    fill.run(plan.threads.max(1), &mut fault_buf, &faults)?;
     let all: u64 = files.iter().map(|f| f.size.div_ceil(CHUNK)).sum();
     let (from_share, read, out) = match role {
         Some(Role::Follower(f)) => (f.counts().0, f.counts().1, 0),
@@ -195,11 +173,11 @@ fn take_tasks(
     stop: &AtomicBool,
     fault_buf: &mut Buffer,
     faults: &AtomicU64,
-) -> Result<Vec<Task>, PlaceError> {
+) -> Result<Vec<Task>, PageError> {
     let mut tasks: Vec<Task> = Vec::new();
     loop {
         if stop.load(Ordering::SeqCst) {
-            return Err("cancelled".into());
+            return Err(PageError::cancelled(Phase::Connect));
         }
         let ready = wait(conn.as_raw_fd(), &tasks)?;
         for t in ready.iter().filter_map(|&i| tasks.get(i)) {
@@ -222,11 +200,13 @@ mod tests {
     //! The server against this process's own memory (`super::super::testing`).
     use super::super::protocol::RESTORE_FINISHED;
     use super::super::testing::{
-        artifact, connect, deadline, region, send_task, write_images, UFFD_FEATURE_EVENT_UNMAP,
+        artifact, connect, deadline, region, send_task, verified, write_images,
+        UFFD_FEATURE_EVENT_UNMAP,
     };
     use super::*;
     use crate::images::PAGE_SIZE;
     use std::io::Write;
+    use vsnap_config::HugePages;
 
     #[tokio::test]
     async fn every_lazy_page_is_placed_and_a_touched_page_is_served_at_once() {
@@ -234,9 +214,9 @@ mod tests {
         let len = (5 << 20) + 3 * PAGE_SIZE as usize; // several fill chunks and a tail
         let r = region(len, 0);
         let data = write_images(dir.path(), 7, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 2), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 7, &r.uffd);
+        send_task(&mut conn, 7, r.fd());
         conn.write_all(&(-9i32).to_ne_bytes()).unwrap(); // a zombie: no descriptor
                                                          // A task touching its memory before the restore finished waits only
                                                          // for its own page.
@@ -300,9 +280,9 @@ mod tests {
         let mm = crate::images::testing::mm(start, at(pages));
         std::fs::write(dir.path().join("mm-13.img"), image(MM_MAGIC, &[mm])).unwrap();
 
-        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 2), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 13, &r.uffd);
+        send_task(&mut conn, 13, r.fd());
         // A page of a hole touched before the restore finished: a zero page.
         // (Unanswered, the toucher would wait forever: bounded here.)
         let addr = at(9) as usize + 17;
@@ -322,10 +302,7 @@ mod tests {
         let placed = server.finish(deadline()).await.unwrap();
         assert_eq!(placed.bytes, (pages - 10) * PAGE_SIZE, "{placed:?}");
         // The descriptor closed, the never touched hole faults in as zeros.
-        drop(std::mem::replace(
-            &mut r.uffd,
-            std::fs::File::open("/dev/null").unwrap().into(),
-        ));
+        drop(r.uffd.take());
         // SAFETY: the region is mapped; missing pages fault in as zeros.
         let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
         assert!(
@@ -341,9 +318,9 @@ mod tests {
         let r = region(len, 0);
         let (dir, v, data) = artifact(11, &r);
         let images = dir.path().join("images");
-        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let server = PageServer::start(verified(&images, 2, v), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 11, &r.uffd);
+        send_task(&mut conn, 11, r.fd());
         conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
         let placed = server.finish(deadline()).await.unwrap();
         assert_eq!(placed.bytes, len as u64);
@@ -363,12 +340,12 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[CHUNK as usize + 4096 * 3 + 17] ^= 0x10;
         std::fs::write(&path, bytes).unwrap();
-        let server = PageServer::start(dir.path(), &images, 2, Some(v)).unwrap();
+        let server = PageServer::start(verified(&images, 2, v), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 12, &r.uffd);
+        send_task(&mut conn, 12, r.fd());
         conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
         match server.finish(deadline()).await.unwrap_err() {
-            PlaceError::Damaged(e) => {
+            PageError::Damaged(e) => {
                 let e = e.to_string();
                 assert!(
                     e.contains("images/pages-1.img chunk 1 (bytes 67108864-"),
@@ -384,9 +361,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 20, UFFD_FEATURE_EVENT_UNMAP);
         write_images(dir.path(), 8, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 2, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 2), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 8, &r.uffd);
+        send_task(&mut conn, 8, r.fd());
         // The "tree" runs and unmaps part of its memory: it waits until the
         // server read the event, which the server refuses.
         let at = r.addr as usize;
@@ -404,9 +381,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 16, 0);
         write_images(dir.path(), 9, &r);
-        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 1), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 9, &r.uffd);
+        send_task(&mut conn, 9, r.fd());
         drop(conn);
         let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("before the restore finished"), "{e}");
@@ -416,9 +393,9 @@ mod tests {
     async fn a_task_without_images_is_refused_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let r = region(1 << 16, 0);
-        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 1), dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, 10, &r.uffd);
+        send_task(&mut conn, 10, r.fd());
         let e = server.finish(deadline()).await.unwrap_err().to_string();
         assert!(e.contains("pagemap-10.img"), "{e}");
     }
@@ -434,13 +411,13 @@ mod tests {
         // sender (this process) matches it.
         let me = std::process::id() as i32;
         let data = write_images_advised(dir.path(), me, &r, Some(1 << libc::MADV_HUGEPAGE));
-        let fillers = Fillers {
+        let plan = PagePlan {
             huge: policy,
-            ..Fillers::from(2)
+            ..PagePlan::new(dir.path(), 2)
         };
-        let server = PageServer::start(dir.path(), dir.path(), fillers, None).unwrap();
+        let server = PageServer::start(plan, dir.path()).unwrap();
         let mut conn = connect(dir.path());
-        send_task(&mut conn, me, &r.uffd);
+        send_task(&mut conn, me, r.fd());
         conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
         let placed = server.finish(deadline()).await.unwrap();
         // SAFETY: the region is mapped and every page of it is now present.
@@ -490,7 +467,7 @@ mod tests {
     #[test]
     fn dropping_the_server_removes_its_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let server = PageServer::start(dir.path(), dir.path(), 1, None).unwrap();
+        let server = PageServer::start(PagePlan::new(dir.path(), 1), dir.path()).unwrap();
         assert!(dir.path().join(SOCKET_NAME).exists());
         drop(server);
         assert!(!dir.path().join(SOCKET_NAME).exists());

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use crate::error::{PageError, Phase};
 use crate::images::{self, LazyPages};
 
 use super::huge::Huge;
@@ -31,7 +32,7 @@ impl Task {
         pid: i32,
         uffd: OwnedFd,
         sender: Option<i32>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PageError> {
         let lazy = images::lazy_pages(images, pid)?;
         let huge = Huge::open(images, pid, sender, &lazy)?;
         let name = format!("pages-{}.img", lazy.pages_id);
@@ -40,7 +41,7 @@ impl Task {
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|e| format!("open {}: {e}", path.display()))?;
+            .map_err(|e| PageError::failed(Phase::Images, path.display(), format!("open: {e}")))?;
         Ok(Task {
             pid,
             uffd,
@@ -55,14 +56,13 @@ impl Task {
 /// The pages files of the tasks in `images`, as `images/pages-<id>.img`:
 /// what the page server reads whole (shared memory's pages files are not
 /// among them: CRIU places those itself).
-pub fn task_pages_files(images: &Path) -> Result<Vec<String>, String> {
-    let entries =
-        std::fs::read_dir(images).map_err(|e| format!("read {}: {e}", images.display()))?;
+pub fn task_pages_files(images: &Path) -> Result<Vec<String>, PageError> {
+    let in_dir = |e: std::io::Error| {
+        PageError::failed(Phase::Images, images.display(), format!("read: {e}"))
+    };
     let mut out = Vec::new();
-    for entry in entries {
-        let name = entry
-            .map_err(|e| format!("read {}: {e}", images.display()))?
-            .file_name();
+    for entry in std::fs::read_dir(images).map_err(in_dir)? {
+        let name = entry.map_err(in_dir)?.file_name();
         let name = name.to_string_lossy();
         let pid = name
             .strip_prefix("pagemap-")
@@ -70,10 +70,9 @@ pub fn task_pages_files(images: &Path) -> Result<Vec<String>, String> {
             .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
         if pid.is_some() {
             let path = images.join(&*name);
-            let bytes =
-                std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-            let (id, _) =
-                images::parse_pagemap(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            let in_file = |e: String| PageError::failed(Phase::Images, path.display(), e);
+            let bytes = std::fs::read(&path).map_err(|e| in_file(format!("read: {e}")))?;
+            let (id, _) = images::parse_pagemap(&bytes).map_err(in_file)?;
             out.push(format!("images/pages-{id}.img"));
         }
     }

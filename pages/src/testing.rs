@@ -2,109 +2,43 @@
 //! with a real userfaultfd, images written as CRIU writes them, and the
 //! descriptor handed over as CRIU's restore does.
 
-use std::fs::File;
 use std::io::{IoSlice, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::images::testing::{entry, image, mm_advised};
 use crate::images::{self, PAGE_SIZE};
+use crate::plan::PagePlan;
+use crate::uffd::Region;
+pub use crate::uffd::UFFD_FEATURE_EVENT_UNMAP;
 
 use super::protocol::SOCKET_NAME;
 use super::task::task_pages_files;
 use super::verify::Verification;
 
-const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
-const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
-pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
-
-pub struct Region {
-    pub addr: *mut u8,
-    pub len: usize,
-    pub uffd: OwnedFd,
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // The descriptor first: with it open, an unmap would wait for a
-        // reader of its event.
-        let fd = std::mem::replace(&mut self.uffd, File::open("/dev/null").unwrap().into());
-        drop(fd);
-        // SAFETY: mapped in `region`, no reference to it outlives the test.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
-/// `len` bytes of fresh anonymous memory whose missing pages go to the
-/// returned userfaultfd.
+/// `len` bytes of fresh anonymous memory whose missing pages go to its
+/// userfaultfd.
 pub fn region(len: usize, features: u64) -> Region {
-    // SAFETY: a fresh mapping this test owns.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(addr, libc::MAP_FAILED);
-    register(addr, len, features)
+    let mut r = Region::map(len, false).expect("mmap");
+    r.register(features).expect("userfaultfd");
+    r
 }
 
 /// As [`region`], 2 MiB aligned and advised `MADV_HUGEPAGE` (as CRIU's
 /// restorer leaves a VMA the engine advised).
 pub fn huge_region(len: usize) -> Region {
-    const HUGE: usize = 2 << 20;
-    // SAFETY: a fresh mapping this test owns, trimmed to an aligned part.
-    unsafe {
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            len + HUGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(base, libc::MAP_FAILED);
-        let start = (base as usize).div_ceil(HUGE) * HUGE;
-        if start > base as usize {
-            libc::munmap(base, start - base as usize);
-        }
-        let tail = base as usize + len + HUGE - (start + len);
-        if tail > 0 {
-            libc::munmap((start + len) as *mut libc::c_void, tail);
-        }
-        assert_eq!(
-            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE),
-            0
-        );
-        register(start as *mut libc::c_void, len, 0)
-    }
+    let mut r = Region::map(len, true).expect("mmap");
+    r.register(0).expect("userfaultfd");
+    r
 }
 
-/// Registers `len` bytes at `addr` with a new userfaultfd.
-fn register(addr: *mut libc::c_void, len: usize, features: u64) -> Region {
-    // SAFETY: plain syscalls on memory and descriptors this test owns.
-    unsafe {
-        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
-        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
-        let uffd = OwnedFd::from_raw_fd(fd as RawFd);
-        let mut api = [0xAAu64, features, 0];
-        assert_eq!(libc::ioctl(fd as RawFd, UFFDIO_API, api.as_mut_ptr()), 0);
-        let mut reg = [addr as u64, len as u64, 1 /* MISSING */, 0];
-        assert_eq!(
-            libc::ioctl(fd as RawFd, UFFDIO_REGISTER, reg.as_mut_ptr()),
-            0
-        );
-        Region {
-            addr: addr as *mut u8,
-            len,
-            uffd,
-        }
+/// The restore of `images` by `threads` fillers, checked against `v`.
+pub fn verified(images: &Path, threads: usize, v: Verification) -> PagePlan {
+    PagePlan {
+        verification: Some(v),
+        ..PagePlan::new(images, threads)
     }
 }
 

@@ -3,23 +3,49 @@
 //! pages placed from the same buffer.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use vsnap_artifact::content::{ChunkDigest, CHUNK};
-use vsnap_artifact::{ArtifactError, FileDigest};
+use vsnap_artifact::content::ChunkDigest;
+use vsnap_artifact::{ArtifactError, Contents, FileDigest};
 
-use super::outcome::PlaceError;
-use super::place::{copy, FILL_CHUNK};
-use super::task::Task;
+use crate::chunks::{read_chunk, Chunk, PIECE};
+use crate::error::{pid, PageError, Phase};
+
+use super::place::copy;
+use super::task::{task_pages_files, Task};
 
 /// The pages files the server checks while placing them: `dir` is the
 /// artifact (named in errors), `files` the digests of its tasks' pages
 /// files (`images/pages-<id>.img`), taken out of the restore's other
 /// verification.
+#[derive(Debug, Clone)]
 pub struct Verification {
     pub dir: PathBuf,
     pub files: Vec<(String, FileDigest)>,
+}
+
+impl Verification {
+    /// The tasks' pages files of the artifact in `dir` (its `images/`),
+    /// each with its digest of `contents`: what the server checks as it
+    /// places them, and the restore's other verification leaves to it.
+    /// An error where the pagemaps cannot be read.
+    pub fn of_tasks(dir: &Path, contents: &Contents) -> Result<Self, PageError> {
+        let names = task_pages_files(&dir.join("images"))?;
+        let files = names
+            .into_iter()
+            .filter_map(|rel| contents.get(&rel).map(|d| (rel, d.clone())))
+            .collect();
+        Ok(Verification {
+            dir: dir.to_path_buf(),
+            files,
+        })
+    }
+
+    /// The files it checks, as the artifact names them.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.iter().map(|(rel, _)| rel.as_str())
+    }
 }
 
 /// A pages file read whole once the restore finished: every chunk checked
@@ -40,7 +66,7 @@ pub(super) fn pages_files(
     images: &Path,
     tasks: &[Task],
     verify: Option<&Verification>,
-) -> Result<Vec<PagesFile>, PlaceError> {
+) -> Result<Vec<PagesFile>, PageError> {
     let files = match verify {
         Some(v) => verified_files(images, tasks, v)?,
         None => task_files(tasks)?,
@@ -49,11 +75,14 @@ pub(super) fn pages_files(
         if let Some(t) = f.task.map(|t| &tasks[t]) {
             let end = t.lazy.ranges.last().map_or(0, |r| r.offset + r.len);
             if end > f.size {
-                return Err(format!(
-                    "pid {}: its pagemap needs {end} bytes of {}, which holds {}",
-                    t.pid, f.rel, f.size
-                )
-                .into());
+                return Err(PageError::failed(
+                    Phase::Images,
+                    pid(t.pid),
+                    format!(
+                        "its pagemap needs {end} bytes of {}, which holds {}",
+                        f.rel, f.size
+                    ),
+                ));
             }
         }
     }
@@ -66,7 +95,7 @@ fn verified_files(
     images: &Path,
     tasks: &[Task],
     v: &Verification,
-) -> Result<Vec<PagesFile>, PlaceError> {
+) -> Result<Vec<PagesFile>, PageError> {
     let mut files = Vec::new();
     for (rel, digest) in &v.files {
         let name = rel.strip_prefix("images/").unwrap_or(rel);
@@ -75,13 +104,13 @@ fn verified_files(
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|e| format!("open {}: {e}", path.display()))?;
+            .map_err(|e| PageError::failed(Phase::Read, path.display(), format!("open: {e}")))?;
         let size = file
             .metadata()
-            .map_err(|e| format!("stat {}: {e}", path.display()))?
+            .map_err(|e| PageError::failed(Phase::Read, path.display(), format!("stat: {e}")))?
             .len();
         if size != digest.size {
-            return Err(PlaceError::Damaged(ArtifactError::Damaged(format!(
+            return Err(PageError::Damaged(ArtifactError::Damaged(format!(
                 "{}: {rel} holds {size} bytes, the manifest says {}",
                 v.dir.display(),
                 digest.size
@@ -99,27 +128,22 @@ fn verified_files(
         .iter()
         .find(|t| !files.iter().any(|f| f.rel == t.pages_rel))
     {
-        return Err(format!(
-            "pid {}: {} has no digest to check it against",
-            t.pid, t.pages_rel
-        )
-        .into());
+        return Err(PageError::failed(
+            Phase::Verify,
+            pid(t.pid),
+            format!("{} has no digest to check it against", t.pages_rel),
+        ));
     }
     Ok(files)
 }
 
 /// Each task's own pages file, unchecked.
-fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PlaceError> {
+fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PageError> {
     let mut files = Vec::new();
     for (i, t) in tasks.iter().enumerate() {
-        let file = t
-            .pages
-            .try_clone()
-            .map_err(|e| format!("pid {}: {}: {e}", t.pid, t.pages_rel))?;
-        let size = file
-            .metadata()
-            .map_err(|e| format!("pid {}: {}: {e}", t.pid, t.pages_rel))?
-            .len();
+        let fail = |e| PageError::failed(Phase::Read, pid(t.pid), format!("{}: {e}", t.pages_rel));
+        let file = t.pages.try_clone().map_err(fail)?;
+        let size = file.metadata().map_err(fail)?.len();
         files.push(PagesFile {
             rel: t.pages_rel.clone(),
             file,
@@ -142,30 +166,27 @@ pub(super) fn place_chunk(
     task: Option<&Task>,
     dir: &Path,
     buf: &mut [u8],
-) -> Result<(), PlaceError> {
-    let start = chunk as u64 * CHUNK;
-    let end = (start + CHUNK).min(f.size);
-    let whole = buf.len() as u64 >= end - start;
+) -> Result<(), PageError> {
     let mut digest = f.digest.as_ref().map(|_| ChunkDigest::new());
-    let mut at = start;
-    while at < end {
-        let n = FILL_CHUNK.min(end - at);
-        let from = if whole { (at - start) as usize } else { 0 };
-        let data = &mut buf[from..from + n as usize];
-        f.file
-            .read_exact_at(data, at)
-            .map_err(|e| format!("read {n} bytes at {at} of {}: {e}", f.rel))?;
-        if let Some(d) = digest.as_mut() {
-            d.update(data);
-        }
-        if let Some(t) = task {
-            place_piece(t, at, data)?;
-        }
-        at += n;
-    }
+    read_chunk(
+        &f.file,
+        &f.rel,
+        Chunk::of(0, f.size, chunk),
+        PIECE,
+        buf,
+        |at, data| {
+            if let Some(d) = digest.as_mut() {
+                d.update(data);
+            }
+            match task {
+                Some(t) => place_piece(t, at, data),
+                None => Ok(()),
+            }
+        },
+    )?;
     if let (Some(d), Some(want)) = (digest, &f.digest) {
         d.check(dir, &f.rel, want, chunk)
-            .map_err(PlaceError::Damaged)?;
+            .map_err(PageError::Damaged)?;
     }
     Ok(())
 }
@@ -177,27 +198,24 @@ pub(super) fn place_checked(
     chunk: usize,
     task: Option<&Task>,
     data: &[u8],
-) -> Result<(), PlaceError> {
-    let start = chunk as u64 * CHUNK;
-    let end = (start + CHUNK).min(f.size);
-    if data.len() as u64 != end - start {
-        return Err(format!(
-            "{} chunk {chunk}: {} bytes shared, the chunk has {}",
-            f.rel,
-            data.len(),
-            end - start
-        )
-        .into());
+) -> Result<(), PageError> {
+    let c = Chunk::of(0, f.size, chunk);
+    if data.len() as u64 != c.len() {
+        return Err(PageError::failed(
+            Phase::Share,
+            format!("{} chunk {chunk}", f.rel),
+            format!("{} bytes shared, the chunk has {}", data.len(), c.len()),
+        ));
     }
     match task {
-        Some(t) => Ok(place_piece(t, start, data)?),
+        Some(t) => place_piece(t, c.start, data),
         None => Ok(()),
     }
 }
 
 /// The lazy pages of `task` among the bytes `data` at `at` of its pages
 /// file, placed.
-fn place_piece(task: &Task, at: u64, data: &[u8]) -> Result<(), String> {
+fn place_piece(task: &Task, at: u64, data: &[u8]) -> Result<(), PageError> {
     let end = at + data.len() as u64;
     for r in task.lazy.overlapping(at, end) {
         let (s, e) = (r.offset.max(at), (r.offset + r.len).min(end));

@@ -12,6 +12,15 @@ use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
+use crate::error::{PageError, Phase};
+
+/// A shared chunk as errors name it.
+const CHUNK_FD: &str = "a chunk's memfd";
+
+fn chunk_error(detail: impl std::fmt::Display) -> PageError {
+    PageError::failed(Phase::Share, CHUNK_FD, detail)
+}
+
 /// The seals a shared chunk must carry.
 pub(super) fn seals() -> SealFlag {
     SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL
@@ -29,12 +38,12 @@ pub(crate) struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    fn new(fd: &OwnedFd, len: usize, prot: ProtFlags) -> Result<Self, String> {
-        let size = NonZeroUsize::new(len).ok_or("an empty chunk")?;
+    fn new(fd: &OwnedFd, len: usize, prot: ProtFlags) -> Result<Self, PageError> {
+        let size = NonZeroUsize::new(len).ok_or_else(|| chunk_error("empty"))?;
         // SAFETY: a fresh shared mapping of `fd`, not aliasing any Rust
         // object; unmapped in Drop.
         let ptr = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) }
-            .map_err(|e| format!("mmap a {len}-byte chunk: {e}"))?;
+            .map_err(|e| chunk_error(format!("mmap {len} bytes: {e}")))?;
         Ok(Mapping { ptr, len })
     }
 
@@ -64,11 +73,12 @@ pub(super) struct Unsealed {
 
 impl Unsealed {
     /// A memfd of `len` bytes that may be sealed, mapped writable.
-    pub(super) fn new(len: usize) -> Result<Self, String> {
+    pub(super) fn new(len: usize) -> Result<Self, PageError> {
         let flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
-        let fd = memfd_create("vsnap-chunk", flags).map_err(|e| format!("memfd_create: {e}"))?;
+        let fd = memfd_create("vsnap-chunk", flags)
+            .map_err(|e| chunk_error(format!("memfd_create: {e}")))?;
         nix::unistd::ftruncate(&fd, len as libc::off_t)
-            .map_err(|e| format!("size a chunk's memfd to {len} bytes: {e}"))?;
+            .map_err(|e| chunk_error(format!("size to {len} bytes: {e}")))?;
         let map = Mapping::new(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
         Ok(Unsealed { fd, map })
     }
@@ -79,10 +89,10 @@ impl Unsealed {
 
     /// Unmapped (a writable mapping would keep `F_SEAL_WRITE` out), then
     /// sealed: from here on its bytes cannot change.
-    pub(super) fn seal(self) -> Result<OwnedFd, String> {
+    pub(super) fn seal(self) -> Result<OwnedFd, PageError> {
         drop(self.map);
         fcntl(&self.fd, FcntlArg::F_ADD_SEALS(seals()))
-            .map_err(|e| format!("seal a chunk's memfd: {e}"))?;
+            .map_err(|e| chunk_error(format!("seal: {e}")))?;
         Ok(self.fd)
     }
 }
@@ -97,21 +107,24 @@ impl Unsealed {
 
 /// A chunk received from the leader: checked to be sealed against any
 /// change and to hold exactly `len` bytes, then mapped read-only.
-pub(super) fn open_sealed(fd: &OwnedFd, len: u64) -> Result<Mapping, String> {
-    let got = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|e| format!("F_GET_SEALS: {e}"))?;
+pub(super) fn open_sealed(fd: &OwnedFd, len: u64) -> Result<Mapping, PageError> {
+    let got =
+        fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|e| chunk_error(format!("F_GET_SEALS: {e}")))?;
     let got = SealFlag::from_bits_truncate(got);
     if !got.contains(seals()) {
-        return Err(format!(
+        return Err(chunk_error(format!(
             "not sealed against changes (seals {:#x}, want {:#x})",
             got.bits(),
             seals().bits()
-        ));
+        )));
     }
     let size = nix::sys::stat::fstat(fd)
-        .map_err(|e| format!("fstat: {e}"))?
+        .map_err(|e| chunk_error(format!("fstat: {e}")))?
         .st_size as u64;
     if size != len {
-        return Err(format!("holds {size} bytes, the chunk has {len}"));
+        return Err(chunk_error(format!(
+            "holds {size} bytes, the chunk has {len}"
+        )));
     }
     Mapping::new(fd, len as usize, ProtFlags::PROT_READ)
 }
@@ -136,10 +149,10 @@ mod tests {
     #[test]
     fn an_unsealed_memfd_or_one_of_another_size_is_refused() {
         let c = Unsealed::new(4096).unwrap();
-        let e = open_sealed(&c.fd, 4096).unwrap_err();
+        let e = open_sealed(&c.fd, 4096).unwrap_err().to_string();
         assert!(e.contains("not sealed"), "{e}");
         let fd = c.seal().unwrap();
-        let e = open_sealed(&fd, 8192).unwrap_err();
+        let e = open_sealed(&fd, 8192).unwrap_err().to_string();
         assert!(e.contains("holds 4096 bytes, the chunk has 8192"), "{e}");
     }
 }

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use vsnap_artifact::content::chunk_mismatch;
 
-use super::super::outcome::PlaceError;
 use super::chunk::{open_sealed, Mapping};
 use super::job::{chunk_len, chunks, Job};
 use super::wire::{self, Kind, Message};
+use crate::error::{PageError, Phase};
 
 /// How long a filler waits for the leader's next chunk before it reads
 /// one itself.
@@ -59,7 +59,7 @@ pub(crate) struct Follower {
 
 impl Follower {
     /// Receives the leader's messages on `sock` for `files`.
-    pub(super) fn start(sock: OwnedFd, files: Vec<(String, u64)>) -> Result<Self, String> {
+    pub(super) fn start(sock: OwnedFd, files: Vec<(String, u64)>) -> Result<Self, PageError> {
         let have = files
             .iter()
             .map(|(_, size)| (0..chunks(*size)).map(|_| Have::Waiting).collect())
@@ -82,7 +82,7 @@ impl Follower {
         let thread = std::thread::Builder::new()
             .name("vsnap-share".into())
             .spawn(move || i.listen())
-            .map_err(|e| format!("page share: start its thread: {e}"))?;
+            .map_err(|e| PageError::failed(Phase::Share, "the follower's thread", e))?;
         Ok(Follower {
             inner,
             thread: Some(thread),
@@ -103,15 +103,15 @@ impl Follower {
     /// What a filler places next; `None` once every chunk is claimed. A
     /// damage the leader found fails it as this restore's own would,
     /// naming `dir`.
-    pub(crate) fn next(&self, stop: &AtomicBool, dir: &Path) -> Result<Option<Job>, PlaceError> {
+    pub(crate) fn next(&self, stop: &AtomicBool, dir: &Path) -> Result<Option<Job>, PageError> {
         let mut s = self.inner.state.lock().expect("lock");
         loop {
             if stop.load(Ordering::SeqCst) {
-                return Err("cancelled".into());
+                return Err(PageError::cancelled(Phase::Place));
             }
             if let Some((file, chunk)) = s.damaged {
                 let (rel, size) = &self.inner.files[file];
-                return Err(PlaceError::Damaged(chunk_mismatch(dir, rel, chunk, *size)));
+                return Err(PageError::Damaged(chunk_mismatch(dir, rel, chunk, *size)));
             }
             if let Some(job) = s.claim_received() {
                 return Ok(Some(job));
@@ -210,7 +210,7 @@ impl Inner {
                 Ok(Some(m)) => self.take(&mut s, m),
                 Ok(None) => s.connected = false,
                 Err(e) => {
-                    log::warn!("page share: from the leader: {e}: reading the rest here");
+                    log::warn!("{e} (from the leader): reading the rest here");
                     s.connected = false;
                 }
             }
@@ -252,7 +252,7 @@ impl Inner {
                     Ok(map) => *h = Have::Shared(map),
                     Err(e) => {
                         log::warn!(
-                            "page share: {} chunk {} from the leader refused: {e}: read here",
+                            "{} chunk {} from the leader refused: {e}: read here",
                             m.file,
                             m.chunk
                         );

@@ -17,12 +17,12 @@ use std::sync::{Arc, Mutex};
 use nix::fcntl::Flock;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::super::outcome::PlaceError;
 use super::super::task::Task;
 use super::super::verify::{place_chunk, PagesFile};
 use super::chunk::Unsealed;
 use super::job::{chunk_len, IN_FLIGHT};
 use super::wire::{self, Kind, Message};
+use crate::error::{PageError, Phase};
 
 type Key = (usize, usize);
 
@@ -70,7 +70,7 @@ impl Leader {
         lock_path: PathBuf,
         sock_path: PathBuf,
         files: Vec<(String, u64)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PageError> {
         let listener = wire::listen(&sock_path)?;
         let inner = Arc::new(Inner {
             files,
@@ -81,7 +81,7 @@ impl Leader {
         let thread = std::thread::Builder::new()
             .name("vsnap-share".into())
             .spawn(move || i.serve(listener))
-            .map_err(|e| format!("page share: start its thread: {e}"))?;
+            .map_err(|e| PageError::failed(Phase::Share, "the leader's thread", e))?;
         Ok(Leader {
             inner,
             thread: Some(thread),
@@ -107,12 +107,12 @@ impl Leader {
         task: Option<&Task>,
         dir: &Path,
         buf: &mut [u8],
-    ) -> Result<(), PlaceError> {
+    ) -> Result<(), PageError> {
         let key = (file, chunk);
         let made = match self.inner.reserve() {
             true => Unsealed::new(chunk_len(f.size, chunk) as usize)
                 .inspect_err(|e| {
-                    log::warn!("page share: {} chunk {chunk}: {e}", f.rel);
+                    log::warn!("{} chunk {chunk}: {e}", f.rel);
                     self.inner.unreserve();
                 })
                 .ok(),
@@ -122,15 +122,15 @@ impl Leader {
             // Not shared: the followers read it themselves, now.
             self.inner.deal(key, Kind::Skip, None, false);
             let placed = place_chunk(f, chunk, task, dir, buf);
-            if let Err(PlaceError::Damaged(_)) = &placed {
+            if let Err(PageError::Damaged(_)) = &placed {
                 self.inner.deal(key, Kind::Damaged, None, false);
             }
             return placed;
         };
         if let Err(e) = place_chunk(f, chunk, task, dir, m.as_mut_slice()) {
             let kind = match e {
-                PlaceError::Damaged(_) => Kind::Damaged,
-                PlaceError::Failed(_) => Kind::Skip,
+                PageError::Damaged(_) => Kind::Damaged,
+                _ => Kind::Skip,
             };
             self.inner.deal(key, kind, None, true);
             return Err(e);
@@ -138,7 +138,7 @@ impl Leader {
         match m.seal() {
             Ok(fd) => self.inner.deal(key, Kind::Chunk, Some(fd), true),
             Err(e) => {
-                log::warn!("page share: {} chunk {chunk}: {e}", f.rel);
+                log::warn!("{} chunk {chunk}: {e}", f.rel);
                 self.inner.deal(key, Kind::Skip, None, true);
             }
         }
@@ -206,7 +206,7 @@ impl Inner {
                     true
                 }
                 Err(e) => {
-                    log::warn!("page share: a follower dropped: {e}");
+                    log::warn!("a follower dropped: {e}");
                     false
                 }
             });
@@ -250,7 +250,7 @@ impl Inner {
         let sock = match wire::accept(listener) {
             Ok(Some(sock)) => sock,
             Ok(None) => return,
-            Err(e) => return log::warn!("page share: {e}"),
+            Err(e) => return log::warn!("{e}"),
         };
         let mut s = self.state.lock().expect("lock");
         let mut told = Vec::new();
@@ -266,7 +266,7 @@ impl Inner {
             .iter()
             .try_for_each(|m| wire::send(sock.as_raw_fd(), m))
         {
-            return log::warn!("page share: a follower dropped: {e}");
+            return log::warn!("a follower dropped: {e}");
         }
         s.conns.push(Conn {
             sock,

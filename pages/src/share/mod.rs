@@ -42,6 +42,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use super::budget::private_dir;
 use super::verify::Verification;
+use crate::error::{PageError, Phase};
 
 pub(super) use follower::Follower;
 pub(super) use job::Job;
@@ -101,8 +102,8 @@ fn files(v: &Verification) -> Vec<(String, u64)> {
 /// Becomes the leader of `s` (the lock was free) or a follower of it;
 /// `None` when neither (a leader that is going away, a name too long for a
 /// socket): this restore then places its pages alone.
-pub(super) fn join(s: &Sharing, v: &Verification) -> Result<Option<Role>, String> {
-    private_dir(&s.dir, "page share")?;
+pub(super) fn join(s: &Sharing, v: &Verification) -> Result<Option<Role>, PageError> {
+    private_dir(&s.dir, Phase::Share)?;
     for _ in 0..5 {
         match lock(&s.path("lock"))? {
             Some(lock) => {
@@ -122,7 +123,8 @@ pub(super) fn join(s: &Sharing, v: &Verification) -> Result<Option<Role>, String
 /// The lock at `path`, if free; `None` when another restore holds it. A
 /// lock taken on a file its leader unlinked as it went is let go, and
 /// `path` tried anew.
-fn lock(path: &Path) -> Result<Option<Flock<File>>, String> {
+fn lock(path: &Path) -> Result<Option<Flock<File>>, PageError> {
+    let fail = |detail: String| PageError::failed(Phase::Share, path.display(), detail);
     loop {
         let file = File::options()
             .read(true)
@@ -131,11 +133,11 @@ fn lock(path: &Path) -> Result<Option<Flock<File>>, String> {
             .truncate(false)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
-            .map_err(|e| format!("page share: open {}: {e}", path.display()))?;
+            .map_err(|e| fail(format!("open: {e}")))?;
         let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => lock,
             Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
-            Err((_, e)) => return Err(format!("page share: lock {}: {e}", path.display())),
+            Err((_, e)) => return Err(fail(format!("lock: {e}"))),
         };
         let held = lock.metadata().map(|m| m.ino());
         let named = std::fs::symlink_metadata(path).map(|m| m.ino());

@@ -10,42 +10,43 @@ use std::sync::atomic::AtomicBool;
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use vsnap_artifact::content::CHUNK;
 
-use super::super::outcome::{PlaceError, Placed};
+use super::super::outcome::Placed;
 use super::super::protocol::RESTORE_FINISHED;
-use super::super::server::{Fillers, PageServer};
-use super::super::testing::{artifact, connect, deadline, region, send_task, write_images, Region};
+use super::super::server::PageServer;
+use super::super::testing::{
+    artifact, connect, deadline, region, send_task, verified, write_images,
+};
 use super::super::verify::Verification;
 use super::chunk::Unsealed;
 use super::wire::{self, Kind, Message};
 use super::*;
+use crate::error::PageError;
+use crate::plan::PagePlan;
+use crate::uffd::Region;
 
 /// A page server for one copy of the artifact (`images`), its work folder
 /// its own, sharing under `runtime`.
 fn copy_server(runtime: &Path, images: &Path, v: &Verification) -> (tempfile::TempDir, PageServer) {
     let work = tempfile::tempdir().unwrap();
-    let fillers = Fillers {
+    let plan = PagePlan {
         share: Some(Sharing::new(runtime, "mac", &v.dir)),
-        ..Fillers::from(2)
+        ..verified(images, 2, v.clone())
     };
-    let verify = Verification {
-        dir: v.dir.clone(),
-        files: v.files.clone(),
-    };
-    let server = PageServer::start(work.path(), images, fillers, Some(verify)).unwrap();
+    let server = PageServer::start(plan, work.path()).unwrap();
     (work, server)
 }
 
 /// CRIU's part for `server`: task `pid` with region `r`, then finished.
 fn restore(work: &Path, pid: i32, r: &Region) -> std::os::unix::net::UnixStream {
     let mut conn = connect(work);
-    send_task(&mut conn, pid, &r.uffd);
+    send_task(&mut conn, pid, r.fd());
     conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
     conn
 }
 
 fn holds(r: &Region, data: &[u8]) -> bool {
     // SAFETY: the region is mapped and every page of it is now present.
-    let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+    let memory = unsafe { r.bytes() };
     memory == data
 }
 
@@ -119,7 +120,7 @@ async fn a_damage_the_leader_found_fails_the_follower_naming_its_chunk() {
         leader.finish(deadline()).await.unwrap_err(),
         followed.await.unwrap().unwrap_err(),
     ] {
-        let PlaceError::Damaged(e) = e else {
+        let PageError::Damaged(e) = e else {
             panic!("not a damage: {e}")
         };
         let e = e.to_string();

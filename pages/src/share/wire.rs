@@ -18,6 +18,15 @@ use nix::sys::socket::{
     SockType, UnixAddr,
 };
 
+use crate::error::{PageError, Phase};
+
+/// The share's connection as errors name it.
+const SOCKET: &str = "the share's socket";
+
+fn socket_error(detail: impl std::fmt::Display) -> PageError {
+    PageError::failed(Phase::Share, SOCKET, detail)
+}
+
 /// The longest packet: the header and a pages file's name.
 const MAX: usize = 512;
 const HEADER: usize = 1 + 4 + 8 + 2;
@@ -97,7 +106,7 @@ impl Message {
 
 /// Sends `m` on `sock` without waiting (a full socket is an error: the
 /// peer is not reading).
-pub(super) fn send(sock: RawFd, m: &Message) -> Result<(), String> {
+pub(super) fn send(sock: RawFd, m: &Message) -> Result<(), PageError> {
     let bytes = m.encode();
     let fds: Vec<RawFd> = m.fd.iter().map(|f| f.as_raw_fd()).collect();
     let cmsgs: Vec<ControlMessage> = match fds.is_empty() {
@@ -105,13 +114,15 @@ pub(super) fn send(sock: RawFd, m: &Message) -> Result<(), String> {
         false => vec![ControlMessage::ScmRights(&fds)],
     };
     let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-    socket::sendmsg::<()>(sock, &[IoSlice::new(&bytes)], &cmsgs, flags, None)
-        .map_err(|e| format!("send {:?} of {} chunk {}: {e}", m.kind, m.file, m.chunk))?;
+    socket::sendmsg::<()>(sock, &[IoSlice::new(&bytes)], &cmsgs, flags, None).map_err(|e| {
+        let chunk = format!("{} chunk {}", m.file, m.chunk);
+        PageError::failed(Phase::Share, chunk, format!("send {:?}: {e}", m.kind))
+    })?;
     Ok(())
 }
 
 /// Receives one message (blocking); `None` once the peer is gone.
-pub(super) fn receive(sock: RawFd) -> Result<Option<Message>, String> {
+pub(super) fn receive(sock: RawFd) -> Result<Option<Message>, PageError> {
     let mut buf = [0u8; MAX];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let (n, fd, truncated) = loop {
@@ -124,11 +135,14 @@ pub(super) fn receive(sock: RawFd) -> Result<Option<Message>, String> {
         ) {
             Err(Errno::EINTR) => continue,
             Err(Errno::ECONNRESET) => return Ok(None),
-            Err(e) => return Err(format!("receive: {e}")),
+            Err(e) => return Err(socket_error(format!("receive: {e}"))),
             Ok(m) => m,
         };
         let mut fd = None;
-        for c in m.cmsgs().map_err(|e| format!("receive: {e}"))? {
+        for c in m
+            .cmsgs()
+            .map_err(|e| socket_error(format!("receive: {e}")))?
+        {
             if let ControlMessageOwned::ScmRights(fds) = c {
                 for raw in fds {
                     // SAFETY: the kernel just gave this process `raw`.
@@ -146,48 +160,53 @@ pub(super) fn receive(sock: RawFd) -> Result<Option<Message>, String> {
         return Ok(None);
     }
     if truncated {
-        return Err("receive: a message or its descriptors were cut".into());
+        return Err(socket_error(
+            "receive: a message or its descriptors were cut",
+        ));
     }
-    Message::decode(&buf[..n], fd).map(Some)
+    Message::decode(&buf[..n], fd)
+        .map(Some)
+        .map_err(|e| socket_error(format!("receive: {e}")))
 }
 
-fn seqpacket() -> Result<OwnedFd, String> {
+fn seqpacket() -> Result<OwnedFd, PageError> {
     socket::socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .map_err(|e| format!("socket: {e}"))
+    .map_err(|e| socket_error(format!("socket: {e}")))
 }
 
 /// Listens on `path` (made 0600: its folder is root's only already).
-pub(super) fn listen(path: &Path) -> Result<OwnedFd, String> {
-    let fail = |e: Errno| format!("listen on {}: {e}", path.display());
+pub(super) fn listen(path: &Path) -> Result<OwnedFd, PageError> {
+    let at = |detail: String| PageError::failed(Phase::Share, path.display(), detail);
+    let fail = |e: Errno| at(format!("listen: {e}"));
     let addr = UnixAddr::new(path).map_err(fail)?;
     let sock = seqpacket()?;
     let _ = std::fs::remove_file(path);
     socket::bind(sock.as_raw_fd(), &addr).map_err(fail)?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+        .map_err(|e| at(format!("chmod: {e}")))?;
     socket::listen(&sock, Backlog::new(64).map_err(fail)?).map_err(fail)?;
     Ok(sock)
 }
 
 /// A connection taken from `listener`, if one waits.
-pub(super) fn accept(listener: &OwnedFd) -> Result<Option<OwnedFd>, String> {
+pub(super) fn accept(listener: &OwnedFd) -> Result<Option<OwnedFd>, PageError> {
     let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
     match socket::accept4(listener.as_raw_fd(), flags) {
         // SAFETY: a descriptor the kernel just gave this process.
         Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
         Err(Errno::EAGAIN | Errno::EINTR | Errno::ECONNABORTED) => Ok(None),
-        Err(e) => Err(format!("accept: {e}")),
+        Err(e) => Err(socket_error(format!("accept: {e}"))),
     }
 }
 
 /// Connects to the leader listening on `path`.
-pub(super) fn connect(path: &Path) -> Result<OwnedFd, String> {
-    let fail = |e: Errno| format!("connect to {}: {e}", path.display());
+pub(super) fn connect(path: &Path) -> Result<OwnedFd, PageError> {
+    let fail = |e: Errno| PageError::failed(Phase::Share, path.display(), format!("connect: {e}"));
     let addr = UnixAddr::new(path).map_err(fail)?;
     let sock = seqpacket()?;
     socket::connect(sock.as_raw_fd(), &addr).map_err(fail)?;

@@ -10,9 +10,7 @@ use super::compaction::is_zero;
 use super::vmas::*;
 use super::*;
 use crate::images::testing::image;
-use crate::images::{
-    lazy_ranges, parse_pagemap, parse_vmas, MM_MAGIC, PE_LAZY, PE_PARENT,
-};
+use crate::images::{lazy_ranges, parse_pagemap, parse_vmas, MM_MAGIC, PE_LAZY, PE_PARENT};
 
 const P: u64 = PAGE_SIZE;
 const ANON: (u32, u32) = (

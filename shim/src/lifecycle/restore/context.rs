@@ -27,7 +27,7 @@ use crate::snapshot::plan::{ReadLock, RestorePlan, WriteLock};
 use crate::snapshot::store::records::{keep_criu_log, record_error, RestoreTimings};
 use crate::snapshot::{criu as criu_flags, criu::memory, store::journal};
 use vsnap_artifact::journal::Op;
-use vsnap_pages::Sharing;
+use vsnap_pages::PagePlan;
 
 /// How long a restore of a checkpoint given by containerd (no plan, so no
 /// activation timeout) may take before it is given up.
@@ -90,7 +90,7 @@ impl RestoreRun {
         let image = c.start.images().ok_or_else(|| {
             Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
         })?;
-        let (plan, lock) = match &mut c.start {
+        let (mut plan, lock) = match &mut c.start {
             // The container's hold on the lock is the restore's from now.
             InitStart::Restore(RestoreSource::Artifact(r)) => {
                 let lock = r.lock.take();
@@ -105,8 +105,10 @@ impl RestoreRun {
                 "the checkpoint restore limit of 3600s",
             ),
         };
-        let mut verify = plan.as_ref().and_then(Verify::of);
-        let job = restore_job(c, image, plan.as_ref(), verify.as_mut(), &deadline)?;
+        let verify = plan.as_ref().and_then(Verify::of);
+        // The page plan goes to the job whole.
+        let pages = plan.as_mut().and_then(|p| p.pages.take());
+        let job = restore_job(c, image, plan.as_ref(), pages, &deadline)?;
         Ok(Self {
             shared,
             handle,
@@ -322,19 +324,16 @@ impl Run for RestoreRun {
 }
 
 /// The `runc restore` job of `c`'s init, its stdio made ready (the init is
-/// Restoring from here). Where vsnap's page server places the memory, it
-/// takes the pages files out of `verify` and hashes them as it places them.
+/// Restoring from here). Where vsnap's page server places the memory,
+/// `pages` is its plan (it hashes the pages files it checks as it places
+/// them: the verification leaves them to it).
 fn restore_job(
     c: &mut Container,
     image: PathBuf,
     plan: Option<&RestorePlan>,
-    verify: Option<&mut Verify>,
+    pages: Option<PagePlan>,
     deadline: &Deadline,
 ) -> Result<RestoreJob> {
-    let place_pages = plan.is_some_and(|r| r.place_pages);
-    let page_verification = verify
-        .filter(|_| place_pages)
-        .and_then(Verify::hand_pages_to_the_page_server);
     let work = c.bundle.join("criu-work");
     std::fs::create_dir_all(&work)
         .map_err(|e| Error::io(format!("restore: mkdir {}", work.display()), e))?;
@@ -366,14 +365,7 @@ fn restore_job(
         prepared: Some(prepared),
         keep_stdio: plan.is_some_and(|r| r.may_go_cold()),
         spare_stdio: None,
-        place_pages,
-        runtime_dir: plan.map(|r| r.runtime_dir.clone()),
-        huge_pages: plan.map(|r| r.huge_pages).unwrap_or_default(),
-        page_share: plan.and_then(|r| {
-            let mac = r.share_pages.as_deref()?;
-            Some(Sharing::new(&r.runtime_dir, mac, &r.common.artifact_dir()))
-        }),
-        page_verification,
+        pages,
         placed: None,
         // Its own token below the kill's: the verification stops CRIU
         // with it on damage, which is not a kill of the start.

@@ -21,6 +21,7 @@
 
 pub(crate) mod masks;
 pub(crate) mod memory;
+pub(crate) mod pages;
 pub(crate) mod pod;
 pub(crate) mod restore_oom;
 

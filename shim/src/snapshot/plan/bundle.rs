@@ -135,7 +135,7 @@ fn edit(
         },
         Prepared::Restore(r) => criu::CriuSetup {
             leave_stopped: r.holds_stopped(),
-            lazy_pages: r.place_pages,
+            lazy_pages: r.pages.is_some(),
             keep_link_remaps_in: None,
             masked_folders: &[],
             empty_masks: empty.as_deref(),
