@@ -5,11 +5,12 @@
 //! has none at hand (its memory held by the page cache, or cut up), the
 //! kernel's fault in a VMA marked `MADV_HUGEPAGE` reclaims and compacts
 //! memory until it has one (THP `defrag` = `madvise`, the default; every
-//! fault under `always`), a stall per 2 MiB. Under `when-free`, the server writes an eligible
-//! VMA through the fault path only while the free blocks counted in
-//! `/proc/buddyinfo` cover its pages; the VMAs past them stay registered
-//! and are copied in 4 KiB pages, which khugepaged may collapse later, in
-//! the background, as it does for any THP fault that fell back.
+//! fault under `always`), a stall per 2 MiB. Under `when-free`, the server
+//! writes an eligible VMA through the fault path only while the free
+//! blocks counted in `/proc/buddyinfo` (`vsnap_host::buddyinfo`) cover its
+//! pages; the VMAs past them stay registered and are copied in 4 KiB
+//! pages, which khugepaged may collapse later, in the background, as it
+//! does for any THP fault that fell back.
 //!
 //! The count is read once per restore, before the fillers start: restores
 //! under way at once each read the same count, so together they may take
@@ -22,10 +23,6 @@ use crate::images::LazyPages;
 use super::huge::Huge;
 use super::task::Task;
 
-/// Where the kernel counts its free blocks, per zone and order.
-const BUDDYINFO: &str = "/proc/buddyinfo";
-/// A 2 MiB block's order (2^9 pages of 4 KiB).
-const HUGE_ORDER: usize = 9;
 /// A huge page's bytes.
 const HUGE_PAGE: u64 = 2 << 20;
 
@@ -39,33 +36,6 @@ pub struct HugeChoice {
     /// where `/proc/buddyinfo` could not be read: every eligible VMA then
     /// goes huge, as the kernel decides).
     pub free_blocks: Option<u64>,
-}
-
-/// The free 2 MiB blocks in a `/proc/buddyinfo` text, all zones added: a
-/// free block of order n ≥ 9 holds 2^(n-9) of them. None where a line
-/// does not read as the kernel writes it.
-pub(super) fn parse_buddyinfo(text: &str) -> Option<u64> {
-    let mut blocks = 0u64;
-    let mut zones = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        // "Node 0, zone   Normal  18424 6248 ..." : counts per order.
-        let counts = line.split_once(" zone ")?.1.split_whitespace().skip(1);
-        for (order, count) in counts.enumerate() {
-            let count: u64 = count.parse().ok()?;
-            if order >= HUGE_ORDER {
-                blocks = blocks.saturating_add(count << (order - HUGE_ORDER).min(32));
-            }
-        }
-        zones += 1;
-    }
-    (zones > 0).then_some(blocks)
-}
-
-/// This host's free 2 MiB blocks now.
-fn host_free_blocks() -> Option<u64> {
-    std::fs::read_to_string(BUDDYINFO)
-        .ok()
-        .and_then(|t| parse_buddyinfo(&t))
 }
 
 /// Keeps, of the tasks' eligible VMAs (in task then address order), those
@@ -110,7 +80,7 @@ fn settle_with<'a>(
 pub(super) fn settle(tasks: &mut [Task], policy: HugePages) -> HugeChoice {
     let any = tasks.iter().any(|t| t.huge.is_some());
     let free = match (any, policy) {
-        (true, HugePages::WhenFree) => host_free_blocks(),
+        (true, HugePages::WhenFree) => vsnap_host::buddyinfo::free_huge_blocks(),
         _ => None,
     };
     let tasks = tasks.iter_mut().map(|t| (&t.lazy, &mut t.huge));
@@ -200,29 +170,5 @@ mod tests {
         // Unknown free blocks: the kernel decides, as before the policy.
         let (c, _) = settle_two(HugePages::WhenFree, None);
         assert_eq!(c, HugeChoice::default());
-    }
-
-    #[test]
-    fn free_blocks_count_every_order_from_nine_in_two_mib_blocks() {
-        let text = "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3 \n\
-Node 0, zone    DMA32     89    105    100     98     86     80     71     57     37     27    715 \n\
-Node 0, zone   Normal  18424   6248   4138   4245   2651   3810   2525   1837   1268    665   3145 \n";
-        // Order 9: 1 + 27 + 665; order 10, two blocks each: 3 + 715 + 3145.
-        assert_eq!(parse_buddyinfo(text), Some(693 + 2 * 3863));
-        let two_nodes = "Node 0, zone   Normal 0 0 0 0 0 0 0 0 0 4 0\nNode 1, zone   Normal 0 0 0 0 0 0 0 0 0 0 1\n";
-        assert_eq!(parse_buddyinfo(two_nodes), Some(6));
-        let cut_up = "Node 0, zone   Normal 9000 9000 9000 9000 9000 9000 9000 9000 9000 0 0\n";
-        assert_eq!(
-            parse_buddyinfo(cut_up),
-            Some(0),
-            "small blocks make no huge page"
-        );
-    }
-
-    #[test]
-    fn a_text_the_kernel_did_not_write_counts_nothing() {
-        assert_eq!(parse_buddyinfo(""), None);
-        assert_eq!(parse_buddyinfo("Node 0, zone Normal 1 x 3\n"), None);
-        assert_eq!(parse_buddyinfo("no zones here\n"), None);
     }
 }

@@ -49,8 +49,8 @@ pub fn criu_cache(config: &Path) -> (std::path::PathBuf, bool) {
 /// that the next CRIU probes the kernel as on a host without it.
 pub fn criu_cache_off(path: &Path) {
     loop {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        if !info.lines().any(|l| l.split(' ').nth(4) == path.to_str()) {
+        let rows = vsnap_host::mountinfo::own().unwrap();
+        if !rows.iter().any(|r| r.mount_point == path) {
             return;
         }
         let ok = Command::new("umount")

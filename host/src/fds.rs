@@ -1,11 +1,13 @@
 //! The descriptors a process holds, read from `/proc/<pid>/fd`: the one
-//! reader the capture's checks share (io_uring, devices, sockets, watches,
-//! GPU holders, volume files).
+//! reader of the shim's capture checks (io_uring, devices, sockets,
+//! watches, GPU holders, volume files), the OCI hook's io_uring check and
+//! the tests.
 
 use std::path::{Path, PathBuf};
 
 /// One open descriptor: its number, what its link names and the link's
 /// path (`/proc/<pid>/fd/<n>`, to stat what it points at).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenFd {
     pub fd: u64,
     pub target: PathBuf,
