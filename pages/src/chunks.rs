@@ -75,6 +75,12 @@ impl Chunks {
             .copied()
     }
 
+    /// How many chunks were handed out so far (what a reader ahead of the
+    /// fillers follows).
+    pub fn taken(&self) -> usize {
+        self.next.load(Ordering::Relaxed).min(self.list.len())
+    }
+
     /// How many chunks there are, taken or not.
     pub fn len(&self) -> usize {
         self.list.len()
@@ -217,6 +223,7 @@ mod tests {
             ]
         );
         assert_eq!(chunks.next(), None, "each chunk once");
+        assert_eq!(chunks.taken(), 3);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub fn region(len: usize, features: u64) -> Region {
 /// restorer leaves a VMA the engine advised).
 pub fn huge_region(len: usize) -> Region {
     let mut r = Region::map(len, true).expect("mmap");
+    r.advise(libc::MADV_HUGEPAGE).expect("madvise");
     r.register(0).expect("userfaultfd");
     r
 }

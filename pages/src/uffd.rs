@@ -161,11 +161,10 @@ pub struct Region {
 unsafe impl Send for Region {}
 
 impl Region {
-    /// `len` bytes of fresh anonymous memory; with `huge`, 2 MiB aligned
-    /// and advised `MADV_HUGEPAGE` (as CRIU's restorer leaves a VMA the
-    /// engine advised).
-    pub fn map(len: usize, huge: bool) -> std::io::Result<Self> {
-        let total = if huge { len + HUGE_PAGE } else { len };
+    /// `len` bytes of fresh anonymous memory; with `aligned`, 2 MiB
+    /// aligned (a VMA that huge pages can back whole).
+    pub fn map(len: usize, aligned: bool) -> std::io::Result<Self> {
+        let total = if aligned { len + HUGE_PAGE } else { len };
         // SAFETY: a fresh private mapping, owned by the returned region.
         let base = unsafe {
             libc::mmap(
@@ -186,7 +185,7 @@ impl Region {
             uffd: None,
             mapped: (base, total),
         };
-        if huge {
+        if aligned {
             // The aligned part kept, one VMA of exactly `len` bytes.
             let start = (base as usize).div_ceil(HUGE_PAGE) * HUGE_PAGE;
             let (head, tail) = (start - base as usize, total - (start - base as usize) - len);
@@ -202,13 +201,20 @@ impl Region {
             }
             region.addr = start as *mut u8;
             region.mapped = (start as *mut libc::c_void, len);
-            // SAFETY: the region's own range.
-            let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
-            if rc != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
         }
         Ok(region)
+    }
+
+    /// `madvise` of the whole region: `MADV_HUGEPAGE` as CRIU's restorer
+    /// leaves a VMA the engine advised, `MADV_NOHUGEPAGE` for 4 KiB pages
+    /// only.
+    pub fn advise(&self, advice: libc::c_int) -> std::io::Result<()> {
+        // SAFETY: the region's own range; advice changes no byte of it.
+        let rc = unsafe { libc::madvise(self.addr.cast(), self.len, advice) };
+        match rc {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
     }
 
     /// Registers the region with a new userfaultfd (non-blocking) asking
