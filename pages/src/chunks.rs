@@ -174,7 +174,7 @@ impl Buffer {
         Buffer { ptr, len }
     }
 
-    pub fn as_mut(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` holds `len` bytes, owned by `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -229,7 +229,11 @@ mod tests {
     #[test]
     fn every_filler_runs_and_the_first_failure_stops_the_others() {
         let ran = Mutex::new(Vec::new());
-        fillers(3, |k| Ok(ran.lock().unwrap().push(k)), || {}).unwrap();
+        let run = |k| {
+            ran.lock().unwrap().push(k);
+            Ok(())
+        };
+        fillers(3, run, || {}).unwrap();
         let mut ran = ran.into_inner().unwrap();
         ran.sort();
         assert_eq!(ran, [0, 1, 2]);
@@ -263,11 +267,18 @@ mod tests {
         let chunk = Chunk::of(0, bytes.len() as u64, 0);
         let mut got = Vec::new();
         let mut buf = Buffer::new(4096);
-        read_chunk(&file, "pages-1.img", chunk, 4096, buf.as_mut(), |at, d| {
-            got.push((at, d.len()));
-            assert_eq!(d, &bytes[at as usize..at as usize + d.len()]);
-            Ok(())
-        })
+        read_chunk(
+            &file,
+            "pages-1.img",
+            chunk,
+            4096,
+            buf.as_mut_slice(),
+            |at, d| {
+                got.push((at, d.len()));
+                assert_eq!(d, &bytes[at as usize..at as usize + d.len()]);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(got, [(0, 4096), (4096, 4096), (8192, 1808)]);
         let past = Chunk {
@@ -279,7 +290,7 @@ mod tests {
             "pages-1.img",
             past,
             4096,
-            buf.as_mut(),
+            buf.as_mut_slice(),
             |_, _| Ok(()),
         );
         let e = e.unwrap_err().to_string();

@@ -109,7 +109,7 @@ impl Fill<'_> {
                     return Err(PageError::cancelled(Phase::Place));
                 }
             }
-            self.place(job, buf.as_mut())?;
+            self.place(job, buf.as_mut_slice())?;
             if slot.is_some() {
                 // The waiters were woken as it went: one of them, not this
                 // filler again, should have it next.

@@ -35,7 +35,7 @@ fn place(
         // writes the bytes.
         return Ok(());
     }
-    let data = &mut buf.as_mut()[..len as usize];
+    let data = &mut buf.as_mut_slice()[..len as usize];
     task.pages.read_exact_at(data, offset).map_err(|e| {
         PageError::failed(
             Phase::Read,

@@ -185,7 +185,7 @@ fn run(threads: usize, path: &str, mode: Mode) -> (f64, f64) {
                     })?;
                 } else {
                     let fd = fd.expect("registered");
-                    read_chunk(&file, path, c, PIECE, buf.as_mut(), |at, data| {
+                    read_chunk(&file, path, c, PIECE, buf.as_mut_slice(), |at, data| {
                         h.update(data);
                         place(mode, fd, pidfd, start + at as usize, data);
                         Ok(())

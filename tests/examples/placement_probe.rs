@@ -163,7 +163,7 @@ fn main() {
                     }
                     let mut h = blake3::Hasher::new();
                     let mut advised = c.start;
-                    read_chunk(&file, path, c, PIECE, buf.as_mut(), |at, data| {
+                    read_chunk(&file, path, c, PIECE, buf.as_mut_slice(), |at, data| {
                         let k = data.len() as u64;
                         let want = (at + k + ahead * PIECE).min(c.end);
                         if want > advised {

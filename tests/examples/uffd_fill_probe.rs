@@ -32,7 +32,7 @@ fn run(threads: usize, path: &str, piece: u64) -> f64 {
         |_| {
             let mut buf = Buffer::new(PIECE as usize);
             // Bytes to copy where nothing is read.
-            buf.as_mut().fill(0);
+            buf.as_mut_slice().fill(0);
             while let Some(c) = chunks.next() {
                 let mut h = blake3::Hasher::new();
                 let mut place = |at: u64, data: &mut [u8]| {
@@ -46,11 +46,11 @@ fn run(threads: usize, path: &str, piece: u64) -> f64 {
                     let mut at = c.start;
                     while at < c.end {
                         let k = piece.min(c.end - at);
-                        place(at, &mut buf.as_mut()[..k as usize])?;
+                        place(at, &mut buf.as_mut_slice()[..k as usize])?;
                         at += k;
                     }
                 } else {
-                    read_chunk(&file, path, c, piece, buf.as_mut(), place)?;
+                    read_chunk(&file, path, c, piece, buf.as_mut_slice(), place)?;
                 }
                 std::hint::black_box(h.finalize());
             }
