@@ -1,5 +1,5 @@
 //! The artifact made whole: the control dir copied in, the all-zero pages
-//! left out of the page images (criu/zero_pages), every file's digest
+//! left out of the page images (vsnap_pages::zero_pages), every file's digest
 //! taken, then the manifest (timings, host and workload identity, clocks,
 //! the carried layer, the tree's memory) sealed with the host key and the staging dir
 //! published in one rename.
