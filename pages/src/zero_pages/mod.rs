@@ -46,6 +46,7 @@ use std::path::Path;
 use prost::Message;
 use vsnap_artifact::{FileDigest, ZeroPages};
 
+use crate::error::{PageError, Phase};
 use compaction::{Compaction, Out, PIECE_PAGES};
 use output::Output;
 use vmas::Elidable;
@@ -67,7 +68,12 @@ pub struct Elided {
 /// Rewrites every task's pagemap and pages file under `images` (a CRIU
 /// dump folder) without their all-zero pages of private anonymous memory,
 /// and takes each pages file's digest on the way.
-pub fn elide(images: &Path) -> Result<Elided, String> {
+/// Errors name the folder and, in their detail, the task and file.
+pub fn elide(images: &Path) -> Result<Elided, PageError> {
+    elide_in(images).map_err(|e| PageError::failed(Phase::Elide, images.display(), e))
+}
+
+fn elide_in(images: &Path) -> Result<Elided, String> {
     let mut pids = Vec::new();
     let entries =
         std::fs::read_dir(images).map_err(|e| format!("read {}: {e}", images.display()))?;

@@ -292,11 +292,12 @@ fn a_pages_file_of_another_size_than_its_pagemap_says_is_refused() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend(page(D));
     std::fs::write(&path, &bytes).unwrap();
-    let e = elide(dir.path()).unwrap_err();
+    let e = elide(dir.path()).unwrap_err().to_string();
     assert!(
         e.contains("pid 9") && e.contains("pages-3.img holds 12288"),
         "{e}"
     );
+    assert!(e.starts_with("zero pages: "), "the phase named: {e}");
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing written");
 }
 

@@ -41,9 +41,8 @@ impl Phase<CaptureRun> for Digest {
         if run.plan.elide_zero_pages {
             let images = staging.images();
             let elided = blocking(PhaseName::Digest, move || {
-                zero_pages::elide(&images).map_err(|e| {
-                    Error::Other(format!("capture: zero pages: {}: {e}", images.display()))
-                })
+                // The error names the phase (zero pages) and the folder.
+                zero_pages::elide(&images).map_err(|e| Error::Other(format!("capture: {e}")))
             })
             .await?;
             info!(
