@@ -274,35 +274,12 @@ fn is_mount_point(path: &Path) -> Result<bool, String> {
     Ok(found)
 }
 
-/// The mount points of a mountinfo text (octal escapes undone).
-pub fn mount_points(info: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
-}
-
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|s| u8::from_str_radix(s, 8).ok())
-        });
-        match (b[i], octal) {
-            (b'\\', Some(v)) => {
-                out.push(v);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The mount points of a mountinfo text (octal escapes undone:
+/// vsnap-host's parser).
+pub fn mount_points(info: &str) -> impl Iterator<Item = PathBuf> {
+    vsnap_host::mountinfo::parse(info)
+        .into_iter()
+        .map(|r| r.mount_point)
 }
 
 fn mount(

@@ -31,11 +31,8 @@ fn statfs_type(path: &Path) -> i64 {
 }
 
 fn mounts_at(path: &Path) -> usize {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = path.to_str().unwrap();
-    info.lines()
-        .filter(|l| l.split(' ').nth(4) == Some(want))
-        .count()
+    let rows = vsnap_host::mountinfo::own().unwrap();
+    rows.iter().filter(|r| r.mount_point == path).count()
 }
 
 /// The log of a `criu check` at level 4.

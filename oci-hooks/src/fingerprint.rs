@@ -307,15 +307,12 @@ pub fn compare(
     )))
 }
 
-/// Whether `path` (absolute, as mountinfo escapes it) is an overlay's
-/// mount point in `mountinfo`.
+/// Whether `path` (absolute) is an overlay's mount point in `mountinfo`.
 fn is_overlay_mount_point(path: &str, mountinfo: &str) -> bool {
     path.starts_with('/')
-        && mountinfo.lines().any(|l| {
-            let point = l.split(' ').nth(4);
-            let fs_type = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
-            point == Some(path) && fs_type == Some("overlay")
-        })
+        && vsnap_host::mountinfo::parse(mountinfo)
+            .iter()
+            .any(|r| r.mount_point == Path::new(path) && r.fs_type == "overlay")
 }
 
 #[cfg(test)]

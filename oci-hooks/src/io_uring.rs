@@ -152,21 +152,19 @@ pub fn process_tree(proc: &Path, pid: i32) -> Vec<i32> {
 
 /// Fails naming the first process of `pids` holding an io_uring fd.
 pub fn check_no_io_uring_fds(proc: &Path, pids: &[i32]) -> Result<(), Failure> {
-    for pid in pids {
-        let dir = proc.join(pid.to_string());
-        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("anon_inode:[io_uring]"))
-            {
-                let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-                return Err(Failure::Check(format!(
-                    "pid {pid} ({}) holds an io_uring instance (fd {}); CRIU cannot checkpoint or restore io_uring",
-                    comm.trim(),
-                    fd.file_name().to_string_lossy()
-                )));
-            }
+    for &pid in pids {
+        let fds = vsnap_host::fds::open_fds_under(proc, pid);
+        if let Some(fd) = fds
+            .iter()
+            .find(|f| f.target == Path::new("anon_inode:[io_uring]"))
+        {
+            let comm = proc.join(pid.to_string()).join("comm");
+            let comm = std::fs::read_to_string(comm).unwrap_or_default();
+            return Err(Failure::Check(format!(
+                "pid {pid} ({}) holds an io_uring instance (fd {}); CRIU cannot checkpoint or restore io_uring",
+                comm.trim(),
+                fd.fd
+            )));
         }
     }
     Ok(())

@@ -43,19 +43,10 @@ struct Restore {
     anon_huge: u64,
 }
 
-/// The free 2 MiB blocks of every zone (orders 9 and up).
+/// The free 2 MiB blocks of every zone (orders 9 and up), as the page
+/// server counts them.
 fn free_blocks() -> u64 {
-    let text = std::fs::read_to_string("/proc/buddyinfo").unwrap();
-    text.lines()
-        .filter_map(|l| l.split_once(" zone ").map(|(_, r)| r))
-        .flat_map(|r| {
-            r.split_whitespace()
-                .skip(1)
-                .enumerate()
-                .filter(|(order, _)| *order >= 9)
-                .map(|(order, n)| n.parse::<u64>().unwrap() << (order - 9))
-        })
-        .sum()
+    vsnap_host::buddyinfo::free_huge_blocks().expect("/proc/buddyinfo")
 }
 
 /// The sum of `/proc/vmstat`'s counters whose names start with `prefix`.

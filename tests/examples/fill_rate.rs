@@ -1,7 +1,8 @@
 //! The machine's fresh-memory fill rate: how fast the bytes of some files
 //! (a restore's page images) can be placed into freshly mapped anonymous
-//! memory, as a restore must place them. With T threads each `pread`s its
-//! share into its part of one mapping; with `--huge` the mapping is first
+//! memory, as a restore must place them. T threads `pread` them into one
+//! mapping in the page server's order (64 MiB chunks, to whichever thread
+//! asks next: `vsnap_pages::chunks`); with `--huge` the mapping is first
 //! `madvise(MADV_HUGEPAGE)`d (THP in `madvise` mode). Prints one line:
 //! `bytes threads huge ms GB/s`. The first pass warms nothing: run it after
 //! the files are in the page cache for the warm figure. The probe itself is

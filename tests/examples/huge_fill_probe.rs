@@ -19,21 +19,20 @@
 //!   mapping (the huge-page fill limit of `scripts/bench.sh restore-limits`,
 //!   with the hash added).
 //!
+//! The fill itself is the page server's (`vsnap_pages::chunks`: the chunks
+//! in order, the fillers, the reads; `vsnap_pages::uffd`: the region, the
+//! copy and the unregister), only the placing differs.
+//!
 //! Prints per mode the median GB/s and how much of the mapping was huge
 //! (`AnonHugePages` of its smaps entry) after the fill.
 //!
 //! cargo run --release -p vsnap-e2e --example huge_fill_probe -- THREADS ROUNDS FILE MODE...
 
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-const CHUNK: u64 = 64 << 20;
-const PIECE: u64 = 2 << 20;
-const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
-const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
-const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_AA01;
-const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
+use vsnap_pages::chunks::{fillers, read_chunk, Buffer, Chunks, PIECE};
+use vsnap_pages::uffd::{self, Region};
+
 const MADV_COLLAPSE: i32 = 25;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -62,81 +61,62 @@ impl Mode {
 
 /// A 2 MiB aligned private anonymous mapping of `len` bytes (advised
 /// unless `copy`), registered with a new userfaultfd (unless
-/// `pread-advised`): (mapping, start, descriptor or -1).
-fn region(len: usize, mode: Mode) -> (usize, usize, i32) {
-    let total = len + PIECE as usize;
-    // SAFETY: plain syscalls on memory and a descriptor this probe owns.
-    unsafe {
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            total,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(base, libc::MAP_FAILED);
-        let start = (base as usize).div_ceil(PIECE as usize) * PIECE as usize;
-        if mode != Mode::Copy {
-            assert_eq!(libc::madvise(start as *mut _, len, libc::MADV_HUGEPAGE), 0);
-        }
-        if mode == Mode::PreadAdvised {
-            return (base as usize, start, -1);
-        }
-        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
-        assert!(fd >= 0);
-        let mut api = [0xAAu64, 0, 0];
-        assert_eq!(libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()), 0);
-        let mut reg = [start as u64, len as u64, 1, 0];
-        assert_eq!(libc::ioctl(fd, UFFDIO_REGISTER, reg.as_mut_ptr()), 0);
-        (base as usize, start, fd)
+/// `pread-advised`).
+fn region(len: usize, mode: Mode) -> Region {
+    let mut r = Region::map(len, true).unwrap();
+    if mode != Mode::Copy {
+        r.advise(libc::MADV_HUGEPAGE).unwrap();
     }
+    if mode != Mode::PreadAdvised {
+        r.register(0).unwrap();
+    }
+    r
 }
 
-/// Places `data` at `dst` of this process as `mode` does.
-fn place(mode: Mode, fd: i32, pidfd: i32, dst: usize, data: &mut [u8]) {
+/// Places `data` at `dst` of this process as `mode` does (`uffd`: the
+/// region's descriptor).
+fn place(mode: Mode, uffd: &std::os::fd::OwnedFd, pidfd: i32, dst: usize, data: &mut [u8]) {
     let k = data.len();
-    // SAFETY: syscalls on this probe's own mapping (`dst..dst + k` inside
-    // it) and buffer (`k` bytes).
-    unsafe {
-        match mode {
-            Mode::PreadAdvised => unreachable!(),
-            Mode::UnregisterWritev | Mode::UnregisterAllWritev => {
-                if mode == Mode::UnregisterWritev {
-                    let mut range = [dst as u64, k as u64];
-                    let rc = libc::ioctl(fd, UFFDIO_UNREGISTER, range.as_mut_ptr());
-                    assert_eq!(rc, 0, "unregister: {}", std::io::Error::last_os_error());
-                }
-                let local = libc::iovec {
-                    iov_base: data.as_mut_ptr() as *mut _,
-                    iov_len: k,
-                };
-                let remote = libc::iovec {
+    match mode {
+        Mode::PreadAdvised => unreachable!(),
+        Mode::UnregisterWritev | Mode::UnregisterAllWritev => {
+            if mode == Mode::UnregisterWritev {
+                let (start, end) = (dst as u64, (dst + k) as u64);
+                uffd::unregister(uffd, start, end).expect("unregister");
+            }
+            let local = libc::iovec {
+                iov_base: data.as_mut_ptr() as *mut _,
+                iov_len: k,
+            };
+            let remote = libc::iovec {
+                iov_base: dst as *mut _,
+                iov_len: k,
+            };
+            // SAFETY: a write of `k` bytes of the buffer into this probe's
+            // own mapping (`dst..dst + k` inside it).
+            let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+            assert_eq!(n, k as isize, "{}", std::io::Error::last_os_error());
+        }
+        _ => {
+            uffd::copy(uffd, dst as u64, data).expect("UFFDIO_COPY");
+            if mode == Mode::CopyCollapse {
+                let iov = libc::iovec {
                     iov_base: dst as *mut _,
                     iov_len: k,
                 };
-                let n = libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0);
-                assert_eq!(n, k as isize, "{}", std::io::Error::last_os_error());
-            }
-            _ => {
-                let mut cp = [dst as u64, data.as_ptr() as u64, k as u64, 0u64, 0u64];
-                let rc = libc::ioctl(fd, UFFDIO_COPY, cp.as_mut_ptr());
-                assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-                if mode == Mode::CopyCollapse {
-                    let iov = libc::iovec {
-                        iov_base: dst as *mut _,
-                        iov_len: k,
-                    };
-                    let n = libc::syscall(
+                // SAFETY: an advice on this probe's own mapping, through a
+                // pidfd of this process.
+                let n = unsafe {
+                    libc::syscall(
                         libc::SYS_process_madvise,
                         pidfd,
                         &iov as *const libc::iovec,
                         1,
                         MADV_COLLAPSE,
                         0,
-                    );
-                    assert_eq!(n, k as i64, "{}", std::io::Error::last_os_error());
-                }
+                    )
+                };
+                assert_eq!(n, k as i64, "{}", std::io::Error::last_os_error());
             }
         }
     }
@@ -171,66 +151,62 @@ fn anon_huge_kb(start: usize, end: usize) -> (u64, usize) {
 fn run(threads: usize, path: &str, mode: Mode) -> (f64, f64) {
     let file = std::fs::File::open(path).unwrap();
     let size = file.metadata().unwrap().len() / PIECE * PIECE;
-    let chunks = size.div_ceil(CHUNK) as usize;
-    let (base, start, fd) = region(size as usize, mode);
+    let chunks = Chunks::of(&[size]);
+    let region = region(size as usize, mode);
+    let start = region.addr as usize;
     // SAFETY: a pidfd of this process.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
     assert!(pidfd >= 0);
-    let next = AtomicUsize::new(0);
     let t = Instant::now();
     if mode == Mode::UnregisterAllWritev {
-        let mut range = [start as u64, size];
-        // SAFETY: the whole registered range, on its own descriptor.
-        let rc = unsafe { libc::ioctl(fd, UFFDIO_UNREGISTER, range.as_mut_ptr()) };
-        assert_eq!(rc, 0, "unregister: {}", std::io::Error::last_os_error());
+        uffd::unregister(region.fd(), start as u64, start as u64 + size).expect("unregister");
     }
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            let (next, file) = (&next, file.try_clone().unwrap());
-            s.spawn(move || {
-                let mut buf = vec![0u8; PIECE as usize];
-                loop {
-                    let c = next.fetch_add(1, Ordering::Relaxed);
-                    if c >= chunks {
-                        return;
-                    }
-                    let (from, end) = (c as u64 * CHUNK, ((c as u64 + 1) * CHUNK).min(size));
-                    let mut h = blake3::Hasher::new();
-                    let mut at = from;
-                    while at < end {
-                        let k = PIECE.min(end - at) as usize;
-                        let dst = start + at as usize;
-                        if mode == Mode::PreadAdvised {
-                            // SAFETY: this chunk's own range of the mapping.
-                            let mem = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, k) };
-                            file.read_exact_at(mem, at).unwrap();
-                            h.update(mem);
-                        } else {
-                            file.read_exact_at(&mut buf[..k], at).unwrap();
-                            h.update(&buf[..k]);
-                            place(mode, fd, pidfd, dst, &mut buf[..k]);
-                        }
-                        at += k as u64;
-                    }
-                    std::hint::black_box(h.finalize());
+    let fd = region.uffd.as_ref();
+    let filled = fillers(
+        threads,
+        |_| {
+            let mut buf = Buffer::new(PIECE as usize);
+            while let Some(c) = chunks.next() {
+                let mut h = blake3::Hasher::new();
+                if mode == Mode::PreadAdvised {
+                    // SAFETY: this chunk's own range of the mapping, which
+                    // no other filler writes.
+                    let mem = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (start + c.start as usize) as *mut u8,
+                            c.len() as usize,
+                        )
+                    };
+                    // The whole chunk as the buffer: each piece is read
+                    // straight into its place.
+                    read_chunk(&file, path, c, PIECE, mem, |_, data| {
+                        h.update(data);
+                        Ok(())
+                    })?;
+                } else {
+                    let fd = fd.expect("registered");
+                    read_chunk(&file, path, c, PIECE, buf.as_mut_slice(), |at, data| {
+                        h.update(data);
+                        place(mode, fd, pidfd, start + at as usize, data);
+                        Ok(())
+                    })?;
                 }
-            });
-        }
-    });
+                std::hint::black_box(h.finalize());
+            }
+            Ok(())
+        },
+        || {},
+    );
+    filled.unwrap();
     let secs = t.elapsed().as_secs_f64();
     let (kb, vmas) = anon_huge_kb(start, start + size as usize);
     if vmas != 1 {
         eprintln!("{mode:?}: the mapping is {vmas} VMAs after the fill");
     }
     let huge = kb as f64 * 1024.0 / size as f64;
-    // SAFETY: the mapping and descriptors made above, no longer used.
-    unsafe {
-        if fd >= 0 {
-            libc::close(fd);
-        }
-        libc::close(pidfd);
-        libc::munmap(base as *mut _, size as usize + PIECE as usize);
-    }
+    // SAFETY: the pidfd made above, no longer used.
+    unsafe { libc::close(pidfd) };
+    drop(region);
     (size as f64 / secs / 1e9, huge)
 }
 

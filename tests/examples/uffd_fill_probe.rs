@@ -2,95 +2,65 @@
 //! userfaultfd: THREADS fillers take 64 MiB chunks of FILE (from the page
 //! cache), `pread` each in PIECE-KiB pieces into their own buffer, BLAKE3 it
 //! and `UFFDIO_COPY` it into a fresh anonymous mapping registered with a
-//! userfaultfd, as `shim/src/snapshot/pages/verify.rs` does. Runs each PIECE
-//! given ROUNDS times, in ABBA order, and prints GB/s. `SKIP_READ=1` copies
-//! the buffer without reading, `SKIP_HASH=1` places without hashing: what
-//! each step costs (docs/page-server.md).
+//! userfaultfd, with the page server's own pieces (`vsnap_pages::chunks`:
+//! the chunks in order, the fillers, the reads; `vsnap_pages::uffd`: the
+//! region and the copy). Runs each PIECE given ROUNDS times, in ABBA
+//! order, and prints GB/s. `SKIP_READ=1` copies the buffer without
+//! reading, `SKIP_HASH=1` places without hashing: what each step costs
+//! (docs/page-server.md).
 //!
 //! cargo run --release -p vsnap-e2e --example uffd_fill_probe -- THREADS ROUNDS FILE PIECE_KIB...
 
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-const CHUNK: u64 = 64 << 20;
-const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
-const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
-const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
-
-/// A fresh private anonymous mapping of `len` bytes, registered for
-/// missing-page faults with a new userfaultfd: (address, descriptor).
-fn region(len: usize) -> (usize, i32) {
-    // SAFETY: plain syscalls on memory and a descriptor this probe owns.
-    unsafe {
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED);
-        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
-        assert!(fd >= 0);
-        let mut api = [0xAAu64, 0, 0];
-        assert_eq!(libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()), 0);
-        let mut reg = [addr as u64, len as u64, 1, 0];
-        assert_eq!(libc::ioctl(fd, UFFDIO_REGISTER, reg.as_mut_ptr()), 0);
-        (addr as usize, fd)
-    }
-}
+use vsnap_pages::chunks::{fillers, read_chunk, Buffer, Chunks, PIECE};
+use vsnap_pages::uffd::{self, Region};
 
 fn run(threads: usize, path: &str, piece: u64) -> f64 {
+    let piece = piece.min(PIECE);
     let file = std::fs::File::open(path).unwrap();
     let size = file.metadata().unwrap().len();
-    let chunks = size.div_ceil(CHUNK) as usize;
-    let (base, fd) = region(size as usize);
-    let next = AtomicUsize::new(0);
+    let chunks = Chunks::of(&[size]);
+    let mut region = Region::map(size as usize, false).unwrap();
+    region.register(0).unwrap();
+    let (base, fd) = (region.addr as u64, region.fd());
     let skip_read = std::env::var("SKIP_READ").is_ok();
     let skip_hash = std::env::var("SKIP_HASH").is_ok();
     let t = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            let next = &next;
-            let file = file.try_clone().unwrap();
-            s.spawn(move || {
-                let mut buf = vec![0u8; (2 << 20) as usize];
-                loop {
-                    let c = next.fetch_add(1, Ordering::Relaxed);
-                    if c >= chunks {
-                        return;
+    let filled = fillers(
+        threads,
+        |_| {
+            let mut buf = Buffer::new(PIECE as usize);
+            // Bytes to copy where nothing is read.
+            buf.as_mut_slice().fill(0);
+            while let Some(c) = chunks.next() {
+                let mut h = blake3::Hasher::new();
+                let mut place = |at: u64, data: &mut [u8]| {
+                    if !skip_hash {
+                        h.update(data);
                     }
-                    let (start, end) = (c as u64 * CHUNK, ((c as u64 + 1) * CHUNK).min(size));
-                    let mut h = blake3::Hasher::new();
-                    let mut at = start;
-                    while at < end {
-                        let k = piece.min(end - at) as usize;
-                        if !skip_read {
-                            file.read_exact_at(&mut buf[..k], at).unwrap();
-                        }
-                        if !skip_hash {
-                            h.update(&buf[..k]);
-                        }
-                        let mut cp = [base as u64 + at, buf.as_ptr() as u64, k as u64, 0u64, 0u64];
-                        // SAFETY: a valid uffdio_copy from the buffer (k bytes in
-                        // bounds) into this chunk's own range of the region.
-                        let rc = unsafe { libc::ioctl(fd, UFFDIO_COPY, cp.as_mut_ptr()) };
-                        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-                        at += k as u64;
+                    uffd::copy(fd, base + at, data).expect("UFFDIO_COPY");
+                    Ok(())
+                };
+                if skip_read {
+                    let mut at = c.start;
+                    while at < c.end {
+                        let k = piece.min(c.end - at);
+                        place(at, &mut buf.as_mut_slice()[..k as usize])?;
+                        at += k;
                     }
-                    std::hint::black_box(h.finalize());
+                } else {
+                    read_chunk(&file, path, c, piece, buf.as_mut_slice(), place)?;
                 }
-            });
-        }
-    });
+                std::hint::black_box(h.finalize());
+            }
+            Ok(())
+        },
+        || {},
+    );
+    filled.unwrap();
     let secs = t.elapsed().as_secs_f64();
-    // SAFETY: the mapping and descriptor made by `region`, no longer used.
-    unsafe {
-        libc::munmap(base as *mut _, size as usize);
-        libc::close(fd);
-    }
+    drop(region);
     size as f64 / secs / 1e9
 }
 

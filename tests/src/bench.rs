@@ -49,8 +49,8 @@ pub fn criu_cache(config: &Path) -> (std::path::PathBuf, bool) {
 /// that the next CRIU probes the kernel as on a host without it.
 pub fn criu_cache_off(path: &Path) {
     loop {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        if !info.lines().any(|l| l.split(' ').nth(4) == path.to_str()) {
+        let rows = vsnap_host::mountinfo::own().unwrap();
+        if !rows.iter().any(|r| r.mount_point == path) {
             return;
         }
         let ok = Command::new("umount")
@@ -84,78 +84,62 @@ pub fn drop_caches() {
 }
 
 /// The machine's fresh-memory fill rate: `threads` threads `pread` the
-/// bytes of `paths`, in 8 MiB pieces handed out round-robin, into one
-/// freshly mapped private anonymous region (each page faulted, zeroed and
-/// filled, as a restore must place it); with `huge` the region is first
+/// bytes of `paths` into one freshly mapped private anonymous region
+/// (each page faulted, zeroed and filled, as a restore must place it), in
+/// the page server's order (`vsnap_pages::chunks`: 64 MiB chunks, file by
+/// file, to whichever thread asks next, each read in 8 MiB pieces
+/// straight into its place); with `huge` the region is first
 /// `madvise(MADV_HUGEPAGE)`d. Returns the bytes and the seconds the fill
 /// took (the mapping's set-up and tear-down not counted).
 pub fn fill(paths: &[std::path::PathBuf], threads: usize, huge: bool) -> (u64, f64) {
-    use std::os::unix::fs::FileExt;
+    use vsnap_pages::chunks::{fillers, read_chunk, Chunks};
     let files: Vec<std::fs::File> = paths
         .iter()
         .map(|p| std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .collect();
-    let sizes: Vec<usize> = files
-        .iter()
-        .map(|f| f.metadata().unwrap().len() as usize)
-        .collect();
-    let total: usize = sizes.iter().sum();
+    let sizes: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().len()).collect();
+    let total: u64 = sizes.iter().sum();
     assert!(total > 0 && threads > 0, "no bytes to place, or no threads");
-    // 2 MiB aligned, so huge pages can back it.
-    let align = 2 << 20;
-    let len = total.div_ceil(align) * align + align;
-    // SAFETY: a fresh private anonymous mapping, unmapped at the end.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(base, libc::MAP_FAILED, "mmap of {len} bytes");
-    let start = (base as usize).div_ceil(align) * align;
+    // Where each file's bytes go in the region.
+    let starts: Vec<u64> = sizes
+        .iter()
+        .scan(0, |at, s| {
+            *at += s;
+            Some(*at - s)
+        })
+        .collect();
+    // 2 MiB aligned and long, so huge pages can back all of it.
+    let align = vsnap_pages::uffd::HUGE_PAGE;
+    let len = (total as usize).div_ceil(align) * align;
+    let region = vsnap_pages::uffd::Region::map(len, true).expect("mmap");
     let advice = if huge {
         libc::MADV_HUGEPAGE
     } else {
         libc::MADV_NOHUGEPAGE
     };
-    // SAFETY: inside the mapping made above.
-    let r = unsafe { libc::madvise(start as *mut libc::c_void, len - align, advice) };
-    assert_eq!(r, 0, "madvise({advice})");
-    // Work items: (file, offset in file, destination offset, length).
+    region.advise(advice).expect("madvise");
+    let base = region.addr as usize;
+    let chunks = Chunks::of(&sizes);
     let piece = 8 << 20;
-    let mut items = Vec::new();
-    let mut dest = 0;
-    for (i, size) in sizes.iter().enumerate() {
-        let mut off = 0;
-        while off < *size {
-            let n = piece.min(size - off);
-            items.push((i, off, dest, n));
-            off += n;
-            dest += n;
-        }
-    }
     let t = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for k in 0..threads {
-            let (files, items) = (&files, &items);
-            s.spawn(move || {
-                for (i, off, dest, n) in items.iter().skip(k).step_by(threads) {
-                    // SAFETY: each item writes its own range of the mapping.
-                    let buf =
-                        unsafe { std::slice::from_raw_parts_mut((start + dest) as *mut u8, *n) };
-                    files[*i].read_exact_at(buf, *off as u64).expect("pread");
-                }
-            });
-        }
-    });
+    let filled = fillers(
+        threads,
+        |_| {
+            while let Some(c) = chunks.next() {
+                let dest = base + (starts[c.file] + c.start) as usize;
+                // SAFETY: each chunk writes its own range of the region.
+                let buf =
+                    unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, c.len() as usize) };
+                read_chunk(&files[c.file], "a pages file", c, piece, buf, |_, _| Ok(()))?;
+            }
+            Ok(())
+        },
+        || {},
+    );
+    filled.expect("pread");
     let secs = t.elapsed().as_secs_f64();
-    // SAFETY: the mapping made above, no longer used.
-    unsafe { libc::munmap(base, len) };
-    (total as u64, secs)
+    drop(region);
+    (total, secs)
 }
 
 /// A restore's preflight, CRIU and activation phases in ms, as

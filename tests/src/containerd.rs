@@ -410,9 +410,7 @@ impl Containerd {
     }
 
     pub fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0)
+        vsnap_host::fds::open_fds(self.pid()).len()
     }
 
     /// Whether `ctr task ls` lists one of `ids` still running or paused.
@@ -516,13 +514,12 @@ pub fn runc_list(root: &Path) -> Vec<String> {
     out.stdout.lines().map(str::to_string).collect()
 }
 
-/// Every mount point of this mount namespace, as mountinfo writes it.
+/// Every mount point of this mount namespace (unescaped).
 pub fn mount_points() -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
+    vsnap_host::mountinfo::own()
         .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(str::to_string)
+        .into_iter()
+        .map(|r| r.mount_point.display().to_string())
         .collect()
 }
 

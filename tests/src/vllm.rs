@@ -147,14 +147,9 @@ fn process_tree(pid: i32) -> Vec<i32> {
 /// The inodes of the sockets the processes `pids` hold open.
 fn socket_inodes(pids: &[i32]) -> BTreeSet<String> {
     let mut inodes = BTreeSet::new();
-    for pid in pids {
-        for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let target = std::fs::read_link(fd.path()).unwrap_or_default();
-            let target = target.to_string_lossy();
+    for &pid in pids {
+        for fd in vsnap_host::fds::open_fds(pid) {
+            let target = fd.target.to_string_lossy();
             if let Some(inode) = target
                 .strip_prefix("socket:[")
                 .and_then(|t| t.strip_suffix(']'))
@@ -237,15 +232,15 @@ pub fn assert_zmq_sockets(what: &str, pid: i32, stale: bool) -> TmpSockets {
 /// PID 1 is host pid `pid`: the overlay upper dir of its root mount (a
 /// containerd snapshot or dockerd's overlay2), listed from the host.
 pub fn upper_tmp_sockets(pid: i32) -> BTreeSet<String> {
-    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS] - FSTYPE SOURCE SUPER
-    let upper = mountinfo
-        .lines()
-        .filter_map(|l| l.split_once(" - "))
-        .find(|(a, b)| a.split(' ').nth(4) == Some("/") && b.starts_with("overlay "))
-        .and_then(|(_, b)| b.split(' ').nth(2))
-        .and_then(|sup| sup.split(',').find_map(|o| o.strip_prefix("upperdir=")))
-        .unwrap_or_else(|| panic!("no overlay root with an upper dir in pid {pid}:\n{mountinfo}"));
+    let rows = vsnap_host::mountinfo::of_pid(pid).unwrap();
+    let upper = rows
+        .iter()
+        .find(|r| r.mount_point == Path::new("/") && r.fs_type == "overlay")
+        .and_then(|r| {
+            let mut options = r.super_options.split(',');
+            options.find_map(|o| o.strip_prefix("upperdir="))
+        })
+        .unwrap_or_else(|| panic!("no overlay root with an upper dir in pid {pid}:\n{rows:#?}"));
     let tmp = Path::new(upper).join("tmp");
     std::fs::read_dir(&tmp)
         .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()))

@@ -89,9 +89,9 @@ pub(super) struct CgroupMount {
 }
 
 /// The cgroup and cgroup2 mounts of `/proc/self/mountinfo` (read by
-/// mounts.rs, the one mountinfo parser).
+/// vsnap-host's, the one mountinfo parser).
 pub(super) fn parse_mountinfo(content: &str) -> Vec<CgroupMount> {
-    crate::mounts::parse(content)
+    vsnap_host::mountinfo::parse(content)
         .into_iter()
         .filter(|r| r.fs_type == "cgroup" || r.fs_type == "cgroup2")
         .map(|r| CgroupMount {

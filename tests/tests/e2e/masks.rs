@@ -9,32 +9,10 @@ use std::path::Path;
 
 use vsnap_e2e::engine::free_port;
 use vsnap_e2e::snapshot_env::{setup, Env};
+use vsnap_host::mountinfo::MountRow;
 
-/// One row of a mountinfo: device, mount point, options, type, source.
-struct Row {
-    dev: String,
-    point: String,
-    options: String,
-    fs_type: String,
-    source: String,
-}
-
-fn rows(pid: i32) -> Vec<Row> {
-    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let rest: Vec<&str> = l.split(" - ").nth(1)?.split(' ').collect();
-            Some(Row {
-                dev: f.get(2)?.to_string(),
-                point: f.get(4)?.to_string(),
-                options: f.get(5)?.to_string(),
-                fs_type: rest.first()?.to_string(),
-                source: rest.get(1)?.to_string(),
-            })
-        })
-        .collect()
+fn rows(pid: i32) -> Vec<MountRow> {
+    vsnap_host::mountinfo::of_pid(pid).unwrap()
 }
 
 /// The spec's masked folders that are folders on this host (runc masks
@@ -68,7 +46,7 @@ fn masked_folders_come_back_empty_and_read_only_without_criu_storing_them() {
         let row = all
             .iter()
             .rev()
-            .find(|r| r.point == *folder)
+            .find(|r| r.mount_point == Path::new(folder))
             .unwrap_or_else(|| panic!("{folder} is masked in the copy"));
         assert_eq!(
             (row.fs_type.as_str(), row.source.as_str()),
@@ -88,14 +66,14 @@ fn masked_folders_come_back_empty_and_read_only_without_criu_storing_them() {
         );
         let e = std::fs::write(inside.join("x"), "x").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{folder}: {e}");
-        mask_devs.insert(row.dev.clone());
+        mask_devs.insert(row.device);
     }
     // CRIU stored one tmpfs image per other tmpfs of the copy (`/dev`,
     // `/dev/shm`, ...), none for a mask.
-    let others: HashSet<&str> = all
+    let others: HashSet<(u64, u64)> = all
         .iter()
-        .filter(|r| r.fs_type == "tmpfs" && !mask_devs.contains(&r.dev))
-        .map(|r| r.dev.as_str())
+        .filter(|r| r.fs_type == "tmpfs" && !mask_devs.contains(&r.device))
+        .map(|r| r.device)
         .collect();
     assert!(!others.is_empty(), "the copy has tmpfs mounts of its own");
     assert_eq!(

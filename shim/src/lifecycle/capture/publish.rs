@@ -1,5 +1,5 @@
 //! The artifact made whole: the control dir copied in, the all-zero pages
-//! left out of the page images (criu/zero_pages), every file's digest
+//! left out of the page images (vsnap_pages::zero_pages), every file's digest
 //! taken, then the manifest (timings, host and workload identity, clocks,
 //! the carried layer, the tree's memory) sealed with the host key and the staging dir
 //! published in one rename.
@@ -10,12 +10,13 @@ use async_trait::async_trait;
 use log::info;
 use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{layout, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
+use vsnap_pages::zero_pages;
 
 use super::context::CaptureRun;
 use crate::error::{Error, Result};
 use crate::lifecycle::phase::blocking;
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
-use crate::snapshot::criu::{memory, zero_pages};
+use crate::snapshot::criu::memory;
 use crate::snapshot::{artifact_error, rootfs::shm, DIGEST_THREADS};
 
 /// The images folder of an artifact, as its content digests name it.
@@ -40,9 +41,8 @@ impl Phase<CaptureRun> for Digest {
         if run.plan.elide_zero_pages {
             let images = staging.images();
             let elided = blocking(PhaseName::Digest, move || {
-                zero_pages::elide(&images).map_err(|e| {
-                    Error::Other(format!("capture: zero pages: {}: {e}", images.display()))
-                })
+                // The error names the phase (zero pages) and the folder.
+                zero_pages::elide(&images).map_err(|e| Error::Other(format!("capture: {e}")))
             })
             .await?;
             info!(

@@ -15,11 +15,8 @@ use crate::runc::{CheckpointFlags, ChildStdio, RestoreFiles, RuncVerbs};
 use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
-use crate::snapshot::criu::pages::{
-    Budget, Fillers, PageServer, PlaceError, Placed, Sharing, Verification, MAX_FILLERS,
-};
 use crate::snapshot::criu::restore_oom::RestoreOom;
-use vsnap_config::HugePages;
+use vsnap_pages::{PageError, PagePlan, PageServer, Phase, Placed};
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
@@ -39,29 +36,14 @@ pub struct RestoreJob {
     /// not end with runc's.
     pub keep_stdio: bool,
     pub spare_stdio: Option<ChildStdio>,
-    /// Where vsnap's page server places the memory (CRIU runs in
-    /// lazy-pages mode): what it is given.
-    pub pages: Option<PageJob>,
+    /// What vsnap's page server does, where it places the memory (CRIU
+    /// runs in lazy-pages mode); taken when it starts.
+    pub pages: Option<PagePlan>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
     pub deadline: Deadline,
     /// What tells a restore the OOM killer ended from any other failure.
     pub memory: MemoryWatch,
-}
-
-/// What vsnap's page server is given for a restore.
-pub struct PageJob {
-    /// The host's shared runtime state, where the page server's fillers
-    /// take their slots of the host's budget (none: no budget).
-    pub runtime_dir: Option<PathBuf>,
-    /// Where the restores of this artifact under way at once share its
-    /// pages (none: this one reads and hashes them alone).
-    pub share: Option<Sharing>,
-    /// Which memory eligible for huge pages the page server places so.
-    pub huge_pages: HugePages,
-    /// The pages files the page server checks against their digests while
-    /// placing them (taken out of the restore's other verification).
-    pub verification: Option<Verification>,
 }
 
 /// The container's memory cgroup, watched while `runc restore` and the
@@ -89,7 +71,10 @@ impl RestoreJob {
         let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
         // Listening before CRIU starts: it connects first thing.
         let pages = match self.pages.take() {
-            Some(job) => Some(self.page_server(job)?),
+            Some(plan) => Some(
+                PageServer::start(plan, &self.work)
+                    .map_err(|e| Error::FailedPrecondition(format!("restore: page server: {e}")))?,
+            ),
             None => None,
         };
         // Before runc makes the cgroup and anything is charged to it.
@@ -154,31 +139,14 @@ impl RestoreJob {
         restored
     }
 
-    fn page_server(&self, job: PageJob) -> Result<PageServer> {
-        let fail = |e| Error::FailedPrecondition(format!("restore: page server: {e}"));
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads = cores.min(MAX_FILLERS);
-        // One slot per core for the whole host: eight restores at once
-        // run as many fillers together as one alone.
-        let budget = match &job.runtime_dir {
-            Some(dir) => Some(Budget::open(&dir.join("fillers"), threads).map_err(fail)?),
-            None => None,
-        };
-        let fillers = Fillers {
-            threads,
-            budget,
-            share: job.share,
-            huge: job.huge_pages,
-        };
-        PageServer::start(&self.work, &self.image, fillers, job.verification).map_err(fail)
-    }
-
     /// Waits for the page server to place every page (within the deadline,
     /// until a kill cancels the restore).
     async fn place(&mut self, server: PageServer) -> Result<()> {
         let placed = tokio::select! {
             placed = server.finish(self.deadline.at) => placed,
-            _ = self.deadline.cancel.cancelled() => Err(PlaceError::from("cancelled")),
+            _ = self.deadline.cancel.cancelled() => {
+                Err(PageError::Cancelled { phase: Phase::Finish })
+            }
         };
         match placed {
             Ok(placed) => {
@@ -186,7 +154,7 @@ impl RestoreJob {
                 self.placed = Some(placed);
                 Ok(())
             }
-            Err(PlaceError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
+            Err(PageError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
             Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use log::info;
 
 use super::context::{RestoreRun, Source};
-use super::job::{PageJob, RestoreJob};
+use super::job::RestoreJob;
 use super::verify::Verify;
 use crate::deadline::Deadline;
 use crate::init_start::{InitStart, RestoreSource};
@@ -18,7 +18,6 @@ use crate::lifecycle::driver::{Failed, Timings};
 use crate::lifecycle::phase::PhaseName;
 use crate::runc::CheckpointFlags;
 use crate::snapshot::criu;
-use crate::snapshot::criu::pages::Sharing;
 use crate::snapshot::plan::{ReadLock, RestorePlan};
 use crate::snapshot::records::journal;
 use crate::snapshot::records::reports::RestoreTimings;
@@ -70,30 +69,15 @@ impl Snapshot {
         criu::options::flags(self.plan.criu.as_ref(), terminal)
     }
 
-    /// What the job needs of the plan: vsnap's page server where it places
-    /// the memory (taking the pages files out of the verification, to hash
-    /// them as it places them), the memory the tree held, and the stdio
-    /// kept where the start may go on cold.
+    /// What the job needs of the plan: vsnap's page server's plan, moved
+    /// whole, where it places the memory (it hashes the pages files it
+    /// checks as it places them: the verification left them to it), the
+    /// memory the tree held, and the stdio kept where the start may go on
+    /// cold.
     pub fn equip(&mut self, job: &mut RestoreJob) {
-        let p = &self.plan;
-        job.memory.need = p.memory;
-        job.keep_stdio = p.may_go_cold();
-        if !p.place_pages {
-            return;
-        }
-        let share = p
-            .share_pages
-            .as_deref()
-            .map(|mac| Sharing::new(&p.runtime_dir, mac, &p.common.artifact_dir()));
-        job.pages = Some(PageJob {
-            runtime_dir: Some(p.runtime_dir.clone()),
-            share,
-            huge_pages: p.huge_pages,
-            verification: self
-                .verify
-                .as_mut()
-                .and_then(Verify::hand_pages_to_the_page_server),
-        });
+        job.memory.need = self.plan.memory;
+        job.keep_stdio = self.plan.may_go_cold();
+        job.pages = self.plan.pages.take();
     }
 
     /// Whether the artifact holds GPU state (its restore verifies first

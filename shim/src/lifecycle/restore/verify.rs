@@ -15,7 +15,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::snapshot::artifact_error;
 use crate::snapshot::plan::RestorePlan;
-use crate::snapshot::{criu::pages, DIGEST_THREADS};
+use crate::snapshot::DIGEST_THREADS;
 use vsnap_artifact::{content, ArtifactError, Contents};
 
 /// What a restore verifies: every file of `dir` against `contents`.
@@ -34,36 +34,16 @@ pub type Verifying = JoinHandle<std::result::Result<Duration, ArtifactError>>;
 
 impl Verify {
     /// What a snapshot restore verifies; None without `verify_contents`.
+    /// The pages files the page server checks as it places them are left
+    /// to it.
     pub fn of(s: &RestorePlan) -> Option<Self> {
+        let mut hashed_elsewhere = s.verified_at_create.clone();
+        hashed_elsewhere.extend(s.pages.iter().flat_map(|p| p.verified_files()));
         Some(Verify {
             dir: s.common.artifact_dir(),
             contents: s.contents.clone()?,
             beside_criu: s.holds_stopped(),
-            hashed_elsewhere: s.verified_at_create.clone(),
-        })
-    }
-
-    /// The tasks' pages files, with their digests, for the page server to
-    /// hash as it places them; this verification leaves them to it. None
-    /// when the pagemaps cannot be read (a damaged one is then named by
-    /// this verification, which keeps every file).
-    pub fn hand_pages_to_the_page_server(&mut self) -> Option<pages::Verification> {
-        let names = match pages::task_pages_files(&self.dir.join("images")) {
-            Ok(names) => names,
-            Err(e) => {
-                log::warn!("restore: page server: {e}: every file is verified apart");
-                return None;
-            }
-        };
-        let files = names
-            .into_iter()
-            .filter_map(|rel| self.contents.get(&rel).map(|d| (rel, d.clone())))
-            .collect::<Vec<_>>();
-        self.hashed_elsewhere
-            .extend(files.iter().map(|(rel, _)| rel.clone()));
-        Some(pages::Verification {
-            dir: self.dir.clone(),
-            files,
+            hashed_elsewhere,
         })
     }
 

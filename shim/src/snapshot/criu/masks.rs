@@ -133,10 +133,10 @@ mod tests {
         let empty = ensure_empty(dir.path()).unwrap();
         assert!(is_read_only_tmpfs(&empty));
         assert_eq!(ensure_empty(dir.path()).unwrap(), empty);
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let at = info
-            .lines()
-            .filter(|l| l.split(' ').nth(4).map(Path::new) == Some(empty.as_path()))
+        let at = vsnap_host::mountinfo::own()
+            .unwrap()
+            .iter()
+            .filter(|r| r.mount_point == empty)
             .count();
         assert_eq!(at, 1, "a second call mounts nothing");
         let e = std::fs::write(empty.join("x"), "x").unwrap_err();

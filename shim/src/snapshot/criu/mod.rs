@@ -19,14 +19,12 @@
 //! * Errors of the plugin's late resume hook are not failures of the
 //!   restore: CRIU reports success and the copy hangs on its GPU.
 
-pub(crate) mod images;
 pub(crate) mod masks;
 pub(crate) mod memory;
 pub(crate) mod options;
 pub(crate) mod pages;
 pub(crate) mod pod;
 pub(crate) mod restore_oom;
-pub(crate) mod zero_pages;
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::devices::{gpu_device_index, is_nvidia_path};
 use super::error::CudaError;
-use crate::snapshot::inventory::proc_fds::open_fds_under;
+use vsnap_host::fds::open_fds_under;
 
 /// The processes of `pids` that hold `/dev/nvidia*` files open (read from
 /// `/proc/PID/fd`), each with its sorted device paths as the process sees

@@ -92,7 +92,7 @@ pub fn parse_marks(fdinfo: &str) -> Vec<(Api, Inode)> {
 pub fn watches(pids: &[i32]) -> Vec<Watch> {
     let mut out = Vec::new();
     for &pid in pids {
-        for f in crate::snapshot::inventory::proc_fds::open_fds(pid) {
+        for f in vsnap_host::fds::open_fds(pid) {
             let t = f.target.to_string_lossy();
             if t != "anon_inode:inotify" && t != "anon_inode:[fanotify]" {
                 continue;
@@ -213,17 +213,11 @@ pub fn scan_paths(
 /// The filesystem type of the device `dev` as the mount table `mountinfo`
 /// (of `/proc/<pid>/mountinfo`) lists it.
 pub fn fs_type(mountinfo: &str, dev: u64) -> Option<String> {
-    let want = format!(
-        "{}:{}",
-        nix::sys::stat::major(dev),
-        nix::sys::stat::minor(dev)
-    );
-    mountinfo.lines().find_map(|l| {
-        let fields: Vec<&str> = l.split_whitespace().collect();
-        let sep = fields.iter().position(|f| *f == "-")?;
-        (fields.get(2) == Some(&want.as_str()))
-            .then(|| fields.get(sep + 1).map(|s| s.to_string()))?
-    })
+    let want = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    vsnap_host::mountinfo::parse(mountinfo)
+        .into_iter()
+        .find(|r| r.device == want)
+        .map(|r| r.fs_type)
 }
 
 /// The watched inodes a CRIU dump log says it could not open

@@ -4,7 +4,6 @@
 
 pub(crate) mod fsnotify;
 pub(crate) mod pod_address;
-pub(crate) mod proc_fds;
 pub(crate) mod sock_diag;
 pub(crate) mod tcp_table;
 
@@ -18,7 +17,7 @@ use tcp_table::{TcpEntry, TcpState};
 /// Fails naming the first process of `pids` that holds an io_uring fd.
 pub fn check_no_io_uring(pids: &[i32]) -> Result<()> {
     for pid in pids {
-        for f in crate::snapshot::inventory::proc_fds::open_fds(*pid) {
+        for f in vsnap_host::fds::open_fds(*pid) {
             if f.target == Path::new("anon_inode:[io_uring]") {
                 return Err(Error::FailedPrecondition(format!(
                     "capture: inventory: pid {pid} holds an io_uring instance (fd {}); CRIU cannot dump io_uring: disable it in the engine (kernel.io_uring_disabled)",
@@ -136,20 +135,19 @@ pub fn check_dumpable_devices(
 ) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
     for pid in pids {
-        let fds: Vec<(String, std::path::PathBuf, u64)> =
-            crate::snapshot::inventory::proc_fds::open_fds(*pid)
-                .into_iter()
-                .filter_map(|f| {
-                    let meta = std::fs::metadata(&f.path).ok()?;
-                    meta.file_type().is_char_device().then(|| {
-                        (
-                            f.fd.to_string(),
-                            f.target,
-                            std::os::unix::fs::MetadataExt::rdev(&meta),
-                        )
-                    })
+        let fds: Vec<(String, std::path::PathBuf, u64)> = vsnap_host::fds::open_fds(*pid)
+            .into_iter()
+            .filter_map(|f| {
+                let meta = std::fs::metadata(&f.path).ok()?;
+                meta.file_type().is_char_device().then(|| {
+                    (
+                        f.fd.to_string(),
+                        f.target,
+                        std::os::unix::fs::MetadataExt::rdev(&meta),
+                    )
                 })
-                .collect();
+            })
+            .collect();
         for (fd, target, rdev) in fds {
             let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
             if crius_char_device(major, minor) {

@@ -134,7 +134,7 @@ fn read_under(dir: &str) -> Vec<TcpEntry> {
 
 /// The inodes of the sockets `pid` holds open (none when it is gone).
 pub fn socket_inodes(pid: i32) -> Vec<u64> {
-    crate::snapshot::inventory::proc_fds::open_fds(pid)
+    vsnap_host::fds::open_fds(pid)
         .into_iter()
         .filter_map(|f| {
             f.target

@@ -121,7 +121,7 @@ fn edit(
     let criu = match p {
         PlanRef::Capture(c) => Options::capture(&c.criu, c.common.host_shm.as_deref()),
         PlanRef::Restore(r) => {
-            let held = (r.holds_stopped(), r.place_pages);
+            let held = (r.holds_stopped(), r.pages.is_some());
             Options::restore(spec, config, r.criu.as_ref(), held)?
         }
     };

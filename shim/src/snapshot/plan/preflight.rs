@@ -25,7 +25,7 @@ use super::prepared_plan::PlanRef;
 use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
-use crate::snapshot::{artifact_error, plan::tenant, records::journal, rootfs, rootfs::shm};
+use crate::snapshot::{artifact_error, criu, plan::tenant, records::journal, rootfs, rootfs::shm};
 
 /// What the restore preflight found in the artifact.
 struct Preflight {
@@ -78,17 +78,19 @@ pub(super) fn prepare_restore(
         }
     };
     let place_pages = engine.gpus.is_empty() && config.page_placement == PagePlacement::Parallel;
-    // Only what is verified is shared: the leader hands on chunks it
-    // checked against the digests.
-    let share_pages = (config.share_pages && found.contents.is_some()).then_some(found.mac);
     let auto = inputs.plan.mode == super::annotations::Mode::Auto;
     // Only an overlay's upper dir is unpacked into (put_back_layer).
     let unpacked = matches!(&found.carried, Some((RootfsLayer::OverlayUpper { .. }, _)));
     let cold = auto
         .then(|| ColdStart::of(inputs.bundle, layer, unpacked))
         .flatten();
+    let common = common_part(inputs, engine, name)?;
+    let pages = place_pages.then(|| {
+        let dir = common.artifact_dir();
+        criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac)
+    });
     let mut plan = RestorePlan {
-        common: common_part(inputs, engine, name)?,
+        common,
         lock: Some(lock),
         owner: found.owner,
         fingerprint_key: config.fleet_fingerprint_key.clone(),
@@ -96,11 +98,8 @@ pub(super) fn prepare_restore(
         contents: found.contents,
         verified_at_create: Vec::new(),
         // Only where the tree is held stopped: the page server does not
-        // follow a running tree's address space (pages/).
-        place_pages,
-        runtime_dir: config.runtime_dir.clone(),
-        share_pages,
-        huge_pages: config.huge_pages,
+        // follow a running tree's address space (vsnap-pages).
+        pages,
         memory: found.memory,
         create_began: inputs.create_began,
         preflight: started.elapsed(),

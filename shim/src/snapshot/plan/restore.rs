@@ -35,18 +35,10 @@ pub struct RestorePlan {
     /// Files checked at create already (the carried layer, unpacked before
     /// Start): Start's verification skips them.
     pub verified_at_create: Vec<String>,
-    /// vsnap's page server places the memory (pages/).
-    pub place_pages: bool,
-    /// The host's shared runtime state (`runtime_dir`): the page server's
-    /// filler budget is under it.
-    pub runtime_dir: PathBuf,
-    /// The page servers of the restores of this artifact under way at
-    /// once share its pages (`share_pages`, with verification): the
-    /// manifest's MAC, which names the artifact's bytes to them.
-    pub share_pages: Option<String>,
-    /// Which memory eligible for huge pages the page server places so
-    /// (`huge_pages`).
-    pub huge_pages: vsnap_config::HugePages,
+    /// Where vsnap's page server places the memory (CRIU in lazy-pages
+    /// mode), what it does (criu/pages.rs makes it once, here); None:
+    /// CRIU places it.
+    pub pages: Option<vsnap_pages::PagePlan>,
     /// What the artifact's tree held in memory at capture (its manifest's,
     /// when recorded), named when the restore runs out of memory.
     pub memory: Option<Memory>,

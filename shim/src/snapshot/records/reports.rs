@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::snapshot::criu::pages;
+use vsnap_pages as pages;
 
 /// Where a restore's Start spent its time, written to the bundle as
 /// `vsnap-restore.json` (for benchmarks and diagnosis) and logged.

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::mounts;
+use vsnap_host::mountinfo;
 
 /// An overlay mounted at the spec's root folder by the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ impl CallerOverlay {
     /// The overlay mounted at `root` per `mountinfo` (the last one there),
     /// None when `root` is not an overlay's mount point.
     pub fn at(root: &Path, mountinfo: &str) -> Option<Self> {
-        let row = mounts::parse(mountinfo)
+        let row = mountinfo::parse(mountinfo)
             .into_iter()
             .rfind(|r| r.mount_point == root && r.fs_type == "overlay")?;
         let option = |key: &str| {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use vsnap_artifact::rootfs::{self as record, OpenFile};
 
 use crate::error::{Error, Result};
-use crate::snapshot::inventory::proc_fds::open_fds;
+use vsnap_host::fds::open_fds;
 
 /// The bind mounts of a spec: (destination inside, source on the host).
 fn volumes(spec: &Value) -> Vec<(String, String)> {

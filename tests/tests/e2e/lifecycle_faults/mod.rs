@@ -361,16 +361,12 @@ fn evict(dir: &Path) {
 /// With `page_placement = "criu"` only the verification does (no page
 /// server): it opens every file first and closes them at its end.
 fn shim_reads_pages(e: &Env, images: &Path) -> bool {
-    e.c.shim_pids().iter().any(|pid| {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|t| {
-                t.parent() == Some(images)
-                    && t.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
-            })
+    e.c.shim_pids().iter().any(|&pid| {
+        vsnap_host::fds::open_fds(pid).iter().any(|fd| {
+            let t = &fd.target;
+            t.parent() == Some(images)
+                && t.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
         })
     })
 }
