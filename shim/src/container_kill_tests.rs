@@ -54,6 +54,7 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         execs: HashMap::new(),
         start: InitStart::Plain,
         starting,
+        capture: None,
         spec: Default::default(),
         rootfs: Vec::new(),
         rootfs_mounted: false,

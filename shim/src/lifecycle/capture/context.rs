@@ -11,11 +11,12 @@ use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
 use vsnap_artifact::{Clocks, Contents, Staging, ZeroPages};
 use vsnap_protocol::{files, CaptureReady, Oracle};
 
+use crate::capture_task::Commit;
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::inflight::is_dead;
 use crate::lifecycle::driver::{Failed, Run, Timings};
-use crate::lifecycle::phase::PhaseName;
+use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::RuncVerbs;
 use crate::snapshot::plan::{CapturePlan, WriteLock};
 use crate::snapshot::records::journal;
@@ -60,6 +61,9 @@ pub struct CaptureRun {
     pub(super) ran: Timings,
     /// Of the carry phase: packing the writable layer.
     pub(super) rootfs_packing: Duration,
+    /// What a kill or a delete cancels it through, and what the publish
+    /// asks before its rename (../../capture_task.rs).
+    pub(super) commit: Arc<Commit>,
 }
 
 impl CaptureRun {
@@ -95,6 +99,7 @@ impl CaptureRun {
             published: None,
             ran: Timings::default(),
             rootfs_packing: Duration::ZERO,
+            commit: Arc::default(),
         }
     }
 
@@ -109,6 +114,14 @@ impl CaptureRun {
             Instant::now() + total * 2,
             format!("twice the capture's own timeouts ({}s)", total.as_secs()),
         )
+    }
+
+    /// The capture's stop: its outer deadline, or a cancel through its
+    /// commit (a kill of the init, the container's delete).
+    pub fn stop(&self) -> Stop {
+        let mut deadline = self.outer_deadline();
+        deadline.cancel = self.commit.token();
+        Stop::new(deadline)
     }
 
     pub(super) fn ready(&self) -> &Ready {
@@ -182,11 +195,12 @@ impl Run for CaptureRun {
     /// The task is killed so that it exits non-zero; the staging dir goes
     /// with its Drop (nothing half published). An engine that reported its
     /// failure (`error.json`) is given [`ENGINE_EXIT_GRACE`] to exit with
-    /// its own code first, as a real one tears its workers down.
-    async fn abort(&mut self, _: PhaseName, _: &Error) {
+    /// its own code first, as a real one tears its workers down; not one
+    /// whose capture was cancelled (its container is being stopped).
+    async fn abort(&mut self, _: PhaseName, e: &Error) {
         drop(self.staging.take());
         let reported = self.plan.common.control_dir.join(files::ERROR);
-        if reported.exists() {
+        if reported.exists() && !matches!(e, Error::Cancelled(_)) {
             let until = Instant::now() + ENGINE_EXIT_GRACE;
             while !is_dead(self.pid) && Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(20)).await;
