@@ -26,6 +26,10 @@ use vsnap_artifact::journal::Op;
 /// How long an engine that reported its failure has to exit on its own.
 pub const ENGINE_EXIT_GRACE: Duration = Duration::from_secs(2);
 
+/// How long the undo tries to remove a staging dir that a stopped phase
+/// still writes into.
+const STAGING_REMOVAL: Duration = Duration::from_secs(2);
+
 /// What the engine said when it was capture-ready.
 pub(super) struct Ready {
     pub(super) capture_id: String,
@@ -198,7 +202,7 @@ impl Run for CaptureRun {
     /// its own code first, as a real one tears its workers down; not one
     /// whose capture was cancelled (its container is being stopped).
     async fn abort(&mut self, _: PhaseName, e: &Error) {
-        drop(self.staging.take());
+        remove_staging(self.staging.take()).await;
         let reported = self.plan.common.control_dir.join(files::ERROR);
         if reported.exists() && !matches!(e, Error::Cancelled(_)) {
             let until = Instant::now() + ENGINE_EXIT_GRACE;
@@ -207,5 +211,20 @@ impl Run for CaptureRun {
             }
         }
         let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
+    }
+}
+
+/// The staging dir removed, also while a stopped phase's blocking work
+/// (carry, digest), no longer waited for, still writes into it: a file it
+/// creates during the removal fails it (ENOTEMPTY), and once the folder is
+/// gone nothing can be created under it again.
+async fn remove_staging(staging: Option<Staging>) {
+    let Some(staging) = staging else { return };
+    let dir = staging.dir.clone();
+    drop(staging);
+    let until = Instant::now() + STAGING_REMOVAL;
+    while dir.exists() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
