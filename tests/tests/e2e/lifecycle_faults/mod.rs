@@ -1,7 +1,8 @@
 //! A restore under faults, end to end with real containerd, runc and CRIU:
 //! the shim SIGKILLed in each phase of a restore, containerd SIGKILLed
 //! during one, a kill during the verification, and calls to a shim that is
-//! restoring. Each moment is reached by waiting for its condition (runc's
+//! restoring; a capture stopped and deleted while it runs
+//! (capture_cancel.rs). Each moment is reached by waiting for its condition (runc's
 //! criu-root mount, the copy's pid file, the shim's open pages image),
 //! never by sleeping. What must hold: the rootfs is intact, nothing is left
 //! (process, mount, runc state, cgroup, control dir), a container is
