@@ -166,13 +166,31 @@ impl Staging {
     /// Writes `manifest` (the sealed manifest's bytes; 0600, fsync) and
     /// renames the staging folder to `<root>/<name>`, exchanging it atomically with an older artifact of the
     /// same name (whose files are then removed with the staging folder).
-    pub fn publish(mut self, root: &Path, manifest: &[u8]) -> Result<PathBuf> {
+    pub fn publish(self, root: &Path, manifest: &[u8]) -> Result<PathBuf> {
+        self.publish_if(root, manifest, || true)
+    }
+
+    /// As [`Staging::publish`], with `go` asked right before the rename,
+    /// once every byte is durable: `false` (the writer was stopped) leaves
+    /// nothing published, the staging folder removed, and is `Stopped`.
+    pub fn publish_if(
+        mut self,
+        root: &Path,
+        manifest: &[u8],
+        go: impl FnOnce() -> bool,
+    ) -> Result<PathBuf> {
         // CRIU leaves its images in the page cache: make them durable before
         // the manifest says the artifact is whole.
         sync_tree(&self.dir)?;
         write_synced(&self.dir.join(MANIFEST), manifest)?;
         sync_dir(&self.dir)?;
         let target = path(root, &self.name);
+        if !go() {
+            return Err(ArtifactError::Stopped(format!(
+                "{} not published: its writer was stopped",
+                target.display()
+            )));
+        }
         let exchanged = if target.exists() {
             nix::fcntl::renameat2(
                 nix::fcntl::AT_FDCWD,
@@ -508,5 +526,25 @@ mod tests {
             check_layout(dir.path(), "nope"),
             Err(ArtifactError::NotFound(_))
         ));
+    }
+
+    /// A writer stopped before the rename: nothing published, no staging
+    /// folder left, the older artifact of the name untouched.
+    #[test]
+    fn a_publish_refused_before_its_rename_leaves_the_older_artifact_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("a")).unwrap();
+        std::fs::write(root.join("a").join("old"), b"old").unwrap();
+        let staging = Staging::new(root, "a").unwrap();
+        std::fs::write(staging.images().join("pages-1.img"), b"new").unwrap();
+        let e = staging.publish_if(root, b"{}", || false).unwrap_err();
+        assert!(matches!(e, ArtifactError::Stopped(_)), "{e:?}");
+        let left: Vec<_> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["a"]);
+        assert_eq!(std::fs::read(root.join("a").join("old")).unwrap(), b"old");
     }
 }

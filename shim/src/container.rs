@@ -10,6 +10,7 @@ use log::warn;
 use tokio_util::sync::CancellationToken;
 
 use crate::bundle_spec::BundleSpec;
+use crate::capture_task::CaptureTask;
 use crate::error::{Error, Result};
 use crate::init_start::InitStart;
 use crate::prepared::Prepared;
@@ -28,6 +29,9 @@ pub struct Container {
     pub start: InitStart,
     /// While the init is restoring or activating: what a kill cancels.
     pub starting: Option<CancellationToken>,
+    /// A capture plan's capture while it runs: what a kill of the init
+    /// cancels and a delete waits for (capture_task.rs).
+    pub capture: Option<CaptureTask>,
     /// What the shim asks of the spec read once at create (its
     /// annotations, cgroup and memory settings: `BundleSpec::kept`).
     pub spec: BundleSpec,
@@ -76,6 +80,7 @@ impl Container {
             execs: HashMap::new(),
             start: cfg.start,
             starting: None,
+            capture: None,
             spec: cfg.spec,
             rootfs: cfg.rootfs,
             rootfs_mounted: false,
@@ -308,6 +313,11 @@ impl Container {
                     return Ok(());
                 }
             }
+            if let Some(capture) = self.capture.as_ref().filter(|_| signal != 0) {
+                // The capture of a tree being stopped would dump the signal
+                // with it: it ends, publishing nothing (capture_task.rs).
+                capture.cancel();
+            }
             if p.exit().is_some() && !all {
                 return Err(Error::NotFound(format!(
                     "kill: container {} process already finished",
@@ -351,6 +361,12 @@ impl Container {
                 "delete: container {} is still running",
                 self.id
             )));
+        }
+        // Its capture undone first: nothing of it may outlive the container.
+        if let Some(capture) = self.capture.take() {
+            if !capture.cancel_and_wait().await {
+                warn!("delete {}: its capture is still winding down", self.id);
+            }
         }
         // A never-started (or restore-pending) container may still have its
         // runc init waiting: force removes it too. Mounts left under runc's

@@ -5,11 +5,13 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use containerd_shim::asynchronous::io::Stdio;
 use tokio_util::sync::CancellationToken;
 
 use super::Container;
+use crate::capture_task::{CaptureTask, Commit};
 use crate::error::Error;
 use crate::exits::{Exit, Exits};
 use crate::fakes::FakeRunc;
@@ -54,6 +56,7 @@ fn container_in(status: Status, runc: Arc<FakeRunc>) -> Container {
         execs: HashMap::new(),
         start: InitStart::Plain,
         starting,
+        capture: None,
         spec: Default::default(),
         rootfs: Vec::new(),
         rootfs_mounted: false,
@@ -132,6 +135,22 @@ async fn a_probe_with_signal_0_never_cancels_a_start() {
         let got = kill_in(status, 0, false).await;
         assert_eq!(got.cancelled, Some(false), "{status}");
         assert_eq!(got.runc, ["kill c1 0"], "{status}");
+    }
+}
+
+#[tokio::test]
+async fn a_signal_to_a_capturing_init_cancels_its_capture_and_a_probe_does_not() {
+    for (signal, cancelled) in [(0, false), (libc::SIGTERM, true), (libc::SIGKILL, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = container_in(
+            Status::Running,
+            FakeRunc::new(dir.path(), &Exits::default()),
+        );
+        let commit = Arc::new(Commit::default());
+        let ended = CancellationToken::new();
+        c.capture = Some(CaptureTask::new(commit.clone(), ended, Duration::ZERO));
+        c.kill("", signal as u32, false).await.unwrap();
+        assert_eq!(commit.token().is_cancelled(), cancelled, "signal {signal}");
     }
 }
 

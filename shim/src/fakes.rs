@@ -42,8 +42,8 @@ pub struct FakeRunc {
     /// A restore waits for its cancel (a kill of the task), then fails as
     /// runc killed by it does.
     restore_hangs: Mutex<bool>,
-    /// A checkpoint runs until its deadline passes, then fails as runc
-    /// killed at it does.
+    /// A checkpoint runs until its deadline passes or its cancel (a kill
+    /// or delete of the task) comes, then fails as runc killed then does.
     checkpoint_hangs: Mutex<bool>,
     /// Verbs after which the container's process exits at once, with
     /// this code (delivered to `exits` as the reaper would).
@@ -245,7 +245,10 @@ impl RuncVerbs for FakeRunc {
         self.record("checkpoint", format!("checkpoint {id}"))?;
         if *self.checkpoint_hangs.lock().unwrap() {
             let deadline = deadline.expect("a capture's dump runs under a deadline");
-            tokio::time::sleep_until(deadline.at.into()).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.at.into()) => {}
+                () = deadline.cancel.cancelled() => {}
+            }
             return Err(deadline.fail(format!("checkpoint: runc checkpoint of {id} killed")));
         }
         Ok(())

@@ -7,6 +7,7 @@
 mod any;
 mod bootstrap;
 mod bundle_spec;
+mod capture_task;
 mod cleanup;
 mod confine;
 mod console;

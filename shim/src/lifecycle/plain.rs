@@ -1,6 +1,8 @@
 //! A plain start: `runc start`, then, for a capture plan, the capture in
 //! the background (a cold start can take minutes: Start must not wait).
 
+use std::sync::Arc;
+
 use containerd_shim_protos::events::task::TaskStart;
 
 use super::capture::CaptureRun;
@@ -13,7 +15,8 @@ pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
     let started = c.run_start().await;
     if started.is_ok() {
         if let InitStart::Capture(plan) = &c.start {
-            // The capture holds its own clone of the artifact lock.
+            // The capture holds its own clone of the artifact lock; the
+            // container holds the capture, to cancel it (capture_task.rs).
             let capture = CaptureRun::new(
                 &c.id,
                 c.bundle.clone(),
@@ -22,7 +25,9 @@ pub async fn start(shared: &Shared, c: &mut Container) -> Result<i32> {
                 c.init.stdio.terminal,
                 plan,
             );
-            tokio::spawn(super::capture::run(capture, shared.exits.clone()));
+            let owner = shared.get(&c.id).map(|h| Arc::downgrade(&h));
+            let owner = owner.unwrap_or_default();
+            c.capture = Some(super::capture::spawn(capture, shared.exits.clone(), owner));
         }
     }
     c.start.release_lock();

@@ -1,7 +1,8 @@
 //! The checkpoint: `runc checkpoint` (CRIU) of the running tree into a
 //! fresh staging dir, left running, within the checkpoint timeout. A dump
-//! killed at its deadline leaves the tree thawed (CRIU froze its cgroup)
-//! and its GPUs resumed; CRIU's log says what it could not dump.
+//! killed at its deadline, or by a kill or delete of the task, leaves the
+//! tree thawed (CRIU froze its cgroup) and its GPUs resumed; CRIU's log
+//! says what it could not dump.
 
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ impl Phase<CaptureRun> for Checkpoint {
         PhaseName::Checkpoint
     }
 
-    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut CaptureRun, stop: &Stop) -> Result<()> {
         let s = &run.plan;
         ensure_root(&s.common.root).map_err(|e| artifact_error("capture", e))?;
         let staging = Staging::new(&s.common.root, s.common.artifact.as_str())
@@ -33,13 +34,15 @@ impl Phase<CaptureRun> for Checkpoint {
             leave_running: true,
             ..criu::options::flags(Some(&run.plan.criu), run.terminal)
         };
-        let deadline = Deadline::new(
+        let mut deadline = Deadline::new(
             Instant::now() + s.checkpoint_timeout,
             format!(
                 "the checkpoint timeout of {}s (checkpoint_timeout_s)",
                 s.checkpoint_timeout.as_secs()
             ),
         );
+        // A kill of the task or its delete kills runc and CRIU at once.
+        deadline.cancel = stop.deadline().cancel.child_token();
         // Right before the dump: CRIU freezes the tree within moments of
         // runc starting it, so the engine's timers were set on these clocks.
         run.clocks = Some(Clocks::now());
@@ -56,7 +59,7 @@ impl Phase<CaptureRun> for Checkpoint {
         let dump_log = staging.work().join("dump.log");
         run.staging = Some(staging);
         if let Err(e) = dumped {
-            if matches!(e, Error::DeadlineExceeded(_)) {
+            if matches!(e, Error::DeadlineExceeded(_) | Error::Cancelled(_)) {
                 // runc and CRIU are gone; the tree may be frozen, its GPU
                 // locked: let it go on before it is stopped.
                 thaw(run).await;
@@ -67,6 +70,7 @@ impl Phase<CaptureRun> for Checkpoint {
             criu.push_str(&watches_not_dumped(run, &dump_log).await);
             return Err(match e {
                 Error::DeadlineExceeded(m) => Error::DeadlineExceeded(format!("{m}{criu}")),
+                Error::Cancelled(m) => Error::Cancelled(format!("{m}{criu}")),
                 e => Error::Other(format!("{e}{criu}")),
             });
         }
@@ -94,8 +98,8 @@ async fn watches_not_dumped(run: &CaptureRun, dump_log: &std::path::Path) -> Str
         .unwrap_or_default()
 }
 
-/// After a dump killed past its deadline: the tree thawed (CRIU froze its
-/// cgroup), every process continued, and for GPUs every process
+/// After a dump killed (its deadline, a cancel): the tree thawed (CRIU
+/// froze its cgroup), every process continued, and for GPUs every process
 /// cuda-checkpoint reports locked or checkpointed resumed. Best effort.
 async fn thaw(run: &CaptureRun) {
     if let Err(e) = run.runc.resume(&run.id).await {

@@ -11,11 +11,12 @@ use vsnap_artifact::rootfs::{OpenFile, RootfsLayer};
 use vsnap_artifact::{Clocks, Contents, Staging, ZeroPages};
 use vsnap_protocol::{files, CaptureReady, Oracle};
 
+use crate::capture_task::Commit;
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::inflight::is_dead;
 use crate::lifecycle::driver::{Failed, Run, Timings};
-use crate::lifecycle::phase::PhaseName;
+use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::RuncVerbs;
 use crate::snapshot::plan::{CapturePlan, WriteLock};
 use crate::snapshot::records::journal;
@@ -24,6 +25,10 @@ use vsnap_artifact::journal::Op;
 
 /// How long an engine that reported its failure has to exit on its own.
 pub const ENGINE_EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// How long the undo tries to remove a staging dir that a stopped phase
+/// still writes into.
+const STAGING_REMOVAL: Duration = Duration::from_secs(2);
 
 /// What the engine said when it was capture-ready.
 pub(super) struct Ready {
@@ -60,6 +65,9 @@ pub struct CaptureRun {
     pub(super) ran: Timings,
     /// Of the carry phase: packing the writable layer.
     pub(super) rootfs_packing: Duration,
+    /// What a kill or a delete cancels it through, and what the publish
+    /// asks before its rename (../../capture_task.rs).
+    pub(super) commit: Arc<Commit>,
 }
 
 impl CaptureRun {
@@ -95,6 +103,7 @@ impl CaptureRun {
             published: None,
             ran: Timings::default(),
             rootfs_packing: Duration::ZERO,
+            commit: Arc::default(),
         }
     }
 
@@ -109,6 +118,14 @@ impl CaptureRun {
             Instant::now() + total * 2,
             format!("twice the capture's own timeouts ({}s)", total.as_secs()),
         )
+    }
+
+    /// The capture's stop: its outer deadline, or a cancel through its
+    /// commit (a kill of the init, the container's delete).
+    pub fn stop(&self) -> Stop {
+        let mut deadline = self.outer_deadline();
+        deadline.cancel = self.commit.token();
+        Stop::new(deadline)
     }
 
     pub(super) fn ready(&self) -> &Ready {
@@ -182,16 +199,32 @@ impl Run for CaptureRun {
     /// The task is killed so that it exits non-zero; the staging dir goes
     /// with its Drop (nothing half published). An engine that reported its
     /// failure (`error.json`) is given [`ENGINE_EXIT_GRACE`] to exit with
-    /// its own code first, as a real one tears its workers down.
-    async fn abort(&mut self, _: PhaseName, _: &Error) {
-        drop(self.staging.take());
+    /// its own code first, as a real one tears its workers down; not one
+    /// whose capture was cancelled (its container is being stopped).
+    async fn abort(&mut self, _: PhaseName, e: &Error) {
+        remove_staging(self.staging.take()).await;
         let reported = self.plan.common.control_dir.join(files::ERROR);
-        if reported.exists() {
+        if reported.exists() && !matches!(e, Error::Cancelled(_)) {
             let until = Instant::now() + ENGINE_EXIT_GRACE;
             while !is_dead(self.pid) && Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         let _ = self.runc.kill(&self.id, libc::SIGKILL as u32, true).await;
+    }
+}
+
+/// The staging dir removed, also while a stopped phase's blocking work
+/// (carry, digest), no longer waited for, still writes into it: a file it
+/// creates during the removal fails it (ENOTEMPTY), and once the folder is
+/// gone nothing can be created under it again.
+async fn remove_staging(staging: Option<Staging>) {
+    let Some(staging) = staging else { return };
+    let dir = staging.dir.clone();
+    drop(staging);
+    let until = Instant::now() + STAGING_REMOVAL;
+    while dir.exists() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,7 +4,9 @@
 //! digested, the manifest sealed and the artifact published, then the donor
 //! woken or stopped. Phases, one file each, run by the driver
 //! (../driver.rs): any failure publishes nothing, leaves an error record
-//! naming the phase, and kills the task so it exits non-zero.
+//! naming the phase, and kills the task so it exits non-zero. Its container
+//! owns it (../../capture_task.rs): a kill of the init or a delete before
+//! the publish cancels it, and the delete waits for its undo.
 
 mod carry;
 mod checkpoint;
@@ -16,10 +18,16 @@ mod ready;
 #[cfg(test)]
 mod undo_tests;
 
+use std::sync::Weak;
+
 use log::info;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::driver;
-use super::phase::{Phase, Stop};
+use super::phase::Phase;
+use crate::capture_task::CaptureTask;
+use crate::container::Container;
 use crate::exits::Exits;
 pub use context::CaptureRun;
 
@@ -34,12 +42,51 @@ pub const PHASES: [&dyn Phase<CaptureRun>; 7] = [
     &donor::Donor,
 ];
 
+/// How many of the driver's grace periods a delete waits for a cancelled
+/// capture: one for the stopped phase, the rest for the undo (runc and
+/// CRIU reaped, the tree thawed and killed, the staging dir removed).
+const UNDO_GRACES: u32 = 20;
+
+/// Starts the capture in the background, owned by its `container`, which
+/// keeps the returned handle: once the capture ends, it drops it there.
+pub fn spawn(capture: CaptureRun, exits: Exits, container: Weak<Mutex<Container>>) -> CaptureTask {
+    spawn_phases(capture, exits, container, &PHASES)
+}
+
+/// [`spawn`] of the capture's `phases`.
+fn spawn_phases(
+    capture: CaptureRun,
+    exits: Exits,
+    container: Weak<Mutex<Container>>,
+    phases: &'static [&'static dyn Phase<CaptureRun>],
+) -> CaptureTask {
+    let ended = CancellationToken::new();
+    let task = CaptureTask::new(
+        capture.commit.clone(),
+        ended.clone(),
+        driver::GRACE * UNDO_GRACES,
+    );
+    tokio::spawn(async move {
+        // Ended on every path out, a panic's included.
+        let ending = ended.drop_guard();
+        run(capture, exits, phases).await;
+        drop(ending);
+        if let Some(handle) = container.upgrade() {
+            let mut c = handle.lock().await;
+            if c.capture.as_ref().is_some_and(CaptureTask::has_ended) {
+                c.capture = None;
+            }
+        }
+    });
+    task
+}
+
 /// Runs the capture to the end; then pushes the artifact where the plan
 /// says (after the lock is gone, its tools spawned under `exits`), or,
 /// on failure, the task is killed.
-pub async fn run(mut capture: CaptureRun, exits: Exits) {
-    let stop = Stop::new(capture.outer_deadline());
-    let ran = driver::drive(&mut capture, &PHASES, &stop, driver::GRACE).await;
+async fn run(mut capture: CaptureRun, exits: Exits, phases: &[&dyn Phase<CaptureRun>]) {
+    let stop = capture.stop();
+    let ran = driver::drive(&mut capture, phases, &stop, driver::GRACE).await;
     capture.journal(&ran);
     if ran.is_err() {
         return;

@@ -9,7 +9,9 @@ use std::time::Instant;
 use async_trait::async_trait;
 use log::info;
 use vsnap_artifact::rootfs as artifact_rootfs;
-use vsnap_artifact::{layout, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION};
+use vsnap_artifact::{
+    layout, ArtifactError, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION,
+};
 use vsnap_pages::zero_pages;
 
 use super::context::CaptureRun;
@@ -77,7 +79,7 @@ impl Phase<CaptureRun> for Publish {
         PhaseName::Publish
     }
 
-    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut CaptureRun, stop: &Stop) -> Result<()> {
         let t = Instant::now();
         let root = run.plan.common.root.clone();
         let key =
@@ -85,12 +87,16 @@ impl Phase<CaptureRun> for Publish {
         let mut manifest = manifest(run);
         manifest.seal(&key);
         let staging = run.staging.take().expect("the checkpoint phase ran");
+        // A kill or delete of the task before the rename: nothing published.
+        let commit = run.commit.clone();
         let published = blocking(PhaseName::Publish, move || {
-            staging
-                .publish(&root, &manifest.to_bytes())
-                .map_err(|e| artifact_error("capture: publish", e))
+            Ok(staging.publish_if(&root, &manifest.to_bytes(), || commit.begin_publish()))
         })
-        .await?;
+        .await?
+        .map_err(|e| match e {
+            ArtifactError::Stopped(_) => stop.error(self.name()),
+            e => artifact_error("capture: publish", e),
+        })?;
         info!("{}: published in {:?}", run.id, t.elapsed());
         run.published = Some(published);
         Ok(())

@@ -2,6 +2,7 @@
 //! (the barrier profile: the canary's answer alone) or its capture-ready
 //! message in the control dir, within the capture timeout, while it lives.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -22,7 +23,7 @@ impl Phase<CaptureRun> for WaitReady {
         PhaseName::WaitReady
     }
 
-    async fn run(&self, run: &mut CaptureRun, _: &Stop) -> Result<()> {
+    async fn run(&self, run: &mut CaptureRun, stop: &Stop) -> Result<()> {
         let s = &run.plan;
         let (dir_path, owner, pid) = (
             s.common.control_dir.clone(),
@@ -31,14 +32,17 @@ impl Phase<CaptureRun> for WaitReady {
         );
         let deadline = Instant::now() + s.capture_timeout;
         let profile = s.common.profile.clone();
+        // The wait ends with the capture's stop, not only with the engine.
+        let stopped = stop.flag();
+        let mut waits = move || is_alive(pid) && !stopped.load(Ordering::Relaxed);
         let waiting = |what: &str, e: String| {
             Error::FailedPrecondition(format!("capture: waiting for {what}: {e}"))
         };
-        let (capture_id, message, oracle) = blocking(PhaseName::WaitReady, move || {
+        let waited = blocking(PhaseName::WaitReady, move || {
             match profile.ready_path(&dir_path) {
                 // The barrier: the ready file holds the canary answer alone.
                 Some(ready) => {
-                    let r = wait_ready(&ready, deadline, &mut || is_alive(pid))
+                    let r = wait_ready(&ready, deadline, &mut waits)
                         .map_err(|e| waiting("the ready file", e.to_string()))?;
                     let id = new_uuid4_hex().map_err(|e| Error::io("capture: capture id", e))?;
                     Ok((id, None, r.value.oracle()))
@@ -48,7 +52,7 @@ impl Phase<CaptureRun> for WaitReady {
                         .map_err(|e| {
                             Error::FailedPrecondition(format!("capture: control dir: {e}"))
                         })?;
-                    wait_for::<CaptureReady>(&dir, deadline, &mut || is_alive(pid))
+                    wait_for::<CaptureReady>(&dir, deadline, &mut waits)
                         .map(|r| {
                             (
                                 r.value.capture_id.clone(),
@@ -60,7 +64,11 @@ impl Phase<CaptureRun> for WaitReady {
                 }
             }
         })
-        .await?;
+        .await;
+        if stop.is_stopped() {
+            return Err(stop.error(self.name()));
+        }
+        let (capture_id, message, oracle) = waited?;
         let cold_start = run.started.elapsed();
         info!(
             "{}: capture-ready after {cold_start:?} (capture {capture_id})",

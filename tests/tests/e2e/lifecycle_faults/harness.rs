@@ -132,3 +132,59 @@ pub(super) fn restore_works(e: &Env, id: &str, name: &str, env: &[&str]) {
     assert!(answer(&reply).0.is_string(), "{reply}");
     e.remove(id);
 }
+
+/// `pid`'s name and state, from /proc/<pid>/stat ("pid (comm) state ...").
+fn comm_and_state(pid: i32) -> Option<(String, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let state = stat[close + 1..].trim_start().chars().next()?;
+    Some((stat[open + 1..close].to_string(), state))
+}
+
+/// The processes named `comm` under a shim of this instance (runc, CRIU
+/// under runc), by pid.
+pub(super) fn under_the_shim(e: &Env, comm: &str) -> Vec<i32> {
+    let shims = e.c.shim_pids();
+    // pid -> (comm, ppid), from /proc/<pid>/stat: "pid (comm) state ppid ...".
+    let mut procs = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let ppid = stat[close + 1..].split_whitespace().nth(1);
+        if let Some(ppid) = ppid.and_then(|p| p.parse::<i32>().ok()) {
+            procs.insert(pid, (stat[open + 1..close].to_string(), ppid));
+        }
+    }
+    let under_a_shim = |pid: i32| {
+        // Up its parents (runc, the shim), a few levels at most.
+        let mut at = pid;
+        for _ in 0..8 {
+            match procs.get(&at) {
+                Some((_, ppid)) if shims.contains(ppid) => return true,
+                Some((_, ppid)) => at = *ppid,
+                None => return false,
+            }
+        }
+        false
+    };
+    procs
+        .iter()
+        .filter(|(pid, (c, _))| c == comm && under_a_shim(**pid))
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
+/// Which of `pids` (each named `comm` when taken) still run.
+pub(super) fn still_running(pids: &[i32], comm: &str) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|p| comm_and_state(*p).is_some_and(|(c, s)| c == comm && s != 'Z'))
+        .collect()
+}

@@ -1,21 +1,22 @@
 //! A restore under faults, end to end with real containerd, runc and CRIU:
 //! the shim SIGKILLed in each phase of a restore, containerd SIGKILLed
 //! during one, a kill during the verification, and calls to a shim that is
-//! restoring. Each moment is reached by waiting for its condition (runc's
+//! restoring; a capture stopped and deleted while it runs
+//! (capture_cancel.rs). Each moment is reached by waiting for its condition (runc's
 //! criu-root mount, the copy's pid file, the shim's open pages image),
 //! never by sleeping. What must hold: the rootfs is intact, nothing is left
 //! (process, mount, runc state, cgroup, control dir), a container is
 //! RUNNING only once its engine validated, and a later restore works.
 
+mod capture_cancel;
 mod harness;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::{
     assert_intact_and_clean, cleaned_up, criu_root, kill_the_shim, remove_any,
-    restore_in_background, restore_works, tree, wait_until,
+    restore_in_background, restore_works, tree, under_the_shim, wait_until,
 };
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::is_mounted;
@@ -375,39 +376,7 @@ fn shim_reads_pages(e: &Env, images: &Path) -> bool {
 /// runc's own preparation is over (a kill within it leaves runc's bind
 /// mounts of the host's /etc files on the rootfs; not this test's moment).
 fn criu_runs(e: &Env) -> bool {
-    let shims = e.c.shim_pids();
-    // pid -> (comm, ppid), from /proc/<pid>/stat: "pid (comm) state ppid ...".
-    let mut procs = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let ppid = stat[close + 1..].split_whitespace().nth(1);
-        if let Some(ppid) = ppid.and_then(|p| p.parse::<i32>().ok()) {
-            procs.insert(pid, (stat[open + 1..close].to_string(), ppid));
-        }
-    }
-    procs
-        .iter()
-        .filter(|(_, (comm, _))| comm == "criu")
-        .any(|(pid, _)| {
-            // Up its parents (runc, the shim), a few levels at most.
-            let mut at = *pid;
-            for _ in 0..8 {
-                match procs.get(&at) {
-                    Some((_, ppid)) if shims.contains(ppid) => return true,
-                    Some((_, ppid)) => at = *ppid,
-                    None => return false,
-                }
-            }
-            false
-        })
+    !under_the_shim(e, "criu").is_empty()
 }
 
 /// A kill while the verification beside CRIU hashes a large artifact from
