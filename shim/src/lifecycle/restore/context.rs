@@ -5,28 +5,22 @@
 //! the driver does at the ends of a checkpoint's restore.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::job::{MemoryWatch, RestoreJob};
-use super::snapshot::Snapshot;
 use super::verify::Verify;
 use crate::container::Container;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::Mark;
-use crate::init_start::Taken;
 use crate::lifecycle::driver::Run;
 use crate::lifecycle::phase::{PhaseName, Stop};
 use crate::runc::CheckpointFlags;
 use crate::shared::{ContainerRef, Shared};
 use crate::snapshot::criu::memory;
 use crate::snapshot::records::reports::record_error;
-
-/// How long a restore of a checkpoint given by containerd (no plan, so no
-/// activation timeout) may take before it is given up.
-const CHECKPOINT_RESTORE_LIMIT: Duration = Duration::from_secs(3600);
 
 /// What the phases every restore runs (CRIU, the restored init) ask of
 /// its source; a checkpoint's answers are the defaults.
@@ -79,53 +73,8 @@ pub struct RestoreRun<S> {
     pub(super) source: S,
 }
 
-/// A restore begun, by its source.
-pub enum Begun {
-    Checkpoint(Box<RestoreRun<Checkpoint>>),
-    Snapshot(Box<RestoreRun<Snapshot>>),
-}
-
-/// The restore of `c` begins: its init becomes Restoring, its stdio is
-/// made ready, and everything the phases need is taken from it (an
-/// artifact's plan moved, with the container's hold on its lock).
-pub fn begin(c: &mut Container, shared: Shared, handle: ContainerRef, mark: Mark) -> Result<Begun> {
-    let taken = c.start.take_restore().ok_or_else(|| {
-        Error::FailedPrecondition(format!("start: container {} has no checkpoint", c.id))
-    })?;
-    match taken {
-        Taken::Checkpoint(image) => {
-            let deadline = Deadline::new(
-                Instant::now() + CHECKPOINT_RESTORE_LIMIT,
-                "the checkpoint restore limit of 3600s",
-            );
-            let flags = CheckpointFlags {
-                shell_job: c.init.stdio.terminal,
-                ..Default::default()
-            };
-            let job = restore_job(c, image, flags, &deadline)?;
-            let run = RestoreRun::new(c, (shared, handle, mark), job, deadline, Checkpoint);
-            Ok(Begun::Checkpoint(Box::new(run)))
-        }
-        Taken::Artifact(plan) => {
-            let (mut snapshot, deadline) = Snapshot::take(*plan);
-            let flags = snapshot.criu_flags(c.init.stdio.terminal);
-            let mut job = match restore_job(c, snapshot.plan.images(), flags, &deadline) {
-                Ok(job) => job,
-                Err(e) => {
-                    // Nothing began: the container keeps its plan (and lock).
-                    c.start = snapshot.give_back();
-                    return Err(e);
-                }
-            };
-            snapshot.equip(&mut job);
-            let run = RestoreRun::new(c, (shared, handle, mark), job, deadline, snapshot);
-            Ok(Begun::Snapshot(Box::new(run)))
-        }
-    }
-}
-
 impl<S: Source> RestoreRun<S> {
-    fn new(
+    pub(super) fn new(
         c: &Container,
         (shared, handle, mark): (Shared, ContainerRef, Mark),
         job: RestoreJob,
@@ -193,7 +142,7 @@ impl Run for RestoreRun<Checkpoint> {
 
 /// The `runc restore` job of `c`'s init, its stdio made ready (the init is
 /// Restoring from here).
-fn restore_job(
+pub(super) fn restore_job(
     c: &mut Container,
     image: PathBuf,
     flags: CheckpointFlags,

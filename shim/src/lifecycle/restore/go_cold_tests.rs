@@ -16,7 +16,8 @@ use tokio::sync::Mutex;
 use vsnap_artifact::{ArtifactName, Tenant, Tools, Workload};
 use vsnap_protocol::Oracle;
 
-use super::context::{Begun, RestoreRun};
+use super::begin::Begun;
+use super::context::RestoreRun;
 use super::go_cold::{after_failure, AfterFailure};
 use super::snapshot::Snapshot;
 use super::{criu, restored};

@@ -8,6 +8,7 @@
 //! (naming the phase) in the bundle.
 
 mod activation;
+mod begin;
 mod context;
 mod criu;
 mod go_cold;
@@ -28,7 +29,8 @@ use log::info;
 use super::driver::{self, Failed, Run};
 use super::phase::Phase;
 use crate::error::Result;
-pub use context::{begin, Begun, Checkpoint, RestoreRun, Source};
+pub use begin::{begin, Begun};
+pub use context::{Checkpoint, RestoreRun, Source};
 pub use snapshot::Snapshot;
 
 type Units<S> = &'static [&'static dyn Phase<RestoreRun<S>>];

@@ -13,7 +13,8 @@ use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim_protos::events::task::TaskExit;
 use tokio::sync::Mutex;
 
-use super::context::{Begun, Checkpoint, RestoreRun};
+use super::begin::Begun;
+use super::context::{Checkpoint, RestoreRun};
 use super::{criu, restored, visible};
 use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
