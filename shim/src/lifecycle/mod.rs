@@ -14,6 +14,8 @@ pub mod driver;
 pub mod phase;
 mod plain;
 pub mod restore;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 use crate::error::{Error, Result};
 use crate::exits::Mark;

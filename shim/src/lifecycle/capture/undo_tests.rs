@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use containerd_shim::asynchronous::io::Stdio;
-use vsnap_artifact::{ArtifactName, Tools, Workload};
 
 use super::checkpoint::Checkpoint;
 use super::context::CaptureRun;
@@ -23,10 +22,9 @@ use crate::fakes::{FakeRunc, PATIENCE};
 use crate::init_start::InitStart;
 use crate::lifecycle::driver::{self, Failed};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::lifecycle::test_support;
 use crate::shared::ContainerRef;
-use crate::snapshot::engine_argv::Profile;
-use crate::snapshot::plan::common::Listen;
-use crate::snapshot::plan::{AfterCapture, CapturePlan, Common, WriteLock};
+use crate::snapshot::plan::{AfterCapture, CapturePlan, WriteLock};
 use crate::snapshot::rootfs::WritableLayer;
 
 const ID: &str = "c1";
@@ -37,36 +35,7 @@ const ARTIFACT: &str = "undo-test";
 /// these tests build the plan's struct.
 fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
     CapturePlan {
-        common: Common {
-            artifact: ArtifactName::new(ARTIFACT).unwrap(),
-            root: root.to_path_buf(),
-            workload: Workload {
-                argv: vec!["/engine".into()],
-                env: Default::default(),
-                rootfs: String::new(),
-                image: String::new(),
-                image_digest: String::new(),
-                namespace: "default".into(),
-                kubernetes_namespace: None,
-                security: Default::default(),
-                per_pod_env: Vec::new(),
-                fingerprint_key: "host".into(),
-            },
-            tools: Tools::default(),
-            profile: Profile::Startup,
-            listen: Listen {
-                host: None,
-                port: 8000,
-            },
-            control_dir: root.join("control"),
-            control_owner: (0, 0),
-            api_key: None,
-            gpus: Vec::new(),
-            host_shm: None,
-            activation_timeout: Duration::from_secs(60),
-            activation_source: "activation_timeout_s",
-            netns: None,
-        },
+        common: test_support::common(root, ARTIFACT),
         lock: None,
         capture_timeout: Duration::from_secs(60),
         checkpoint_timeout,

@@ -4,16 +4,13 @@
 //! with runc and the event sender faked (fakes.rs); a phase failing after
 //! CRIU shows what the abort undoes, sets aside and starts instead.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim_protos::events::task::TaskExit;
-use tokio::sync::Mutex;
-use vsnap_artifact::{ArtifactName, Tenant, Tools, Workload};
+use vsnap_artifact::Tenant;
 use vsnap_protocol::Oracle;
 
 use super::begin::Begun;
@@ -21,19 +18,17 @@ use super::context::RestoreRun;
 use super::go_cold::{after_failure, AfterFailure};
 use super::snapshot::Snapshot;
 use super::{criu, restored};
-use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::fakes::{self, FakeEvents, FakeRunc, EXIT, START};
 use crate::init_start::{InitStart, RestoreSource};
 use crate::lifecycle::driver::{self, Failed};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::lifecycle::test_support;
 use crate::process::Status;
-use crate::shared::{ContainerRef, Shared};
-use crate::snapshot::engine_argv::Profile;
-use crate::snapshot::plan::common::Listen;
+use crate::shared::ContainerRef;
 use crate::snapshot::plan::refusal::Cause;
-use crate::snapshot::plan::{ColdStart, Common, RestorePlan};
+use crate::snapshot::plan::{ColdStart, RestorePlan};
 
 const ID: &str = "c1";
 const ARTIFACT: &str = "cold-test";
@@ -76,44 +71,10 @@ fn only_an_auto_restore_failing_for_the_artifact_sets_it_aside_and_goes_cold_whe
     assert_eq!(go(true, true, PhaseName::Restored, &criu), Fails);
 }
 
-/// The shared part of a restore plan of [`ARTIFACT`] under `root`.
-fn common(root: &Path) -> Common {
-    Common {
-        artifact: ArtifactName::new(ARTIFACT).unwrap(),
-        root: root.to_path_buf(),
-        workload: Workload {
-            argv: vec!["/engine".into()],
-            env: Default::default(),
-            rootfs: String::new(),
-            image: String::new(),
-            image_digest: String::new(),
-            namespace: "default".into(),
-            kubernetes_namespace: None,
-            security: Default::default(),
-            per_pod_env: Vec::new(),
-            fingerprint_key: "host".into(),
-        },
-        tools: Tools::default(),
-        profile: Profile::Startup,
-        listen: Listen {
-            host: None,
-            port: 8000,
-        },
-        control_dir: root.join("control"),
-        control_owner: (0, 0),
-        api_key: None,
-        gpus: Vec::new(),
-        host_shm: None,
-        activation_timeout: Duration::from_secs(60),
-        activation_source: "activation_timeout_s",
-        netns: None,
-    }
-}
-
 /// A restore plan; `cold`: the cold start planned under `auto`.
 fn plan(root: &Path, auto: bool, cold: Option<ColdStart>) -> RestorePlan {
     RestorePlan {
-        common: common(root),
+        common: test_support::common(root, ARTIFACT),
         lock: None,
         owner: Tenant::new("default", None).unwrap(),
         fingerprint_key: None,
@@ -153,31 +114,11 @@ impl Restore {
         std::fs::create_dir_all(vsnap_artifact::path(&root, ARTIFACT).join("images")).unwrap();
         let exits = Exits::default();
         let runc = FakeRunc::new(&dir.path().join("runc-root"), &exits);
-        let (events, sender) = FakeEvents::new();
         let bundle = fakes::bundle(dir.path(), ID, serde_json::json!({}));
         let cold = cold.then(|| cold_start(&bundle));
         let start = InitStart::Restore(RestoreSource::Artifact(Box::new(plan(&root, auto, cold))));
-        let c = Container::create(CreateConfig {
-            id: ID.into(),
-            bundle,
-            rootfs: Vec::new(),
-            stdio: Stdio::new("", "", "", false),
-            runc: runc.clone(),
-            no_pivot: false,
-            start,
-            spec: serde_json::json!({}).into(),
-        })
-        .await
-        .unwrap();
-        let handle = Arc::new(Mutex::new(c));
-        let shared = Shared {
-            containers: Arc::new(std::sync::Mutex::new(HashMap::from([(
-                ID.to_string(),
-                handle.clone(),
-            )]))),
-            events: sender,
-            exits: exits.clone(),
-        };
+        let (handle, shared, events) =
+            test_support::container(dir.path(), ID, start, runc.clone(), &exits).await;
         let run = {
             let mut c = handle.lock().await;
             match super::begin(&mut c, shared, handle.clone(), exits.mark()).unwrap() {

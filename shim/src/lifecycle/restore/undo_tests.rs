@@ -4,28 +4,25 @@
 //! faked (fakes.rs); a failing phase placed after each shows what the
 //! abort undoes of what ran before it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use containerd_shim::asynchronous::io::Stdio;
 use containerd_shim_protos::events::task::TaskExit;
-use tokio::sync::Mutex;
 
 use super::begin::Begun;
 use super::context::{Checkpoint, RestoreRun};
 use super::{criu, restored, visible};
-use crate::container::{Container, CreateConfig};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::fakes::{self, FakeEvents, FakeRunc, EXIT, START};
 use crate::init_start::{InitStart, RestoreSource};
 use crate::lifecycle::driver::{self, Failed};
 use crate::lifecycle::phase::{Phase, PhaseName, Stop};
+use crate::lifecycle::test_support;
 use crate::process::Status;
 use crate::runc::RuncVerbs;
-use crate::shared::{ContainerRef, Shared};
+use crate::shared::ContainerRef;
 
 const ID: &str = "c1";
 
@@ -44,29 +41,9 @@ impl Restore {
         let dir = tempfile::tempdir().unwrap();
         let exits = Exits::default();
         let runc = FakeRunc::new(&dir.path().join("runc-root"), &exits);
-        let (events, handle) = FakeEvents::new();
-        let bundle = fakes::bundle(dir.path(), ID, serde_json::json!({}));
-        let c = Container::create(CreateConfig {
-            id: ID.into(),
-            bundle,
-            rootfs: Vec::new(),
-            stdio: Stdio::new("", "", "", false),
-            runc: runc.clone(),
-            no_pivot: false,
-            start: InitStart::Restore(RestoreSource::Checkpoint(dir.path().join("checkpoint"))),
-            spec: serde_json::json!({}).into(),
-        })
-        .await
-        .unwrap();
-        let container = Arc::new(Mutex::new(c));
-        let shared = Shared {
-            containers: Arc::new(std::sync::Mutex::new(HashMap::from([(
-                ID.to_string(),
-                container.clone(),
-            )]))),
-            events: handle,
-            exits: exits.clone(),
-        };
+        let start = InitStart::Restore(RestoreSource::Checkpoint(dir.path().join("checkpoint")));
+        let (container, shared, events) =
+            test_support::container(dir.path(), ID, start, runc.clone(), &exits).await;
         let mark = exits.mark();
         let run = {
             let mut c = container.lock().await;
