@@ -32,7 +32,9 @@
 //! kernel-probe cache taken away (on a host whose `/run` is no tmpfs,
 //! where `vsnap host criu-cache` put it: CRIU then probes in every run).
 //! With `BENCH_AGAINST` (another shim binary: the build before a change)
-//! every restore is also run by that shim, in the same containerd, ABBA.
+//! every restore is also run by that shim, in the same containerd, ABBA,
+//! of an artifact of the same engine that shim captured itself (the build
+//! before a change may not read the artifact format of this one).
 //!
 //! Run by `scripts/bench.sh restore-limits` (release builds). Environment:
 //! BENCH_RUNS (warm restores per configuration, 5), BENCH_COLD_RUNS (cold
@@ -252,6 +254,11 @@ fn main() {
     eprintln!("bench: creating the artifacts ({resident}, and with huge pages advised)");
     e.create_good("donor", "big", &[&resident]);
     e.create_good("donor-huge", "big-huge", &[&huge_env[0], &huge_env[1]]);
+    if let Some(against) = cases.iter().find_map(|c| c.shim.clone()) {
+        use_shim(&e, Some(&against));
+        e.create_good("donor-against", "big-against", &[&resident]);
+        use_shim(&e, None);
+    }
     let images = e.artifact("big").join("images");
     let files = image_files(&images);
     let bytes: u64 = files.iter().map(|f| f.1).sum();
@@ -325,6 +332,9 @@ fn main() {
                 let (artifact, env, limit) = match cases[k].huge {
                     true if !cold => ("big-huge", &huge_env[..], huge_fills[huge_fills.len() - 1]),
                     true => ("big-huge", &huge_env[..], limit),
+                    false if cases[k].shim.is_some() => {
+                        ("big-against", std::slice::from_ref(&resident), limit)
+                    }
                     false => ("big", std::slice::from_ref(&resident), limit),
                 };
                 let r = Restore {
