@@ -19,6 +19,7 @@ pub mod cache;
 pub mod chunking;
 pub mod crypt;
 mod error;
+pub mod hosts;
 pub mod index;
 mod journal;
 pub mod pull;
