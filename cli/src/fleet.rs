@@ -1,6 +1,8 @@
 //! `vsnap push NAME REF` and `vsnap pull REF [NAME]`: thin wrappers over
 //! vsnap-registry (docs/fleet.md). Credentials come from the runtime
-//! config's `[registries."host:port"]`, never from the command line.
+//! config's `[registries."host:port"]`, never from the command line; the
+//! registry's mirrors from containerd's `hosts.toml` under the runtime
+//! config's `registry_config_path`.
 
 use vsnap_registry::{PullOptions, PushOptions, RegistryError, Remote};
 
@@ -24,7 +26,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> Outcome {
     crate::store::check_name(name)?;
-    let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let remote = Remote::from_config(reference, &ctx.config).map_err(|e| format!("push: {e}"))?;
     let opts = PushOptions::from_config(&ctx.config, jobs, hashing_threads())?;
     if opts.encryption.is_none() {
         crate::warn(&format!(
@@ -71,7 +73,7 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
     if let Some(name) = name {
         crate::store::check_name(name)?;
     }
-    let remote = Remote::new(reference, &ctx.config.registries).map_err(|e| e.to_string())?;
+    let remote = Remote::from_config(reference, &ctx.config).map_err(|e| format!("pull: {e}"))?;
     let opts = PullOptions::from_config(&ctx.config, jobs, hashing_threads())?;
     let result = runtime()?.block_on(vsnap_registry::pull(&ctx.root, name, &remote, &opts));
     match result {

@@ -17,6 +17,10 @@ pub const DEFAULT_RUNTIME_DIR: &str = "/run/vsnap";
 /// Read when containerd passes no runtime options and this file exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vsnap/config.toml";
 
+/// Where containerd's registry host configuration (`hosts.toml`) usually
+/// lives: what containerd's CRI `config_path` names on most nodes.
+pub const DEFAULT_REGISTRY_CONFIG_PATH: &str = "/etc/containerd/certs.d";
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
@@ -155,6 +159,11 @@ pub struct RuntimeConfig {
     /// reference names them: credentials and transport. A registry not
     /// listed is used anonymously over HTTPS.
     pub registries: BTreeMap<String, RegistryConfig>,
+    /// containerd's registry host configuration, as its CRI registry's
+    /// `config_path` names it: folders separated by `:`, each holding
+    /// `<host[:port]>/hosts.toml` (and `_default/hosts.toml`), whose mirrors
+    /// serve pulls before the registry itself. Empty: none read.
+    pub registry_config_path: String,
     /// The `vsnap` CLI, which the shim runs for registry pulls and pushes
     /// (so their client never sits in every container's shim). A bare
     /// name is looked for beside the shim's binary, then on PATH.
@@ -284,6 +293,7 @@ impl Default for RuntimeConfig {
             fleet_encryption_key: None,
             fleet_decryption_keys: Vec::new(),
             registries: BTreeMap::new(),
+            registry_config_path: DEFAULT_REGISTRY_CONFIG_PATH.to_string(),
             vsnap_cli: PathBuf::from("vsnap"),
             source: ConfigSource::Defaults,
         }
@@ -298,6 +308,20 @@ fn check_per_pod_env(names: &[String]) -> Result<(), String> {
     {
         Some(bad) => Err(format!(
             "per_pod_env: {bad:?} is not an environment variable name"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Each folder of `registry_config_path` is absolute (a relative one would
+/// depend on the reader's working folder).
+fn check_registry_config_path(path: &str) -> Result<(), String> {
+    match path
+        .split(':')
+        .find(|d| !d.is_empty() && !Path::new(d).is_absolute())
+    {
+        Some(dir) => Err(format!(
+            "registry_config_path: {dir} is not an absolute path"
         )),
         None => Ok(()),
     }
@@ -348,6 +372,7 @@ impl RuntimeConfig {
             return Err(invalid("vsnap_cli: must not be empty".into()));
         }
         check_per_pod_env(&self.per_pod_env).map_err(invalid)?;
+        check_registry_config_path(&self.registry_config_path).map_err(invalid)?;
         if let Some(root) = &self.runc_root {
             if !root.is_absolute() {
                 return Err(invalid(format!(

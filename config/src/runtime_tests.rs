@@ -191,6 +191,32 @@ fn registries_are_read_and_checked() {
 }
 
 #[test]
+fn the_registry_config_path_is_containerds_list_of_absolute_folders() {
+    assert_eq!(
+        RuntimeConfig::default().registry_config_path,
+        "/etc/containerd/certs.d"
+    );
+    let c = RuntimeConfig::parse(
+        "registry_config_path = \"/etc/containerd/certs.d:/run/mirrors\"\n",
+        "inline",
+    )
+    .unwrap();
+    assert_eq!(
+        c.registry_config_path,
+        "/etc/containerd/certs.d:/run/mirrors"
+    );
+    let none = RuntimeConfig::parse("registry_config_path = \"\"\n", "inline").unwrap();
+    assert_eq!(none.registry_config_path, "");
+    let err = RuntimeConfig::parse("registry_config_path = \"/a:certs.d\"\n", "inline")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("registry_config_path: certs.d is not an absolute path"),
+        "{err}"
+    );
+}
+
+#[test]
 fn missing_file_names_the_path() {
     let err = RuntimeConfig::load(Path::new("/nonexistent/vsnap.toml"))
         .unwrap_err()

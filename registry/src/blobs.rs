@@ -24,7 +24,7 @@ pub async fn fetch_small(
     }
     let mut stream = remote
         .client
-        .pull_blob_stream(&remote.reference, desc)
+        .blob_stream(&desc.digest)
         .await
         .map_err(|e| RegistryError::registry(format!("pull: {what} {}", desc.digest), e))?;
     let mut bytes = Vec::with_capacity(desc.size as usize);
@@ -36,8 +36,6 @@ pub async fn fetch_small(
                     break;
                 }
             }
-            // oci-client's own digest check fails at the end: ours names it.
-            Err(_) if bytes.len() as u64 == desc.size as u64 => break,
             Err(e) => {
                 return Err(RegistryError::io(
                     format!("pull: {what} {}", desc.digest),
@@ -60,7 +58,7 @@ pub async fn fetch_small(
 pub(crate) async fn blob_exists(remote: &Remote, digest: &str) -> Result<bool> {
     remote
         .client
-        .blob_exists(&remote.reference, digest)
+        .blob_exists(digest)
         .await
         .map_err(|e| RegistryError::registry(format!("push: HEAD blob {digest}"), e))
 }
@@ -74,8 +72,7 @@ pub(crate) async fn send_blob(
 ) -> Result<()> {
     remote
         .client
-        .push_blob(&remote.reference, bytes, digest)
+        .push_blob(digest, bytes.into())
         .await
-        .map(|_| ())
         .map_err(|e| RegistryError::registry(format!("push: blob {digest} ({what})"), e))
 }

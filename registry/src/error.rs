@@ -21,6 +21,9 @@ pub enum RegistryError {
     /// The runtime config's credentials cannot be used.
     #[error("{0}")]
     Credentials(String),
+    /// containerd's host configuration cannot be used (names the file).
+    #[error("{0}")]
+    Hosts(String),
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error("{context}: {source}")]
@@ -41,14 +44,11 @@ impl RegistryError {
         }
     }
 
-    /// A client error, with the registry's own message (never credentials:
-    /// oci-client's errors carry URLs and status, not the auth header).
-    pub fn registry(
-        context: impl Into<String>,
-        e: oci_client::errors::OciDistributionError,
-    ) -> Self {
+    /// No host served a request: each host asked and why (never
+    /// credentials: failures carry statuses and the registry's messages).
+    pub fn registry(context: impl Into<String>, e: crate::client::HostsError) -> Self {
         let mut message = e.to_string();
-        if unauthorized(&e) {
+        if e.unauthorized() {
             message.push_str(
                 " (the registry wants credentials: username and password_file in the runtime config's [registries.\"host:port\"])",
             );
@@ -57,20 +57,5 @@ impl RegistryError {
             context: context.into(),
             message,
         }
-    }
-}
-
-/// Whether the registry answered 401 (or refused the credentials).
-fn unauthorized(e: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
-    match e {
-        E::UnauthorizedError { .. } => true,
-        E::RequestError(r) => r.status().map(|s| s.as_u16()) == Some(401),
-        E::ServerError { code, .. } => *code == 401,
-        E::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|e| matches!(e.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
-        _ => false,
     }
 }

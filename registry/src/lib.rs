@@ -17,14 +17,17 @@
 mod blobs;
 pub mod cache;
 pub mod chunking;
+pub mod client;
 pub mod crypt;
 mod error;
+pub mod hosts;
 pub mod index;
 mod journal;
 pub mod pull;
 pub mod push;
 pub mod remote;
 pub mod signature;
+pub mod transport;
 
 pub use error::{RegistryError, Result};
 pub use pull::{pull, PullOptions, PullReport, PullTimings};

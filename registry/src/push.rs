@@ -166,13 +166,10 @@ async fn push_unrecorded(
         report.signed_by = Some(signature.key_id);
         report.signature_tag = Some(crate::signature::tag(&report.digest));
     }
+    let tag = remote.reference.tag().unwrap_or("latest");
     remote
         .client
-        .push_manifest_raw(
-            &remote.reference,
-            body,
-            OCI_MANIFEST.parse().expect("a header value"),
-        )
+        .push_manifest(tag, body, OCI_MANIFEST)
         .await
         .map_err(|e| RegistryError::registry(format!("push: manifest {}", remote.name()), e))?;
     Ok(report)

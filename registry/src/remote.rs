@@ -1,22 +1,25 @@
-//! A registry repository as push and pull see it: the parsed reference, an
-//! oci-client with this registry's transport, and its credentials from the
-//! runtime config (never from the reference or the command line).
+//! A registry repository as push and pull see it: the parsed reference,
+//! the registry's hosts (containerd's `hosts.toml` under the runtime
+//! config's `registry_config_path`: mirrors first, the origin last) each
+//! with its HTTP client, and the registry's credentials from the runtime
+//! config (never from the reference or the command line), which go to the
+//! registry itself only, never to a mirror.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
-use vsnap_config::runtime::RegistryConfig;
+use oci_client::Reference;
+use vsnap_config::runtime::{RegistryConfig, RuntimeConfig};
 
+use crate::client::Client;
 use crate::error::{RegistryError, Result};
+use crate::hosts::Need;
+use crate::transport::Credentials;
 
 pub struct Remote {
     pub client: Client,
     pub reference: Reference,
-    pub auth: RegistryAuth,
     /// Whether credentials were configured (for reports; never their value).
     pub authenticated: bool,
 }
@@ -26,6 +29,7 @@ impl std::fmt::Debug for Remote {
         f.debug_struct("Remote")
             .field("reference", &self.reference.whole())
             .field("authenticated", &self.authenticated)
+            .field("hosts", &self.client.source())
             .finish()
     }
 }
@@ -51,40 +55,41 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
 }
 
 impl Remote {
-    /// The repository of `reference`, with the settings the runtime config
-    /// has for its registry (`[registries."host:port"]`); anonymous HTTPS
-    /// when it has none.
-    pub fn new(reference: &str, registries: &BTreeMap<String, RegistryConfig>) -> Result<Self> {
+    /// The repository of `reference` with the runtime config's settings:
+    /// its registry's `[registries."host:port"]` entry and the hosts
+    /// `registry_config_path` gives it.
+    pub fn from_config(reference: &str, config: &RuntimeConfig) -> Result<Self> {
+        Self::new(reference, &config.registries, &config.registry_config_path)
+    }
+
+    /// The repository of `reference`: its registry's hosts from the
+    /// `hosts.toml` under `config_path` (`:`-separated folders; none: the
+    /// registry alone), its settings from `registries` (anonymous HTTPS
+    /// when it has none).
+    pub fn new(
+        reference: &str,
+        registries: &BTreeMap<String, RegistryConfig>,
+        config_path: &str,
+    ) -> Result<Self> {
         let reference = parse_reference(reference)?;
         let host = reference.registry().to_string();
         let settings = registries.get(&host).cloned().unwrap_or_default();
-        let protocol = if settings.plain_http {
-            ClientProtocol::HttpsExcept(vec![host.clone()])
-        } else {
-            ClientProtocol::Https
+        let roots = crate::hosts::roots(config_path);
+        let hosts =
+            crate::hosts::load(&host, &roots, settings.plain_http).map_err(RegistryError::Hosts)?;
+        let credentials = match (&settings.username, &settings.password_file) {
+            (Some(user), Some(file)) => Some(Credentials {
+                user: user.clone(),
+                password: read_password(file, &host)?,
+            }),
+            _ => None,
         };
-        let client = Client::try_from(ClientConfig {
-            protocol,
-            // A registry that stops answering fails the transfer instead of
-            // hanging it (an interrupted pull resumes from its cache).
-            connect_timeout: Some(std::time::Duration::from_secs(30)),
-            read_timeout: Some(std::time::Duration::from_secs(120)),
-            // The client's own fan-out is not used: push and pull bound
-            // their own parallelism.
-            ..Default::default()
-        })
-        .map_err(|e| RegistryError::registry(format!("registry {host}"), e))?;
-        let (auth, authenticated) = match (&settings.username, &settings.password_file) {
-            (Some(user), Some(file)) => (
-                RegistryAuth::Basic(user.clone(), read_password(file, &host)?),
-                true,
-            ),
-            _ => (RegistryAuth::Anonymous, false),
-        };
+        let authenticated = credentials.is_some();
+        let client = Client::new(hosts, reference.repository(), credentials)
+            .map_err(RegistryError::Hosts)?;
         Ok(Remote {
             client,
             reference,
-            auth,
             authenticated,
         })
     }
@@ -94,16 +99,26 @@ impl Remote {
         self.reference.whole()
     }
 
-    /// Authenticates for `op` (a bearer token where the registry hands
-    /// them out; basic credentials are sent as they are).
+    /// What reading the reference's manifest needs of a host: a tag is
+    /// resolved, a digest pulled.
+    pub fn read_need(&self) -> Need {
+        match self.reference.digest() {
+            Some(_) => Need::Pull,
+            None => Need::Resolve,
+        }
+    }
+
+    /// Checks, before a transfer, that a host for `op` answers the API
+    /// (authenticated where it asks: a bearer token where the registry
+    /// hands them out, basic credentials otherwise).
     pub async fn login(&self, op: oci_client::RegistryOperation) -> Result<()> {
-        self.client
-            .auth(&self.reference, &self.auth, op)
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                RegistryError::registry(format!("registry {}: login", self.reference.registry()), e)
-            })
+        let need = match op {
+            oci_client::RegistryOperation::Push => Need::Push,
+            oci_client::RegistryOperation::Pull => self.read_need(),
+        };
+        self.client.ping(need).await.map_err(|e| {
+            RegistryError::registry(format!("registry {}: login", self.reference.registry()), e)
+        })
     }
 }
 
@@ -186,15 +201,18 @@ mod tests {
                 plain_http: true,
             },
         );
-        let r = Remote::new("127.0.0.1:5000/vsnap/ref:v1", &registries).unwrap();
+        let r = Remote::new("127.0.0.1:5000/vsnap/ref:v1", &registries, "").unwrap();
         assert!(r.authenticated);
-        assert!(matches!(&r.auth, RegistryAuth::Basic(u, p) if u == "ci" && p == "s3cret-value"));
+        assert_eq!(
+            read_password(&pw, "127.0.0.1:5000").unwrap(),
+            "s3cret-value"
+        );
         assert!(!format!("{r:?}").contains("s3cret"), "{r:?}");
-        let anon = Remote::new("127.0.0.1:5001/vsnap/ref:v1", &registries).unwrap();
+        let anon = Remote::new("127.0.0.1:5001/vsnap/ref:v1", &registries, "").unwrap();
         assert!(!anon.authenticated, "another port is another registry");
 
         std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = Remote::new("127.0.0.1:5000/vsnap/ref:v1", &registries)
+        let e = Remote::new("127.0.0.1:5000/vsnap/ref:v1", &registries, "")
             .unwrap_err()
             .to_string();
         assert!(e.contains("not readable by group or others"), "{e}");

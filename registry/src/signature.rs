@@ -17,12 +17,12 @@
 //! the config blob (the artifact's manifest, file index and chunk digests)
 //! and every chunk, so one signature covers every byte a pull accepts.
 
-use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use vsnap_artifact::signature::FleetSignature;
 
 use crate::blobs::{blob_exists, fetch_small, send_blob};
 use crate::error::{RegistryError, Result};
+use crate::hosts::Need;
 use crate::remote::Remote;
 use crate::{sha256_digest, sha256_hex, OCI_MANIFEST};
 
@@ -80,7 +80,7 @@ pub async fn attach(
     };
     let at = at_tag(remote, digest);
     for _ in 0..ATTACH_ROUNDS {
-        let mut layers = stored_layers(remote, digest).await?;
+        let mut layers = stored_layers(remote, digest, Need::Push).await?;
         if layers.iter().any(|l| l.digest == ours.digest) {
             return Ok(());
         }
@@ -94,15 +94,15 @@ pub async fn attach(
         let manifest = signature_manifest(digest, size, empty_digest.clone(), layers);
         remote
             .client
-            .push_manifest_raw(
-                &at,
+            .push_manifest(
+                &tag(digest),
                 serde_json::to_vec(&manifest).expect("a manifest serializes"),
-                OCI_MANIFEST.parse().expect("a header value"),
+                OCI_MANIFEST,
             )
             .await
             .map_err(|e| RegistryError::registry(format!("push: signature {}", at.whole()), e))?;
     }
-    match stored_layers(remote, digest)
+    match stored_layers(remote, digest, Need::Push)
         .await?
         .iter()
         .any(|l| l.digest == ours.digest)
@@ -146,18 +146,19 @@ fn signature_manifest(
 }
 
 /// The signature layers stored for `digest` (none when there is no
-/// signature manifest). Anything at the signature's tag that is not one is
-/// an error.
-async fn stored_layers(remote: &Remote, digest: &str) -> Result<Vec<OciDescriptor>> {
+/// signature manifest), read from the hosts for `need`: those that resolve
+/// tags for a pull, the push host for a push (which appends to what it
+/// holds). Anything at the signature's tag that is not one is an error.
+async fn stored_layers(remote: &Remote, digest: &str, need: Need) -> Result<Vec<OciDescriptor>> {
     let at = at_tag(remote, digest);
     let what = format!("signature {}", at.whole());
     let bytes = match remote
         .client
-        .pull_manifest_raw(&at, &remote.auth, &[OCI_MANIFEST])
+        .manifest(&tag(digest), OCI_MANIFEST, need)
         .await
     {
-        Ok((bytes, _)) => bytes,
-        Err(e) if not_found(&e) => return Ok(Vec::new()),
+        Ok(bytes) => bytes,
+        Err(e) if e.not_found() => return Ok(Vec::new()),
         Err(e) => return Err(RegistryError::registry(what, e)),
     };
     let manifest: OciImageManifest = serde_json::from_slice(&bytes)
@@ -184,10 +185,13 @@ async fn stored_layers(remote: &Remote, digest: &str) -> Result<Vec<OciDescripto
 pub async fn fetch(remote: &Remote, digest: &str) -> Result<Vec<FleetSignature>> {
     let what = format!("pull: signature {}", at_tag(remote, digest).whole());
     let mut signatures = Vec::new();
-    for layer in stored_layers(remote, digest).await.map_err(|e| match e {
-        RegistryError::Invalid(m) => RegistryError::Invalid(format!("pull: {m}")),
-        e => e,
-    })? {
+    for layer in stored_layers(remote, digest, Need::Resolve)
+        .await
+        .map_err(|e| match e {
+            RegistryError::Invalid(m) => RegistryError::Invalid(format!("pull: {m}")),
+            e => e,
+        })?
+    {
         let blob = fetch_small(remote, &layer, SIGNATURE_LIMIT, "signature blob").await?;
         let signature: FleetSignature = serde_json::from_slice(&blob)
             .map_err(|e| RegistryError::Invalid(format!("{what}: {e}")))?;
@@ -203,21 +207,6 @@ fn at_tag(remote: &Remote, digest: &str) -> oci_client::Reference {
         remote.reference.repository().to_string(),
         tag(digest),
     )
-}
-
-/// A 404: the manifest (or the whole repository) is not there.
-fn not_found(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
-            )
-        }),
-        OciDistributionError::ServerError { code, .. } => *code == 404,
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        _ => false,
-    }
 }
 
 #[cfg(test)]

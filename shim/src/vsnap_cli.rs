@@ -2,7 +2,8 @@
 //! run there (vsnap-registry with its HTTP and TLS stack), so the shim of a
 //! plain container never maps that code. The CLI reads the shim's own
 //! runtime config (its file, or the inline body or defaults on stdin), so
-//! it applies the same registries, credentials and trusted keys: the trust
+//! it applies the same registries, credentials, mirrors (containerd's
+//! `hosts.toml` under `registry_config_path`) and trusted keys: the trust
 //! checks are vsnap-registry's, the same code `vsnap pull` runs.
 //!
 //! Its exit is awaited through the shim's reaper (never `waitpid`), as runc's.

@@ -1,15 +1,16 @@
 //! A private OCI registry for one test: Debian's docker-registry (the
 //! distribution registry 2.8, installed by scripts/setup.sh) serving from the
 //! test's scratch folder on 127.0.0.1 and a free port, started and stopped
-//! by its pid; and a throttling TCP proxy in front of it, a slow link that
-//! lets a test act while a pull is under way.
+//! by its pid; a throttling TCP proxy in front of it, a slow link that lets
+//! a test act while a pull is under way; and a recording one, which keeps
+//! what its clients send (requests and their headers).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::engine::free_port;
@@ -69,8 +70,26 @@ impl Registry {
         r
     }
 
+    /// Stops the registry (by its pid, SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Copies every repository, manifest and blob `from` stores into this
+    /// registry's storage (what a mirror that served them would hold).
+    pub fn copy_content_from(&self, from: &Registry) {
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(from.dir.join("data/."))
+            .arg(self.dir.join("data"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cp: {out:?}");
+    }
+
     /// `GET /v2/` answers (200, or 401 when it wants credentials).
-    fn answers(&self) -> bool {
+    pub fn answers(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
@@ -149,8 +168,8 @@ impl SlowProxy {
                             continue;
                         };
                         let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                        std::thread::spawn(move || pump(client, server, None));
-                        std::thread::spawn(move || pump(s2, c2, Some(rate)));
+                        std::thread::spawn(move || pump(client, server, None, None));
+                        std::thread::spawn(move || pump(s2, c2, Some(rate), None));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -170,8 +189,67 @@ impl Drop for SlowProxy {
     }
 }
 
-/// Copies `from` to `to`, at most `rate` bytes per second when given.
-fn pump(mut from: TcpStream, mut to: TcpStream, rate: Option<u64>) {
+/// A TCP proxy to `127.0.0.1:<target>` that keeps every byte its clients
+/// send: over plain HTTP, the requests with their headers, to say what a
+/// host was asked and with which credentials. Stopped on drop.
+pub struct RecordingProxy {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl RecordingProxy {
+    pub fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stopped, record) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                            continue;
+                        };
+                        let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                        let record = record.clone();
+                        std::thread::spawn(move || pump(client, server, None, Some(record)));
+                        std::thread::spawn(move || pump(s2, c2, None, None));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        RecordingProxy { port, stop, seen }
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Everything the clients sent so far (lossy UTF-8).
+    pub fn sent(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for RecordingProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to`, at most `rate` bytes per second when given,
+/// keeping a copy of every byte in `record` when given.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    rate: Option<u64>,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
+) {
     let mut buf = vec![0u8; 16 << 10];
     let start = Instant::now();
     let mut sent = 0u64;
@@ -180,6 +258,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, rate: Option<u64>) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some(record) = &record {
+            record.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
         if to.write_all(&buf[..n]).is_err() {
             break;
         }

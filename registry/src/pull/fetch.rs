@@ -137,7 +137,7 @@ async fn fetch_chunk(
     let named = || format!("blob {digest} ({files})");
     let mut stream = remote
         .client
-        .pull_blob_stream(&remote.reference, layer)
+        .blob_stream(&layer.digest)
         .await
         .map_err(|e| RegistryError::registry(format!("pull: {}", named()), e))?;
     let mut writer = cache.writer(&digest, size)?;

@@ -81,9 +81,14 @@ fn sealed_with(oci: &OciImageManifest) -> Option<&str> {
 /// and compared with REF's digest when it has one).
 pub async fn resolve(remote: &Remote) -> Result<(OciImageManifest, String)> {
     let what = format!("pull: {}", remote.name());
-    let (bytes, _) = remote
+    let at = remote
+        .reference
+        .digest()
+        .or(remote.reference.tag())
+        .unwrap_or("latest");
+    let bytes = remote
         .client
-        .pull_manifest_raw(&remote.reference, &remote.auth, &[OCI_MANIFEST])
+        .manifest(at, OCI_MANIFEST, remote.read_need())
         .await
         .map_err(|e| RegistryError::registry(what.clone(), e))?;
     if bytes.len() > MANIFEST_LIMIT {

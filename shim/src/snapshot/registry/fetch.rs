@@ -8,7 +8,10 @@
 //! only where to get it from.
 //!
 //! Credentials come from the runtime config's `[registries."host:port"]`,
-//! never from the annotation; nothing of them is logged.
+//! never from the annotation; nothing of them is logged. The registry's
+//! mirrors are the node's containerd `hosts.toml` ones (the config's
+//! `registry_config_path`), which the CLI reads as containerd does; the
+//! tenant policy is held to the reference, whichever host serves it.
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};

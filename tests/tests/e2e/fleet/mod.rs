@@ -10,6 +10,7 @@
 
 mod crypt;
 mod harness;
+mod mirrors;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
