@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod cmd;
 pub mod containerd;
+pub mod disk;
 pub mod cri;
 pub mod docker;
 pub mod engine;

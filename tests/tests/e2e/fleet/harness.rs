@@ -107,3 +107,31 @@ pub(super) fn unsealed(bytes: &[u8]) -> Value {
     v.as_object_mut().unwrap().remove("mac");
     v
 }
+
+/// A fleet encryption key made with `vsnap key generate-encryption` in
+/// `env`'s folder: (path, key id).
+pub(super) fn encryption_key(env: &Env, tag: &str) -> (String, String) {
+    let path = env.c.dir.join(format!("{tag}.key")).display().to_string();
+    let made = vsnap_json(env, &["key", "generate-encryption", &path]);
+    (path, made["key_id"].as_str().unwrap().to_string())
+}
+
+/// `vsnap --config CONFIG ARGS`, CONFIG being `env`'s runtime config with
+/// the top-level keys `lines` sets replaced by `lines`.
+pub(super) fn vsnap_with(env: &Env, tag: &str, lines: &str, args: &[&str]) -> CmdOutput {
+    let path = env.c.dir.join(format!("{tag}.toml"));
+    let keys: Vec<&str> = lines
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    let config: String = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .lines()
+        .filter(|l| !keys.contains(&l.split(' ').next().unwrap_or_default()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, format!("{lines}{config}")).unwrap();
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config").arg(&path).args(args);
+    run(cmd, None, Duration::from_secs(300))
+}

@@ -9,6 +9,7 @@
 //! and removing one kills the other's engine.
 
 mod crypt;
+mod disk;
 mod harness;
 
 use std::process::{Command, Stdio};
