@@ -2,7 +2,7 @@
 //! secret in the registry in clear, the key named by id, a key rotated.
 
 use super::harness::{
-    cached_blobs, configure, encryption_key, fleet, key_pair, vsnap_json, vsnap_with,
+    configure, encryption_key, fleet, key_pair, landed_chunks, vsnap_json, vsnap_with,
 };
 use serde_json::Value;
 use vsnap_e2e::engine::{free_port, HostEngine};
@@ -87,7 +87,7 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
         Vec::<String>::new(),
         "nothing published"
     );
-    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+    assert_eq!(landed_chunks(&b), 0, "no chunk fetched");
 
     // Another key signs the same manifest in the same repository: its
     // signature is added, the fleet's stays, B's pull still trusts it.

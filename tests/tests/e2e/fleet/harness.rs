@@ -1,6 +1,7 @@
 //! What the fleet tests share: `vsnap` run against a host's runtime config,
 //! and two hosts with a registry between them, A signing and B trusting.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -92,13 +93,26 @@ pub(super) fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Re
     (a, b, registry)
 }
 
-/// Complete blobs (named by their digest, not `.part-*`) in `env`'s
-/// download cache.
-pub(super) fn cached_blobs(env: &Env) -> usize {
-    list(&env.artifacts.join(".pull/blobs/sha256"))
-        .iter()
-        .filter(|n| n.len() == 64)
-        .count()
+/// The partial pulls (`.pull/partial/<name>`) `env`'s artifact root holds:
+/// pulls under way, or interrupted and not resumed yet.
+pub(super) fn partial_pulls(env: &Env) -> Vec<String> {
+    list(&env.artifacts.join(".pull/partial"))
+}
+
+/// The chunks the partial pull of `name` records as landed (verified and
+/// at their places): the distinct digests its `landed` record lists.
+pub(super) fn landed(env: &Env, name: &str) -> BTreeSet<String> {
+    let record = env.artifacts.join(".pull/partial").join(name).join("landed");
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Chunks landed by every partial pull of `env`'s artifact root.
+pub(super) fn landed_chunks(env: &Env) -> usize {
+    partial_pulls(env).iter().map(|n| landed(env, n).len()).sum()
 }
 
 /// A manifest's JSON without its MAC.
