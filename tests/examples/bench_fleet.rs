@@ -171,5 +171,7 @@ fn main() {
         "| `vsnap push` (first, every chunk sent) | {push_s:.2} s | {:.0} |",
         mb / push_s
     );
-    eprintln!("pull runs: {pulls:?}; copy runs: {copies:?}; curl runs: {curls:?}; peak disk: {peaks:?}");
+    eprintln!(
+        "pull runs: {pulls:?}; copy runs: {copies:?}; curl runs: {curls:?}; peak disk: {peaks:?}"
+    );
 }

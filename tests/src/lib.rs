@@ -9,8 +9,8 @@
 pub mod bench;
 pub mod cmd;
 pub mod containerd;
-pub mod disk;
 pub mod cri;
+pub mod disk;
 pub mod docker;
 pub mod engine;
 pub mod events;

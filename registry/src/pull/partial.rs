@@ -295,11 +295,7 @@ impl Partial {
 impl Folder {
     /// The chunks `landed` records, when the partial folder is of this
     /// digest and its tree can be made whole again.
-    fn take_over(
-        &self,
-        spec: &Spec,
-        places: &BTreeMap<String, Vec<Place>>,
-    ) -> Result<Vec<String>> {
+    fn take_over(&self, spec: &Spec, places: &BTreeMap<String, Vec<Place>>) -> Result<Vec<String>> {
         let digest = read(&self.dir.join("digest"))?;
         if digest.trim() != spec.digest {
             return Err(RegistryError::Invalid("another digest".into()));
@@ -383,7 +379,10 @@ fn places(
         for c in &f.chunks {
             // Checked: every chunk is a layer at least `overhead` large.
             let len = layers[c] - overhead;
-            places.entry(c.clone()).or_default().push(Place { file, offset, len });
+            places
+                .entry(c.clone())
+                .or_default()
+                .push(Place { file, offset, len });
             offset += len;
         }
     }

@@ -14,14 +14,20 @@ struct Fixture {
 }
 
 fn bytes(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
 
 impl Fixture {
     fn new(sealed: bool) -> Self {
-        let chunks = [("a", bytes(1, 5000)), ("b", bytes(2, 7000)), ("c", bytes(3, 10))]
-            .into_iter()
-            .collect();
+        let chunks = [
+            ("a", bytes(1, 5000)),
+            ("b", bytes(2, 7000)),
+            ("c", bytes(3, 10)),
+        ]
+        .into_iter()
+        .collect();
         let sealer = sealed.then(|| Sealer::new(&EncryptionKey::from_secret([7; 32])));
         Fixture {
             root: tempfile::tempdir().unwrap(),
@@ -169,7 +175,10 @@ fn a_chunk_lands_once_at_each_of_its_places_and_only_then_is_recorded() {
             "{e}"
         );
         if sealed {
-            assert!(e.contains("does not decrypt") && e.contains("fleet-enc:"), "{e}");
+            assert!(
+                e.contains("does not decrypt") && e.contains("fleet-enc:"),
+                "{e}"
+            );
         }
         assert_eq!(lines(&journal), [f.digest("a")]);
     }
@@ -189,7 +198,11 @@ fn a_resumed_pull_keeps_what_still_holds_and_fetches_the_rest() {
         let (p, landed) = f.open(DIGEST);
         let want: BTreeSet<String> = [f.digest("a"), f.digest("b")].into();
         assert_eq!(landed, want, "sealed {sealed}");
-        assert_eq!(f.read("images/pages-2.img"), f.chunks["a"], "kept as it was");
+        assert_eq!(
+            f.read("images/pages-2.img"),
+            f.chunks["a"],
+            "kept as it was"
+        );
         // A place of a that no longer holds its bytes: a is fetched again.
         drop(p);
         let two = f.tree().join("images/pages-2.img");
@@ -275,7 +288,10 @@ fn a_whole_tree_is_published_in_place_and_the_partial_pull_removed() {
             inode,
             "renamed, not copied"
         );
-        assert_eq!(std::fs::read(&published).unwrap(), f.content(&["a", "b", "a"]));
+        assert_eq!(
+            std::fs::read(&published).unwrap(),
+            f.content(&["a", "b", "a"])
+        );
         Manifest::load_verified(root, "pulled").unwrap();
         assert!(!root.join(".pull/partial/pulled").exists());
         std::fs::remove_dir_all(root.join("pulled")).unwrap();

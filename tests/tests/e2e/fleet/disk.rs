@@ -26,7 +26,12 @@ fn a_pull_takes_at_most_1_1x_the_artifact_on_disk_in_clear_and_encrypted() {
     let clear = format!("{host}/fleet/disk:clear");
     let sealed = format!("{host}/fleet/disk:sealed");
     vsnap_json(&a, &["push", "disk", &clear]);
-    let out = vsnap_with(&a, "sealing", &sealing, &["push", "disk", &sealed, "--json"]);
+    let out = vsnap_with(
+        &a,
+        "sealing",
+        &sealing,
+        &["push", "disk", &sealed, "--json"],
+    );
     assert!(out.ok(), "{out:?}");
     // B holds the key: it pulls both (one in clear needs none).
     configure(&b, &sealing);
@@ -43,7 +48,10 @@ fn a_pull_takes_at_most_1_1x_the_artifact_on_disk_in_clear_and_encrypted() {
         eprintln!(
             "{what}: artifact {bytes} bytes; root {before} before, peak {peak} ({samples} samples), {after} after: peak {ratio:.3}x the artifact; {pulled}"
         );
-        assert!(samples >= 10, "{what}: the pull was sampled {samples} times");
+        assert!(
+            samples >= 10,
+            "{what}: the pull was sampled {samples} times"
+        );
         assert!(
             after.saturating_sub(before) as f64 >= 0.95 * bytes as f64,
             "{what}: the published artifact takes its bytes on disk"

@@ -102,7 +102,11 @@ pub(super) fn partial_pulls(env: &Env) -> Vec<String> {
 /// The chunks the partial pull of `name` records as landed (verified and
 /// at their places): the distinct digests its `landed` record lists.
 pub(super) fn landed(env: &Env, name: &str) -> BTreeSet<String> {
-    let record = env.artifacts.join(".pull/partial").join(name).join("landed");
+    let record = env
+        .artifacts
+        .join(".pull/partial")
+        .join(name)
+        .join("landed");
     std::fs::read_to_string(record)
         .unwrap_or_default()
         .lines()
@@ -112,7 +116,10 @@ pub(super) fn landed(env: &Env, name: &str) -> BTreeSet<String> {
 
 /// Chunks landed by every partial pull of `env`'s artifact root.
 pub(super) fn landed_chunks(env: &Env) -> usize {
-    partial_pulls(env).iter().map(|n| landed(env, n).len()).sum()
+    partial_pulls(env)
+        .iter()
+        .map(|n| landed(env, n).len())
+        .sum()
 }
 
 /// A manifest's JSON without its MAC.

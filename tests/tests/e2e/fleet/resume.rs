@@ -89,7 +89,11 @@ fn interrupted_pull_resumes(tag: &str, sealed: bool) {
     let logged = registry.log().len();
     let pulled = vsnap_json(&b, &["pull", &r]);
     let chunks = pulled["chunks"].as_u64().unwrap();
-    assert_eq!(pulled["reused"].as_u64(), Some(kept.len() as u64), "{pulled}");
+    assert_eq!(
+        pulled["reused"].as_u64(),
+        Some(kept.len() as u64),
+        "{pulled}"
+    );
     assert_eq!(
         pulled["fetched"].as_u64(),
         Some(chunks - kept.len() as u64),
