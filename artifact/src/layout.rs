@@ -151,6 +151,19 @@ impl Staging {
         })
     }
 
+    /// A folder the caller made and filled (with `images/`, `work/` and
+    /// `control/` in it; a pull's tree) to be published as `name` by
+    /// [`Staging::publish`], which may rename it across folders of the
+    /// root's file system; removed on drop unless published, as one of
+    /// [`Staging::new`].
+    pub fn adopt(dir: PathBuf, name: &str) -> Self {
+        Self {
+            dir,
+            name: name.to_string(),
+            published: false,
+        }
+    }
+
     pub fn images(&self) -> PathBuf {
         self.dir.join("images")
     }

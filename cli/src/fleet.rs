@@ -83,7 +83,7 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         }
         Ok(r) => {
             emit(&format!(
-                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nsealed:  {}\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} from the download cache ({})\ntime:    resolve {} ms, fetch {} ms, assemble {} ms, verify {} ms, publish {} ms\n",
+                "pulled {} as {} ({})\ndigest:  {}\nsigned:  by {} (trusted)\nsealed:  {}\nfiles:   {} ({})\nchunks:  {}: {} fetched ({}), {} landed by an interrupted pull ({})\ntime:    resolve {} ms, fetch {} ms, assemble {} ms, verify {} ms, publish {} ms\n",
                 r.reference,
                 r.name,
                 r.path,

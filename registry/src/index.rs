@@ -163,11 +163,11 @@ pub fn check_path(path: &str) -> std::result::Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use vsnap_artifact::FileDigest;
 
-    fn manifest(files: &[(&str, u64)]) -> Manifest {
+    pub(crate) fn manifest(files: &[(&str, u64)]) -> Manifest {
         let v = serde_json::json!({
             "schema_version": vsnap_artifact::SCHEMA_VERSION, "name": "a",
             "created_at": "2026-12-01T00:00:00Z", "capture_id": "c",

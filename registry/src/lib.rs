@@ -15,7 +15,6 @@
 //! key and the artifact published atomically.
 
 mod blobs;
-pub mod cache;
 pub mod chunking;
 pub mod client;
 pub mod crypt;

@@ -6,7 +6,9 @@
 //! streams, the download cache, reassembly, the BLAKE3 content check, fsync
 //! and publish) and `cat` copies the registry's stored chunk files (the same
 //! bytes) into one file followed by `sync` of that file. Page cache warm for
-//! both (the registry's files were just written or read).
+//! both (the registry's files were just written or read). Each pull's peak
+//! disk use is sampled every 50 ms (B's artifact root, as `du` counts it:
+//! what the pull keeps to resume, its files, the published artifact).
 //!
 //! Run by `scripts/bench.sh fleet` (release builds). Environment:
 //! BENCH_RUNS (pairs, default 3), BENCH_RESIDENT_MB.
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 use vsnap_e2e::bench::{env_num, median, vsnap_json};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
+use vsnap_e2e::disk::{disk_use, DiskPeak};
 use vsnap_e2e::registry::Registry;
 use vsnap_e2e::snapshot_env::{setup, Env};
 
@@ -100,11 +103,16 @@ fn main() {
     );
 
     let (mut pulls, mut copies, mut curls) = (Vec::new(), Vec::new(), Vec::new());
+    let mut peaks = Vec::new();
     for i in 0..runs {
         let name = format!("p{i}");
+        let before = disk_use(&b.artifacts);
+        let peak = DiskPeak::start(&b.artifacts, Duration::from_millis(50));
         let t = Instant::now();
         let pulled = vsnap(&b, &["pull", &r, &name]);
         pulls.push(t.elapsed().as_secs_f64());
+        let (peak, _) = peak.stop();
+        peaks.push(peak.saturating_sub(before) as f64 / bytes as f64);
         assert_eq!(pulled["reused"], 0, "{pulled}");
         eprintln!("pull {i}: {}", pulled["timings_ms"]);
         vsnap(&b, &["rm", &name]);
@@ -150,6 +158,10 @@ fn main() {
         mb / c
     );
     println!("| pull / raw copy | {:.2}x | |", p / c);
+    println!(
+        "| peak disk of the pull (B's artifact root, sampled every 50 ms) / artifact | {:.3}x | |",
+        median(peaks.clone())
+    );
     let h = median(curls.clone());
     println!(
         "| `curl` of every chunk from the registry to /dev/null, 4 parallel | {h:.2} s | {:.0} |",
@@ -159,5 +171,7 @@ fn main() {
         "| `vsnap push` (first, every chunk sent) | {push_s:.2} s | {:.0} |",
         mb / push_s
     );
-    eprintln!("pull runs: {pulls:?}; copy runs: {copies:?}");
+    eprintln!(
+        "pull runs: {pulls:?}; copy runs: {copies:?}; curl runs: {curls:?}; peak disk: {peaks:?}"
+    );
 }

@@ -7,7 +7,8 @@
 //! pulls both (order alternating between runs). Beside them, in this
 //! process on one core: ChaCha20-Poly1305 sealing and opening of 2 MiB
 //! chunks (the transport's own code, registry/src/crypt.rs), and the
-//! sha256 every layer is checked with.
+//! sha256 every layer is checked with. Each pull's peak disk use is sampled
+//! every 50 ms (B's artifact root, as `du` counts it).
 //!
 //! Run by `scripts/bench.sh fleet-crypt` (release builds). Environment:
 //! BENCH_RUNS (default 3), BENCH_RESIDENT_MB, BENCH_LINK_MBPS: when set,
@@ -24,6 +25,7 @@ use vsnap_artifact::encryption::EncryptionKey;
 use vsnap_e2e::bench::{env_num, median, vsnap_json};
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::shim_binary;
+use vsnap_e2e::disk::{disk_use, DiskPeak};
 use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{setup, Env};
 use vsnap_registry::crypt::Sealer;
@@ -151,8 +153,10 @@ fn main() {
     a.create_good("donor", "big", &[&env]);
     let mut bytes = 0;
     let mut chunks = 0;
-    // (push, pull) seconds per mode; the encrypted pulls' phases.
+    // (push, pull) seconds per mode; the encrypted pulls' phases; the
+    // pulls' peak disk over the artifact's bytes per mode.
     let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    let mut peaks = [Vec::new(), Vec::new()];
     let mut phases = Vec::new();
     for i in 0..runs {
         let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -168,9 +172,13 @@ fn main() {
             chunks = pushed["unique_chunks"].as_u64().unwrap();
             let name = format!("p{mode}-{i}");
             let r = r.replace(&registry.host(), &pull_host);
+            let before = disk_use(&b.artifacts);
+            let peak = DiskPeak::start(&b.artifacts, Duration::from_millis(50));
             let t = Instant::now();
             let pulled = vsnap(cb, &["pull", &r, &name]);
             times[mode].1.push(t.elapsed().as_secs_f64());
+            let (peak, _) = peak.stop();
+            peaks[mode].push(peak.saturating_sub(before) as f64 / bytes as f64);
             eprintln!("mode {mode} run {i}: pull {}", pulled["timings_ms"]);
             if mode == 1 {
                 phases.push(pulled["timings_ms"].clone());
@@ -182,15 +190,16 @@ fn main() {
 
     let mb = bytes as f64 / (1 << 20) as f64;
     println!(
-        "| {mb:.0} MiB artifact, {chunks} distinct chunks | push s (MiB/s) | pull s (MiB/s) |"
+        "| {mb:.0} MiB artifact, {chunks} distinct chunks | push s (MiB/s) | pull s (MiB/s) | pull's peak disk / artifact |"
     );
-    println!("|---|---|---|");
+    println!("|---|---|---|---|");
     for (mode, label) in [(0, "in clear"), (1, "encrypted")] {
         let (push, pull) = (median(times[mode].0.clone()), median(times[mode].1.clone()));
         println!(
-            "| {label}, median of {runs} | {push:.2} ({:.0}) | {pull:.2} ({:.0}) |",
+            "| {label}, median of {runs} | {push:.2} ({:.0}) | {pull:.2} ({:.0}) | {:.3}x |",
             mb / push,
-            mb / pull
+            mb / pull,
+            median(peaks[mode].clone())
         );
     }
     println!();

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cmd;
 pub mod containerd;
 pub mod cri;
+pub mod disk;
 pub mod docker;
 pub mod engine;
 pub mod events;

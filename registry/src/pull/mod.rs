@@ -3,31 +3,38 @@
 //! 1. Resolve REF to its manifest and digest; refuse anything that is not a
 //!    vsnap artifact. 2. Fetch the config blob (bounded, digest checked) and
 //!    check the file index against the layers and the artifact manifest.
-//! 3. Fetch the chunks this host's download cache lacks, a few at a time,
-//!    each hashed while it streams (cache.rs). 4. Under the artifact's
-//!    exclusive lock, reassemble the files in a staging folder, check every
-//!    byte against the manifest's content digests, seal the manifest with
-//!    THIS host's key and publish atomically. Any failure leaves no
-//!    artifact half-published and the previous one of that name as it was.
+//! 3. Open the partial pull of NAME (partial.rs): made afresh, or taken
+//!    over from an earlier pull of the same digest that died, keeping the
+//!    chunks it landed that still hold. 4. Fetch the other chunks, a few at
+//!    a time, each checked against its digest as it streams, opened when
+//!    sealed and written at its places in the partial pull's tree: once, no
+//!    other copy. 5. Under the artifact's exclusive lock, check every byte
+//!    against the manifest's content digests, seal the manifest with THIS
+//!    host's key and publish the tree atomically. Any failure leaves no
+//!    artifact half-published and the previous one of that name as it was;
+//!    what landed stays for the next pull of NAME to resume from.
 
-mod assemble;
 mod fetch;
+mod partial;
 mod report;
 mod resolve;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
+use oci_client::manifest::OciImageManifest;
 use vsnap_artifact::journal::{Op, Record};
 use vsnap_artifact::manifest::Origin;
 use vsnap_artifact::signature::TrustedKeys;
+use vsnap_artifact::Manifest;
 
-use crate::cache::BlobCache;
-use crate::crypt::{self, FleetKeys};
+use crate::crypt::{self, FleetKeys, Sealer};
 use crate::error::{RegistryError, Result};
+use crate::index::ArtifactConfig;
 use crate::remote::Remote;
-use assemble::{publish_from_cache, Assembly};
-use fetch::{fetch_chunks, Fetch, Opened};
+use fetch::{check_sizes, fetch_chunks};
+use partial::{Partial, Spec};
 use report::ms;
 pub use report::{PullReport, PullTimings};
 pub use resolve::resolve;
@@ -116,65 +123,87 @@ async fn pull_unrecorded(
     // fetched, not even its config.
     let signed_by = verify_signature(remote, &opts.trusted, &digest).await?;
     let sealer = choose_key(remote, &opts.keys, &oci)?;
+    let decrypted_with = sealer.as_ref().map(|s| s.key_id().to_string());
+    let (config, mut manifest, layers) = describe(remote, &oci, sealer.as_ref()).await?;
+    let name = name.unwrap_or(&manifest.name).to_string();
+    vsnap_artifact::layout::check_name(&name)
+        .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
+    timings.resolve = ms(started);
+
+    let preparing = std::time::Instant::now();
+    let spec = Spec {
+        root: root.to_path_buf(),
+        name: name.clone(),
+        digest: digest.clone(),
+        config: config.clone(),
+        layers: layers.clone(),
+        sealer,
+        threads: opts.verify_threads,
+    };
+    let (partial, landed) = open_partial(spec).await?;
+    timings.assemble = ms(preparing);
+    let fetching = std::time::Instant::now();
+    let todo = partial.to_fetch(&oci.layers, &landed);
+    let fetched = fetch_chunks(remote, &partial, &todo, &config, opts.jobs).await?;
+    timings.fetch = ms(fetching);
+    let mut report = PullReport {
+        name: name.clone(),
+        reference: remote.name(),
+        path: vsnap_artifact::path(root, &name).display().to_string(),
+        files: config.files.len(),
+        bytes: config.files.iter().map(|f| f.size).sum(),
+        chunks: oci.layers.len(),
+        fetched: fetched.len(),
+        fetched_bytes: fetched.iter().sum(),
+        reused: landed.len(),
+        reused_bytes: landed.iter().map(|d| layers[d]).sum(),
+        signed_by: signed_by.clone(),
+        decrypted_with,
+        digest,
+        timings_ms: timings,
+    };
+    manifest.name = name;
+    manifest.origin = Some(origin(remote, &report.digest, signed_by));
+    let partial = Arc::into_inner(partial).expect("every landing thread is done");
+    let (root, threads) = (root.to_path_buf(), opts.verify_threads);
+    let (verify, publish) =
+        tokio::task::spawn_blocking(move || partial.publish(&root, manifest, threads))
+            .await
+            .expect("the publishing thread does not panic")?;
+    report.timings_ms.verify = verify;
+    report.timings_ms.publish = publish;
+    Ok(report)
+}
+
+/// The config blob, opened and checked against the layers (their sizes
+/// too: none larger than a chunk may be); the artifact manifest it
+/// carries, and each layer's size.
+async fn describe(
+    remote: &Remote,
+    oci: &OciImageManifest,
+    sealer: Option<&Sealer>,
+) -> Result<(ArtifactConfig, Manifest, BTreeMap<String, u64>)> {
+    check_sizes(remote, &oci.layers)?;
     let layers: BTreeMap<String, u64> = oci
         .layers
         .iter()
         .map(|l| (l.digest.clone(), l.size as u64))
         .collect();
-    let config = fetch_config(remote, &oci.config, sealer.as_ref()).await?;
+    let config = fetch_config(remote, &oci.config, sealer).await?;
     let overhead = if sealer.is_some() { crypt::OVERHEAD } else { 0 };
-    let mut manifest = config.check(&layers, overhead)?;
-    let name = name.unwrap_or(&manifest.name).to_string();
-    vsnap_artifact::layout::check_name(&name)
-        .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
+    let manifest = config.check(&layers, overhead)?;
+    Ok((config, manifest, layers))
+}
 
-    let cache = BlobCache::open(root)?;
-    timings.resolve = ms(started);
-    let fetching = std::time::Instant::now();
-    let opened = Opened::default();
-    let fetch = Fetch {
-        remote,
-        cache: &cache,
-        sealer: sealer.as_ref(),
-        opened: &opened,
-    };
-    let fetched = match fetch_chunks(&fetch, &oci.layers, &config, opts.jobs).await {
-        Ok(fetched) => fetched,
-        Err(e) => {
-            opened.remove_all();
-            return Err(e);
-        }
-    };
-    let mut report = PullReport {
-        name: name.clone(),
-        reference: remote.name(),
-        digest,
-        path: vsnap_artifact::path(root, &name).display().to_string(),
-        files: config.files.len(),
-        bytes: config.files.iter().map(|f| f.size).sum(),
-        chunks: oci.layers.len(),
-        fetched: 0,
-        fetched_bytes: 0,
-        reused: 0,
-        reused_bytes: 0,
-        signed_by: signed_by.clone(),
-        decrypted_with: sealer.as_ref().map(|s| s.key_id().to_string()),
-        timings_ms: PullTimings::default(),
-    };
-    timings.fetch = ms(fetching);
-    report.count(fetched);
-
-    manifest.name = name.clone();
-    manifest.origin = Some(origin(remote, &report.digest, signed_by));
-    let threads = opts.verify_threads;
-    let assembly = Assembly {
-        cache,
-        config,
-        opened: opened.take(),
-        threads,
-    };
-    report.timings_ms = publish_from_cache(root, assembly, manifest, timings).await?;
-    Ok(report)
+/// The partial pull of `spec` (partial.rs) on a blocking thread (it may
+/// wait for another pull of the name, and checks what an earlier one
+/// landed): the partial pull, shared with the landing threads, and the
+/// chunks it holds.
+async fn open_partial(spec: Spec) -> Result<(Arc<Partial>, BTreeSet<String>)> {
+    let (partial, landed) = tokio::task::spawn_blocking(move || Partial::open(&spec))
+        .await
+        .expect("the preparing thread does not panic")?;
+    Ok((Arc::new(partial), landed))
 }
 
 /// Where the artifact comes from, recorded in its manifest: REF, the OCI

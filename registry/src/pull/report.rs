@@ -13,8 +13,9 @@ pub struct PullReport {
     pub bytes: u64,
     /// Distinct chunks (layers) of the artifact.
     pub chunks: usize,
-    /// Chunks fetched from the registry now, and those already in the
-    /// download cache (an earlier, interrupted pull).
+    /// Chunks fetched from the registry now, and those an earlier,
+    /// interrupted pull of this name and digest had landed (checked again,
+    /// not fetched).
     pub fetched: usize,
     pub fetched_bytes: u64,
     pub reused: usize,
@@ -33,10 +34,12 @@ pub struct PullReport {
 pub struct PullTimings {
     /// Manifest, signature and config.
     pub resolve: u64,
-    /// Chunks into the download cache (and cached ones hashed again).
+    /// Chunks fetched, checked (sealed: opened) and written at their
+    /// places in the partial pull's files.
     pub fetch: u64,
-    /// Files written in the staging folder from the cache (sealed chunks
-    /// opened, on every core).
+    /// The partial pull made (its files at their sizes, sparse) or taken
+    /// over (the chunks an earlier pull landed checked again), before the
+    /// fetch.
     pub assemble: u64,
     /// The content digests of every file.
     pub verify: u64,
@@ -46,18 +49,4 @@ pub struct PullTimings {
 
 pub(super) fn ms(since: std::time::Instant) -> u64 {
     since.elapsed().as_millis() as u64
-}
-impl PullReport {
-    /// Counts the chunks fetched now and those the cache already held.
-    pub(super) fn count(&mut self, fetched: Vec<(bool, u64)>) {
-        for (was_fetched, len) in fetched {
-            if was_fetched {
-                self.fetched += 1;
-                self.fetched_bytes += len;
-            } else {
-                self.reused += 1;
-                self.reused_bytes += len;
-            }
-        }
-    }
 }

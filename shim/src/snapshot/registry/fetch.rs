@@ -74,7 +74,7 @@ pub async fn ensure_local(
 
 fn pull_deadline(reference: &str, timeout: Duration) -> Error {
     Error::DeadlineExceeded(format!(
-        "restore: pull {reference}: not done within pull_timeout_s ({}s); an interrupted pull resumes from its download cache",
+        "restore: pull {reference}: not done within pull_timeout_s ({}s); an interrupted pull resumes from the chunks it landed",
         timeout.as_secs()
     ))
 }
@@ -136,7 +136,7 @@ fn local(root: &std::path::Path, name: &str) -> std::result::Result<bool, String
 fn log_pulled(reference: &str, name: &str, report: &[u8], started: Instant) {
     let r: Value = serde_json::from_slice(report).unwrap_or_default();
     log::info!(
-        "pulled {reference} ({}) as {name}: {} bytes, {} chunks fetched, {} from the download cache, signed by {}, in {} ms",
+        "pulled {reference} ({}) as {name}: {} bytes, {} chunks fetched, {} landed by an interrupted pull, signed by {}, in {} ms",
         r["digest"].as_str().unwrap_or("?"),
         r["bytes"],
         r["fetched"],
@@ -290,6 +290,6 @@ mod tests {
             e.contains("pull r/a:1") && e.contains("pull_timeout_s (30s)"),
             "{e}"
         );
-        assert!(e.contains("resumes from its download cache"), "{e}");
+        assert!(e.contains("resumes from the chunks it landed"), "{e}");
     }
 }

@@ -1,15 +1,12 @@
 //! A fleet whose artifacts are sealed with the fleet encryption key: no
 //! secret in the registry in clear, the key named by id, a key rotated.
 
-use std::process::Command;
-use std::time::Duration;
-
-use super::harness::{cached_blobs, configure, fleet, key_pair, vsnap_json};
+use super::harness::{
+    configure, encryption_key, fleet, key_pair, landed_chunks, vsnap_json, vsnap_with,
+};
 use serde_json::Value;
-use vsnap_e2e::cmd::{run, CmdOutput};
-use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::engine::{free_port, HostEngine};
-use vsnap_e2e::snapshot_env::{answers, assert_has, Env};
+use vsnap_e2e::snapshot_env::{answers, assert_has};
 
 /// Every regular file under `dir` (recursively) whose bytes hold `needle`.
 fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
@@ -29,34 +26,6 @@ fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
         }
     }
     found
-}
-
-/// A fleet encryption key made with `vsnap key generate-encryption` in
-/// `env`'s folder: (path, key id).
-fn encryption_key(env: &Env, tag: &str) -> (String, String) {
-    let path = env.c.dir.join(format!("{tag}.key")).display().to_string();
-    let made = vsnap_json(env, &["key", "generate-encryption", &path]);
-    (path, made["key_id"].as_str().unwrap().to_string())
-}
-
-/// `vsnap --config CONFIG ARGS`, CONFIG being `env`'s runtime config with
-/// the top-level keys `lines` sets replaced by `lines`.
-fn vsnap_with(env: &Env, tag: &str, lines: &str, args: &[&str]) -> CmdOutput {
-    let path = env.c.dir.join(format!("{tag}.toml"));
-    let keys: Vec<&str> = lines
-        .lines()
-        .map(|l| l.split(' ').next().unwrap())
-        .collect();
-    let config: String = std::fs::read_to_string(&env.config)
-        .unwrap()
-        .lines()
-        .filter(|l| !keys.contains(&l.split(' ').next().unwrap_or_default()))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(&path, format!("{lines}{config}")).unwrap();
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config").arg(&path).args(args);
-    run(cmd, None, Duration::from_secs(300))
 }
 
 #[test]
@@ -118,7 +87,7 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
         Vec::<String>::new(),
         "nothing published"
     );
-    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+    assert_eq!(landed_chunks(&b), 0, "no chunk fetched");
 
     // Another key signs the same manifest in the same repository: its
     // signature is added, the fleet's stays, B's pull still trusts it.

@@ -1,6 +1,7 @@
 //! What the fleet tests share: `vsnap` run against a host's runtime config,
 //! and two hosts with a registry between them, A signing and B trusting.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -92,13 +93,33 @@ pub(super) fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Re
     (a, b, registry)
 }
 
-/// Complete blobs (named by their digest, not `.part-*`) in `env`'s
-/// download cache.
-pub(super) fn cached_blobs(env: &Env) -> usize {
-    list(&env.artifacts.join(".pull/blobs/sha256"))
+/// The partial pulls (`.pull/partial/<name>`) `env`'s artifact root holds:
+/// pulls under way, or interrupted and not resumed yet.
+pub(super) fn partial_pulls(env: &Env) -> Vec<String> {
+    list(&env.artifacts.join(".pull/partial"))
+}
+
+/// The chunks the partial pull of `name` records as landed (verified and
+/// at their places): the distinct digests its `landed` record lists.
+pub(super) fn landed(env: &Env, name: &str) -> BTreeSet<String> {
+    let record = env
+        .artifacts
+        .join(".pull/partial")
+        .join(name)
+        .join("landed");
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Chunks landed by every partial pull of `env`'s artifact root.
+pub(super) fn landed_chunks(env: &Env) -> usize {
+    partial_pulls(env)
         .iter()
-        .filter(|n| n.len() == 64)
-        .count()
+        .map(|n| landed(env, n).len())
+        .sum()
 }
 
 /// A manifest's JSON without its MAC.
@@ -106,4 +127,32 @@ pub(super) fn unsealed(bytes: &[u8]) -> Value {
     let mut v: Value = serde_json::from_slice(bytes).unwrap();
     v.as_object_mut().unwrap().remove("mac");
     v
+}
+
+/// A fleet encryption key made with `vsnap key generate-encryption` in
+/// `env`'s folder: (path, key id).
+pub(super) fn encryption_key(env: &Env, tag: &str) -> (String, String) {
+    let path = env.c.dir.join(format!("{tag}.key")).display().to_string();
+    let made = vsnap_json(env, &["key", "generate-encryption", &path]);
+    (path, made["key_id"].as_str().unwrap().to_string())
+}
+
+/// `vsnap --config CONFIG ARGS`, CONFIG being `env`'s runtime config with
+/// the top-level keys `lines` sets replaced by `lines`.
+pub(super) fn vsnap_with(env: &Env, tag: &str, lines: &str, args: &[&str]) -> CmdOutput {
+    let path = env.c.dir.join(format!("{tag}.toml"));
+    let keys: Vec<&str> = lines
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    let config: String = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .lines()
+        .filter(|l| !keys.contains(&l.split(' ').next().unwrap_or_default()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, format!("{lines}{config}")).unwrap();
+    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
+    cmd.arg("--config").arg(&path).args(args);
+    run(cmd, None, Duration::from_secs(300))
 }

@@ -9,21 +9,22 @@
 //! and removing one kills the other's engine.
 
 mod crypt;
+mod disk;
 mod harness;
 mod mirrors;
+mod resume;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use harness::{
-    allow, cached_blobs, configure, fleet, fleet_with, key_pair, unsealed, vsnap, vsnap_command,
+    configure, fleet, fleet_with, key_pair, landed, landed_chunks, partial_pulls, unsealed, vsnap,
     vsnap_json,
 };
 use serde_json::Value;
 use vsnap_e2e::cmd::run;
 use vsnap_e2e::containerd::{list, shim_binary};
 use vsnap_e2e::engine::{free_port, HostEngine};
-use vsnap_e2e::registry::SlowProxy;
 use vsnap_e2e::snapshot_env::{answers, assert_has, poll, Env};
 
 #[test]
@@ -93,7 +94,11 @@ fn an_artifact_pushed_on_a_restores_on_b_and_answers_like_a_cold_start() {
         verify.ok(),
         "B's own key verifies the pulled artifact: {verify:?}"
     );
-    assert_eq!(cached_blobs(&b), 0, "the download cache is emptied");
+    assert_eq!(
+        partial_pulls(&b),
+        Vec::<String>::new(),
+        "nothing of the pull is left beside the artifact"
+    );
 
     let port = free_port();
     let out = b.run("fleet-ref-copy", "restore", "ref", port, &[]);
@@ -151,7 +156,7 @@ fn unsigned_and_untrusted_artifacts_are_refused_before_any_chunk_is_fetched() {
         Vec::<String>::new(),
         "nothing published"
     );
-    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+    assert_eq!(landed_chunks(&b), 0, "no chunk fetched");
     // Signed by the fleet key: the same artifact pulls.
     let r = format!("{host}/fleet/t:good");
     vsnap_json(&a, &["push", "t", &r]);
@@ -208,73 +213,11 @@ fn a_damaged_blob_in_the_registry_is_refused_at_pull_and_nothing_is_published() 
     );
     assert!(vsnap(&b, &["verify", "dmg"]).ok());
     assert_eq!(b.staging_dirs(), Vec::<String>::new());
-    let parts: Vec<String> = list(&b.artifacts.join(".pull/blobs/sha256"))
-        .into_iter()
-        .filter(|n| n.contains(".part-"))
-        .collect();
-    assert_eq!(parts, Vec::<String>::new(), "no partial download left");
-}
-
-#[test]
-fn an_interrupted_pull_resumes_and_fetches_only_what_is_missing() {
-    let (a, b, registry) = fleet("fleet-resume");
-    a.create_good(
-        "fleet-resume-donor",
-        "big",
-        &["VSNAP_ENGINE_RESIDENT_MB=96"],
-    );
-    let r = format!("{}/fleet/big:v1", registry.host());
-    vsnap_json(&a, &["push", "big", &r]);
-
-    // Through a slow link (4 MiB/s per connection), so the pull is still
-    // running when the first chunks are complete in B's download cache.
-    let proxy = SlowProxy::start(registry.port, 4 << 20);
-    allow(&b, &proxy.host());
-    let slow = format!("{}/fleet/big:v1", proxy.host());
-    let mut child = vsnap_command(&b, &["pull", &slow])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    poll(
-        Duration::from_secs(120),
-        "a chunk in B's download cache",
-        || cached_blobs(&b) > 0,
-    );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    child.wait().unwrap();
-    let kept = cached_blobs(&b);
-    assert!(kept > 0);
-    assert_eq!(
-        b.artifact_names(),
-        Vec::<String>::new(),
-        "nothing published"
-    );
-    assert_eq!(b.staging_dirs(), Vec::<String>::new());
-
-    let pulled = vsnap_json(&b, &["pull", &r]);
-    let chunks = pulled["chunks"].as_u64().unwrap();
-    assert_eq!(pulled["reused"].as_u64(), Some(kept as u64), "{pulled}");
-    assert_eq!(
-        pulled["fetched"].as_u64(),
-        Some(chunks - kept as u64),
-        "{pulled}"
-    );
-    assert!(
-        kept < chunks as usize,
-        "the kill came before the end: {pulled}"
-    );
-    assert!(vsnap(&b, &["verify", "big"]).ok());
-    assert_eq!(
-        list(&b.artifacts.join(".pull/blobs/sha256")),
-        Vec::<String>::new(),
-        "no part of the killed pull is left"
-    );
+    // What landed before the damaged chunk stays for a resume; the damaged
+    // chunk is not among it.
+    for name in ["dmg", "other"] {
+        assert!(!landed(&b, name).contains(&digest), "{name}");
+    }
 }
 
 #[test]
@@ -425,7 +368,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
     );
     b.remove("fleet-fr-unsigned");
     assert_eq!(b.artifact_names(), Vec::<String>::new());
-    assert_eq!(cached_blobs(&b), 0, "no chunk fetched");
+    assert_eq!(landed_chunks(&b), 0, "no chunk fetched");
 
     // Signed by the fleet key: the restore pulls the artifact, then restores
     // it, and the copy answers like a cold start.
