@@ -3,8 +3,8 @@
 //! captures the reference engine with `BENCH_RESIDENT_MB` of memory (512 by
 //! default), `vsnap push` sends it to a docker-registry 2.8 on 127.0.0.1;
 //! then, alternating (ABAB), B pulls it (HTTP, sha256 of every chunk while it
-//! streams, the download cache, reassembly, the BLAKE3 content check, fsync
-//! and publish) and `cat` copies the registry's stored chunk files (the same
+//! streams, each written once into its place in the files, the BLAKE3
+//! content check, fsync and publish) and `cat` copies the registry's stored chunk files (the same
 //! bytes) into one file followed by `sync` of that file. Page cache warm for
 //! both (the registry's files were just written or read). Each pull's peak
 //! disk use is sampled every 50 ms (B's artifact root, as `du` counts it:

@@ -20,13 +20,12 @@ use crate::remote::Remote;
 pub(super) const LAYER_LIMIT: u64 = 64 << 20;
 
 /// Refuses a layer larger than [`LAYER_LIMIT`] before anything is fetched.
-pub(super) fn check_sizes(remote: &Remote, layers: &[OciDescriptor]) -> Result<()> {
+/// `reference` names the artifact in the error.
+pub(super) fn check_sizes(reference: &str, layers: &[OciDescriptor]) -> Result<()> {
     match layers.iter().find(|l| l.size as u64 > LAYER_LIMIT) {
         Some(l) => Err(RegistryError::Invalid(format!(
-            "pull: {}: layer {} is {} bytes, more than a chunk may hold ({LAYER_LIMIT})",
-            remote.name(),
-            l.digest,
-            l.size
+            "pull: {reference}: layer {} is {} bytes, more than a chunk may hold ({LAYER_LIMIT})",
+            l.digest, l.size
         ))),
         None => Ok(()),
     }
@@ -109,9 +108,6 @@ async fn fetch_layer(remote: &Remote, layer: &OciDescriptor, files: &str) -> Res
                 hasher.update(&piece);
                 bytes.extend_from_slice(&piece);
             }
-            // oci-client checks the digest too and fails at the end; with
-            // every byte here our own check below names the blob.
-            Err(_) if bytes.len() as u64 == size => break,
             Err(e) => {
                 return Err(RegistryError::Registry {
                     context: named(),
@@ -134,4 +130,48 @@ async fn fetch_layer(remote: &Remote, layer: &OciDescriptor, files: &str) -> Res
         )));
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_larger_than_a_chunk_may_be_is_refused_before_any_fetch() {
+        let layer = |size: i64| OciDescriptor {
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            size,
+            ..Default::default()
+        };
+        check_sizes("r/a:1", &[layer(8 << 20), layer(LAYER_LIMIT as i64)]).unwrap();
+        let e = check_sizes("r/a:1", &[layer(1), layer(LAYER_LIMIT as i64 + 1)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("pull: r/a:1: layer sha256:abab")
+                && e.contains("is 67108865 bytes, more than a chunk may hold (67108864)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn each_chunk_names_the_files_it_belongs_to_once() {
+        let config = ArtifactConfig {
+            schema_version: crate::index::CONFIG_SCHEMA,
+            manifest: serde_json::json!({}),
+            chunking: crate::chunking::PARAMS,
+            files: ["images/a.img", "images/b.img"]
+                .iter()
+                .map(|p| crate::index::FileEntry {
+                    path: p.to_string(),
+                    mode: 0o600,
+                    size: 3,
+                    chunks: vec!["x".into(), "x".into(), "y".into()],
+                })
+                .collect(),
+        };
+        let owners = chunk_owners(&config);
+        assert_eq!(owners["x"], ["images/a.img", "images/b.img"]);
+        assert_eq!(owners["y"], ["images/a.img", "images/b.img"]);
+    }
 }

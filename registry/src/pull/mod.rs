@@ -183,7 +183,7 @@ async fn describe(
     oci: &OciImageManifest,
     sealer: Option<&Sealer>,
 ) -> Result<(ArtifactConfig, Manifest, BTreeMap<String, u64>)> {
-    check_sizes(remote, &oci.layers)?;
+    check_sizes(&remote.name(), &oci.layers)?;
     let layers: BTreeMap<String, u64> = oci
         .layers
         .iter()
