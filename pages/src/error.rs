@@ -36,6 +36,8 @@ pub enum Phase {
     Finish,
     /// A capture's all-zero pages left out of its images.
     Elide,
+    /// The bytes of a restore that streams, waited for as they arrive.
+    Stream,
 }
 
 impl fmt::Display for Phase {
@@ -52,6 +54,7 @@ impl fmt::Display for Phase {
             Phase::Share => "page share",
             Phase::Finish => "finish",
             Phase::Elide => "zero pages",
+            Phase::Stream => "stream",
         })
     }
 }

@@ -61,7 +61,13 @@ impl Fill<'_> {
             let result = fillers(
                 threads,
                 |k| self.fill(k, &chunks),
-                || self.stop.store(true, Ordering::SeqCst),
+                || {
+                    self.stop.store(true, Ordering::SeqCst);
+                    // Fillers waiting for bytes to arrive stop too.
+                    for a in self.files.iter().filter_map(|f| f.stream.as_ref()) {
+                        a.stop();
+                    }
+                },
             );
             done.store(true, Ordering::SeqCst);
             let served = serving.join().unwrap_or_else(|_| {
@@ -127,7 +133,7 @@ impl Fill<'_> {
                 let task = f.task.map(|t| &self.tasks[t]);
                 match self.share {
                     Some(Role::Leader(l)) => l.place(f, file, chunk, task, self.dir, buf),
-                    _ => place_chunk(f, chunk, task, self.dir, buf),
+                    _ => place_chunk(f, chunk, task, self.dir, buf, self.stop),
                 }
             }
             Job::Shared { file, chunk, map } => {

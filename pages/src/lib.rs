@@ -43,6 +43,9 @@
 //! - `budget`: the host's filler slots, shared by every restore's server;
 //! - `outcome`: what was placed; `error`: why not;
 //! - `images`: the little of CRIU's image format the server reads;
+//! - `stream`: a restore that starts while its artifact still arrives
+//!   from a registry: what must be in place before CRIU starts;
+//!   `arrivals`: the bytes its fillers and early faults wait for;
 //! - `zero_pages`: a capture's all-zero pages left out of its images, as
 //!   holes the server answers with zero pages.
 //!
@@ -51,6 +54,7 @@
 //! elides zero pages); the probes of `tests/examples` run the fill's own
 //! pieces ([`chunks`], [`uffd`]) outside CRIU.
 
+mod arrivals;
 mod budget;
 pub mod chunks;
 mod error;
@@ -64,6 +68,7 @@ mod plan;
 mod protocol;
 mod server;
 mod share;
+mod stream;
 mod task;
 #[cfg(test)]
 mod testing;
@@ -71,12 +76,14 @@ pub mod uffd;
 mod verify;
 pub mod zero_pages;
 
+pub use arrivals::{Arrivals, Failure};
 pub use budget::MAX_SLOTS as MAX_FILLERS;
 pub use error::{PageError, Phase};
 pub use outcome::Placed;
 pub use plan::{FillerBudget, PagePlan};
 pub use server::PageServer;
 pub use share::Sharing;
+pub use stream::lazy_spans;
 pub use verify::Verification;
 /// The runtime config's `huge_pages` policy, a plan's `huge`.
 pub use vsnap_config::HugePages;

@@ -30,4 +30,7 @@ pub struct Placed {
     pub chunks_read: u64,
     /// A leader's: chunks it sent to at least one follower.
     pub chunks_shared_out: u64,
+    /// A streamed restore's: when the last bytes it waited for arrived
+    /// (ms since the epoch), as the pull recorded it.
+    pub last_arrival_ms: Option<u64>,
 }

@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::chunks::Buffer;
 use crate::error::{pid, PageError, Phase};
@@ -34,6 +34,16 @@ fn place(
         // No more registered: the kernel's own fault resolved it, a filler
         // writes the bytes.
         return Ok(());
+    }
+    if let Some(arrivals) = &task.stream {
+        // A page touched before its chunk arrived: waits for it (the
+        // server's drop or the pull's failure ends the wait).
+        arrivals.wait(
+            &task.pages_rel,
+            offset,
+            offset + len,
+            &AtomicBool::new(false),
+        )?;
     }
     let data = &mut buf.as_mut_slice()[..len as usize];
     task.pages.read_exact_at(data, offset).map_err(|e| {

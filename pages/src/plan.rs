@@ -3,9 +3,11 @@
 //! to [`crate::PageServer::start`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use vsnap_config::HugePages;
 
+use crate::arrivals::Arrivals;
 use crate::budget::MAX_SLOTS;
 use crate::share::Sharing;
 use crate::verify::Verification;
@@ -32,6 +34,10 @@ pub struct PagePlan {
     /// None: placed unchecked (the restore checks them some other way, or
     /// not at all).
     pub verification: Option<Verification>,
+    /// Where the images still arrive (a restore streamed from a
+    /// registry): each span of a pages file is read once it arrived.
+    /// None: every byte is in place.
+    pub arrivals: Option<Arc<Arrivals>>,
 }
 
 /// The host's filler budget: `slots` slots (at most
@@ -54,6 +60,7 @@ impl PagePlan {
             share: None,
             huge: HugePages::default(),
             verification: None,
+            arrivals: None,
         }
     }
 

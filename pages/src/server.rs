@@ -41,6 +41,8 @@ fn join_share(share: Option<&Sharing>, verify: Option<&Verification>) -> Option<
 pub struct PageServer {
     socket: PathBuf,
     stop: Arc<AtomicBool>,
+    /// A streamed restore's arrivals, whose waits end with the server.
+    arrivals: Option<Arc<super::arrivals::Arrivals>>,
     result: Option<tokio::sync::oneshot::Receiver<Result<Placed, PageError>>>,
 }
 
@@ -61,7 +63,12 @@ impl PageServer {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let flag = stop.clone();
-        let role = join_share(plan.share.as_ref(), plan.verification.as_ref());
+        let role = match plan.arrivals {
+            // What still arrives is not read whole at once: not shared.
+            Some(_) => None,
+            None => join_share(plan.share.as_ref(), plan.verification.as_ref()),
+        };
+        let arrivals = plan.arrivals.clone();
         std::thread::Builder::new()
             .name("vsnap-pages".into())
             .spawn(move || {
@@ -74,6 +81,7 @@ impl PageServer {
         Ok(PageServer {
             socket,
             stop,
+            arrivals,
             result: Some(rx),
         })
     }
@@ -95,6 +103,9 @@ impl Drop for PageServer {
     fn drop(&mut self) {
         // Ends the thread wherever it waits; its descriptors go with it.
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = &self.arrivals {
+            a.stop();
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -111,7 +122,9 @@ fn serve(
     let images = plan.images.as_path();
     let faults = AtomicU64::new(0);
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
-    let mut tasks = take_tasks(&conn, images, stop, &mut fault_buf, &faults)?;
+    let arrivals = plan.arrivals.clone();
+    let stream = arrivals.as_ref();
+    let mut tasks = take_tasks(&conn, images, stop, (&mut fault_buf, &faults), stream)?;
     let started = Instant::now();
     // The tree is stopped now: the VMAs eligible for huge pages that the
     // policy places so leave the userfaultfd (a fault already queued is
@@ -123,7 +136,7 @@ fn serve(
             h.take(t.pid, &t.uffd)?;
         }
     }
-    let files = pages_files(images, &tasks, plan.verification.as_ref())?;
+    let files = pages_files(images, &tasks, plan.verification.as_ref(), stream)?;
     let dir = plan.verification.map(|v| v.dir).unwrap_or_default();
     let fill = Fill {
         files: &files,
@@ -162,6 +175,7 @@ fn serve(
         chunks_from_share: from_share,
         chunks_read: read,
         chunks_shared_out: out,
+        last_arrival_ms: arrivals.as_ref().map(|a| a.last_ms()),
     })
 }
 
@@ -171,8 +185,8 @@ fn take_tasks(
     conn: &UnixStream,
     images: &Path,
     stop: &AtomicBool,
-    fault_buf: &mut Buffer,
-    faults: &AtomicU64,
+    (fault_buf, faults): (&mut Buffer, &AtomicU64),
+    stream: Option<&Arc<super::arrivals::Arrivals>>,
 ) -> Result<Vec<Task>, PageError> {
     let mut tasks: Vec<Task> = Vec::new();
     loop {
@@ -186,7 +200,7 @@ fn take_tasks(
         if ready.contains(&usize::MAX) {
             match receive(conn)? {
                 Message::Task(pid, uffd, sender) => {
-                    tasks.push(Task::open(images, pid, uffd, sender)?)
+                    tasks.push(Task::open(images, pid, uffd, sender, stream)?)
                 }
                 Message::Zombie => {}
                 Message::Finished => return Ok(tasks),

@@ -6,10 +6,12 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{PageError, Phase};
 use crate::images::{self, LazyPages};
 
+use super::arrivals::Arrivals;
 use super::huge::Huge;
 
 /// One restored task: its userfaultfd, pages file and lazy ranges.
@@ -22,6 +24,8 @@ pub(super) struct Task {
     pub(super) lazy: LazyPages,
     /// Its VMAs eligible for huge pages, written rather than copied.
     pub(super) huge: Option<Huge>,
+    /// Where its pages still arrive (a streamed restore).
+    pub(super) stream: Option<Arc<Arrivals>>,
 }
 
 impl Task {
@@ -32,6 +36,7 @@ impl Task {
         pid: i32,
         uffd: OwnedFd,
         sender: Option<i32>,
+        stream: Option<&Arc<Arrivals>>,
     ) -> Result<Self, PageError> {
         let lazy = images::lazy_pages(images, pid)?;
         let huge = Huge::open(images, pid, sender, &lazy)?;
@@ -49,6 +54,7 @@ impl Task {
             pages,
             lazy,
             huge,
+            stream: stream.cloned(),
         })
     }
 }

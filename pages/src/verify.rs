@@ -5,6 +5,8 @@
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use vsnap_artifact::content::ChunkDigest;
 use vsnap_artifact::{ArtifactError, Contents, FileDigest};
@@ -12,6 +14,7 @@ use vsnap_artifact::{ArtifactError, Contents, FileDigest};
 use crate::chunks::{read_chunk, Chunk, PIECE};
 use crate::error::{pid, PageError, Phase};
 
+use super::arrivals::Arrivals;
 use super::place::copy;
 use super::task::{task_pages_files, Task};
 
@@ -56,6 +59,8 @@ pub(super) struct PagesFile {
     pub(super) size: u64,
     digest: Option<FileDigest>,
     pub(super) task: Option<usize>,
+    /// Where its bytes still arrive (a streamed restore).
+    pub(super) stream: Option<Arc<Arrivals>>,
 }
 
 /// The files to read after the restore: with verification, exactly the
@@ -66,12 +71,14 @@ pub(super) fn pages_files(
     images: &Path,
     tasks: &[Task],
     verify: Option<&Verification>,
+    stream: Option<&Arc<Arrivals>>,
 ) -> Result<Vec<PagesFile>, PageError> {
-    let files = match verify {
+    let mut files = match verify {
         Some(v) => verified_files(images, tasks, v)?,
         None => task_files(tasks)?,
     };
-    for f in &files {
+    for f in &mut files {
+        f.stream = stream.cloned();
         if let Some(t) = f.task.map(|t| &tasks[t]) {
             let end = t.lazy.ranges.last().map_or(0, |r| r.offset + r.len);
             if end > f.size {
@@ -122,6 +129,7 @@ fn verified_files(
             size,
             digest: Some(digest.clone()),
             task: tasks.iter().position(|t| &t.pages_rel == rel),
+            stream: None,
         });
     }
     if let Some(t) = tasks
@@ -150,6 +158,7 @@ fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PageError> {
             size,
             digest: None,
             task: Some(i),
+            stream: None,
         });
     }
     Ok(files)
@@ -157,7 +166,8 @@ fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PageError> {
 
 /// Reads chunk `chunk` of `f` a piece at a time: hashes each piece (when
 /// verifying) and places the lazy pages in it into `task`'s memory from
-/// the same buffer; then checks the chunk's digest. `buf` is a filler's
+/// the same buffer; then checks the chunk's digest. A chunk still on its
+/// way (a streamed restore) is waited for whole first, until `stop`. `buf` is a filler's
 /// buffer, each piece read to its start, or one as long as the chunk (a
 /// memfd shared with other restores), which then holds the whole chunk.
 pub(super) fn place_chunk(
@@ -166,24 +176,22 @@ pub(super) fn place_chunk(
     task: Option<&Task>,
     dir: &Path,
     buf: &mut [u8],
+    stop: &AtomicBool,
 ) -> Result<(), PageError> {
+    let c = Chunk::of(0, f.size, chunk);
+    if let Some(arrivals) = &f.stream {
+        arrivals.wait(&f.rel, c.start, c.end, stop)?;
+    }
     let mut digest = f.digest.as_ref().map(|_| ChunkDigest::new());
-    read_chunk(
-        &f.file,
-        &f.rel,
-        Chunk::of(0, f.size, chunk),
-        PIECE,
-        buf,
-        |at, data| {
-            if let Some(d) = digest.as_mut() {
-                d.update(data);
-            }
-            match task {
-                Some(t) => place_piece(t, at, data),
-                None => Ok(()),
-            }
-        },
-    )?;
+    read_chunk(&f.file, &f.rel, c, PIECE, buf, |at, data| {
+        if let Some(d) = digest.as_mut() {
+            d.update(data);
+        }
+        match task {
+            Some(t) => place_piece(t, at, data),
+            None => Ok(()),
+        }
+    })?;
     if let (Some(d), Some(want)) = (digest, &f.digest) {
         d.check(dir, &f.rel, want, chunk)
             .map_err(PageError::Damaged)?;

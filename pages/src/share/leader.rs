@@ -24,6 +24,10 @@ use super::job::{chunk_len, IN_FLIGHT};
 use super::wire::{self, Kind, Message};
 use crate::error::{PageError, Phase};
 
+/// A share is of a whole artifact: a restore that streams never leads
+/// one, so its chunks are never waited for here.
+static NOT_STREAMED: AtomicBool = AtomicBool::new(false);
+
 type Key = (usize, usize);
 
 /// A follower connected.
@@ -121,13 +125,13 @@ impl Leader {
         let Some(mut m) = made else {
             // Not shared: the followers read it themselves, now.
             self.inner.deal(key, Kind::Skip, None, false);
-            let placed = place_chunk(f, chunk, task, dir, buf);
+            let placed = place_chunk(f, chunk, task, dir, buf, &NOT_STREAMED);
             if let Err(PageError::Damaged(_)) = &placed {
                 self.inner.deal(key, Kind::Damaged, None, false);
             }
             return placed;
         };
-        if let Err(e) = place_chunk(f, chunk, task, dir, m.as_mut_slice()) {
+        if let Err(e) = place_chunk(f, chunk, task, dir, m.as_mut_slice(), &NOT_STREAMED) {
             let kind = match e {
                 PageError::Damaged(_) => Kind::Damaged,
                 _ => Kind::Skip,
