@@ -11,7 +11,7 @@ use crate::criu_options::CriuOptions;
 use crate::error::{ArtifactError, Result};
 use crate::fingerprint::{HostIdentity, Workload};
 use crate::key::HostKey;
-use crate::layout::check_layout;
+use crate::layout::{check_layout, check_path_safe};
 
 pub use crate::layout::MANIFEST;
 /// The artifact format this vsnap writes.
@@ -196,7 +196,20 @@ impl Manifest {
 
     pub fn load_verified(root: &Path, name: &str) -> Result<Self> {
         let m = Self::load_unverified(root, name)?;
-        let path = root.join(name).join(MANIFEST);
+        Self::check_mac(m, root, &root.join(name).join(MANIFEST))
+    }
+
+    /// As [`Manifest::load_verified`], of the artifact `name` of `root`
+    /// whose files are in `dir` for now: the tree of a pull under way,
+    /// which a streamed restore reads before it is published.
+    pub fn load_verified_in(root: &Path, name: &str, dir: &Path) -> Result<Self> {
+        check_path_safe(dir)?;
+        let m = Self::load_file(&dir.join(MANIFEST), name)?;
+        Self::check_mac(m, root, &dir.join(MANIFEST))
+    }
+
+    /// `m` (read from `path`), when its MAC verifies with `root`'s key.
+    fn check_mac(m: Self, root: &Path, path: &Path) -> Result<Self> {
         let key = HostKey::load(root)?;
         if m.mac.is_empty() || !key.verify(&m.mac_input(), &m.mac) {
             return Err(ArtifactError::Invalid(format!(
@@ -210,7 +223,12 @@ impl Manifest {
     /// As [`Manifest::load_verified`] without the MAC check: for inspection.
     pub fn load_unverified(root: &Path, name: &str) -> Result<Self> {
         let dir = check_layout(root, name)?;
-        let path = dir.join(MANIFEST);
+        Self::load_file(&dir.join(MANIFEST), name)
+    }
+
+    /// The manifest at `path`, which must name artifact `name`.
+    fn load_file(path: &Path, name: &str) -> Result<Self> {
+        let path = path.to_path_buf();
         let len = std::fs::symlink_metadata(&path)
             .map_err(|e| ArtifactError::io(&path, "stat", e))?
             .len();

@@ -69,12 +69,19 @@ pub fn push(ctx: &Ctx, name: &str, reference: &str, jobs: usize, json: bool) -> 
     }
 }
 
-pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: bool) -> Outcome {
+pub fn pull(
+    ctx: &Ctx,
+    (reference, name): (&str, Option<&str>),
+    jobs: usize,
+    json: bool,
+    stream_fd: Option<i32>,
+) -> Outcome {
     if let Some(name) = name {
         crate::store::check_name(name)?;
     }
     let remote = Remote::from_config(reference, &ctx.config).map_err(|e| format!("pull: {e}"))?;
-    let opts = PullOptions::from_config(&ctx.config, jobs, hashing_threads())?;
+    let mut opts = PullOptions::from_config(&ctx.config, jobs, hashing_threads())?;
+    opts.stream = stream_fd.map(stream).transpose()?;
     let result = runtime()?.block_on(vsnap_registry::pull(&ctx.root, name, &remote, &opts));
     match result {
         Ok(r) if json => {
@@ -110,6 +117,32 @@ pub fn pull(ctx: &Ctx, reference: &str, name: Option<&str>, jobs: usize, json: b
         }
         Err(e) => failed(format!("pull {reference}: {e}"), &e),
     }
+}
+
+/// A pull a restore follows: the head announced on stdout as a line
+/// `{"head": TREE}`, the publish held until descriptor `fd` ends.
+fn stream(fd: i32) -> Result<vsnap_registry::pull::Stream, String> {
+    use std::io::Write;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // Only a descriptor this process holds: fcntl says whether it is one.
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!(
+            "pull: --stream-fd {fd}: not an open descriptor of this process"
+        ));
+    }
+    // SAFETY: an open descriptor (checked above) that nothing else in this
+    // process owns: the caller handed it over for this purpose.
+    let gate = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(vsnap_registry::pull::Stream {
+        on_head: Box::new(|tree| {
+            let line = serde_json::json!({ "head": tree });
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }),
+        gate: Some(gate),
+    })
 }
 
 /// A refused artifact (damaged, invalid, unsafe, in use) exits 1; a

@@ -140,6 +140,9 @@ enum Command {
         /// JSON for tools
         #[arg(long)]
         json: bool,
+        /// For a restore that starts before the pull ends (the shim's): print a line {"head": TREE} once a restore can start from the partial tree, and publish only after descriptor FD (a pipe's read end) reaches its end
+        #[arg(long, value_name = "FD")]
+        stream_fd: Option<i32>,
     },
     /// Restores, captures, pulls and pushes (counts, phases, bytes, failures), auto fallbacks, the store's size and quarantined copies, in the Prometheus text format
     Metrics {
@@ -272,7 +275,14 @@ fn run(cli: Cli) -> Outcome {
             ref name,
             jobs,
             json,
-        } => fleet::pull(&ctx()?, reference, name.as_deref(), jobs.into(), json),
+            stream_fd,
+        } => fleet::pull(
+            &ctx()?,
+            (reference, name.as_deref()),
+            jobs.into(),
+            json,
+            stream_fd,
+        ),
         Command::Metrics { listen } => metrics::run(&ctx()?, listen),
         Command::Host {
             command: HostCommand::CriuCache { json },

@@ -18,6 +18,7 @@ mod fetch;
 mod partial;
 mod report;
 mod resolve;
+mod streamed;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -39,6 +40,7 @@ use report::ms;
 pub use report::{PullReport, PullTimings};
 pub use resolve::resolve;
 use resolve::{choose_key, fetch_config, verify_signature};
+pub use streamed::Stream;
 
 pub struct PullOptions {
     /// Downloads in flight at once.
@@ -51,6 +53,8 @@ pub struct PullOptions {
     /// The fleet encryption keys (`fleet_encryption_key`, and the previous
     /// `fleet_decryption_keys`) an encrypted artifact is opened with.
     pub keys: FleetKeys,
+    /// A restore starts from this pull before it ends (streamed.rs).
+    pub stream: Option<Stream>,
 }
 
 impl PullOptions {
@@ -67,6 +71,7 @@ impl PullOptions {
             verify_threads,
             trusted,
             keys: FleetKeys::from_config(config)?,
+            stream: None,
         })
     }
 }
@@ -144,8 +149,24 @@ async fn pull_unrecorded(
     timings.assemble = ms(preparing);
     let fetching = std::time::Instant::now();
     let todo = partial.to_fetch(&oci.layers, &landed);
-    let fetched = fetch_chunks(remote, &partial, &todo, &config, opts.jobs).await?;
+    manifest.name = name.clone();
+    manifest.origin = Some(origin(remote, &digest, signed_by.clone()));
+    let fetched = match &opts.stream {
+        Some(stream) => {
+            let on = ((&config, opts.jobs), (root, &manifest));
+            let s = streamed::fetch_streamed(remote, &partial, todo, on.0, on.1, stream).await?;
+            timings.head = Some(s.head_ms);
+            s.fetched
+        }
+        None => fetch_chunks(remote, &partial, &todo, &config, opts.jobs).await?,
+    };
     timings.fetch = ms(fetching);
+    if let Some(stream) = &opts.stream {
+        let waiting = std::time::Instant::now();
+        let gate = stream.gate.as_ref().and_then(|g| g.try_clone().ok());
+        streamed::wait_for_readers(gate).await;
+        timings.readers = Some(ms(waiting));
+    }
     let mut report = PullReport {
         name: name.clone(),
         reference: remote.name(),
@@ -162,8 +183,6 @@ async fn pull_unrecorded(
         digest,
         timings_ms: timings,
     };
-    manifest.name = name;
-    manifest.origin = Some(origin(remote, &report.digest, signed_by));
     let partial = Arc::into_inner(partial).expect("every landing thread is done");
     let (root, threads) = (root.to_path_buf(), opts.verify_threads);
     let (verify, publish) =

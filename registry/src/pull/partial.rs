@@ -6,6 +6,9 @@
 //!     digest    the OCI manifest digest being pulled
 //!     landed    a line per chunk that landed: its layer digest, appended
 //!               once its bytes verified and are at every place of it
+//!     arrived   the same, as places (file, offset, length) with the time:
+//!               what a restore streaming from this pull follows
+//!               (`vsnap_artifact::arrivals`; made afresh by each pull)
 //!     tree/     the artifact as it will be published (images/, control/,
 //!               dev-shm/, work/), every file made at its size (sparse)
 //! ```
@@ -69,6 +72,10 @@ pub(super) struct Partial {
     at: Folder,
     places: BTreeMap<String, Vec<Place>>,
     journal: Mutex<File>,
+    /// The record of arrivals (stream.rs).
+    arrived: Mutex<File>,
+    /// Each file of the tree as the artifact names it, in the config's order.
+    names: Vec<String>,
     sealer: Option<Sealer>,
     /// The pull lock of `name`, held while this lives.
     _lock: File,
@@ -117,6 +124,8 @@ impl Partial {
         let partial = Partial {
             name: spec.name.to_string(),
             journal: Mutex::new(open_journal(&at.dir.join("landed"))?),
+            arrived: Mutex::new(open_record(&at.dir)?),
+            names: spec.config.files.iter().map(|f| f.path.clone()).collect(),
             at,
             places,
             sealer: spec.sealer.clone(),
@@ -124,6 +133,9 @@ impl Partial {
         };
         let landed = partial.recheck(recorded, spec.threads);
         partial.check_room(&spec.root, &landed)?;
+        for digest in &landed {
+            partial.record_arrival(digest)?;
+        }
         Ok((partial, landed))
     }
 
@@ -183,7 +195,9 @@ impl Partial {
             .map_err(|e| {
                 let record = self.at.dir.join("landed");
                 io(format!("pull: write {}", record.display()), e)
-            })
+            })?;
+        drop(journal);
+        self.record_arrival(digest)
     }
 
     /// Of the chunks an earlier pull recorded, those whose bytes still
@@ -282,6 +296,9 @@ impl Partial {
         }
         let verify = super::report::ms(phase);
         let phase = std::time::Instant::now();
+        // A streamed pull put the same manifest in the tree at its head:
+        // the publish writes it anew, last.
+        let _ = std::fs::remove_file(self.at.tree.join(vsnap_artifact::layout::MANIFEST));
         let published = HostKey::load_or_create(root).and_then(|key| {
             manifest.seal(&key);
             Staging::adopt(self.at.tree.clone(), &self.name).publish(root, &manifest.to_bytes())
@@ -436,6 +453,21 @@ fn open_journal(path: &Path) -> Result<File> {
         .map_err(|e| io(format!("pull: open {}", path.display()), e))
 }
 
+/// The record of arrivals in the partial folder `dir` (stream.rs), made
+/// afresh: an earlier pull's record is not this pull's, what it landed is
+/// recorded again once checked.
+fn open_record(dir: &Path) -> Result<File> {
+    let path = dir.join(vsnap_artifact::arrivals::FILE);
+    File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| io(format!("pull: open {}", path.display()), e))
+}
+
 /// The pull lock at `path`, waited for while another pull holds it.
 fn take_lock(path: &Path) -> Result<File> {
     let file = File::options()
@@ -488,5 +520,6 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+mod stream;
 #[cfg(test)]
 mod tests;

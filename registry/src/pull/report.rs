@@ -45,6 +45,14 @@ pub struct PullTimings {
     pub verify: u64,
     /// fsync, seal, rename.
     pub publish: u64,
+    /// A streamed pull's (`--stream-fd`): from the fetch's start until a
+    /// restore could start (every chunk CRIU reads itself landed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<u64>,
+    /// A streamed pull's: how long the publish waited for the restore to
+    /// stop reading the tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readers: Option<u64>,
 }
 
 pub(super) fn ms(since: std::time::Instant) -> u64 {

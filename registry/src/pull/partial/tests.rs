@@ -154,13 +154,30 @@ fn a_chunk_lands_once_at_each_of_its_places_and_only_then_is_recorded() {
         assert!(one[5000..12000].iter().all(|b| *b == 0), "b not landed yet");
         let journal = f.root.path().join(".pull/partial/pulled/landed");
         assert_eq!(lines(&journal), [f.digest("a")]);
-        // Nothing but the tree and the record: no layer, no ciphertext.
+        // Each place recorded as arrived, for a restore that streams.
+        let arrived: Vec<(String, u64, u64)> =
+            lines(&f.root.path().join(".pull/partial/pulled/arrived"))
+                .iter()
+                .map(|l| {
+                    let a = vsnap_artifact::arrivals::Arrival::parse(l).unwrap();
+                    (a.file, a.offset, a.len)
+                })
+                .collect();
+        assert_eq!(
+            arrived,
+            [
+                ("images/pages-1.img".into(), 0, 5000),
+                ("images/pages-1.img".into(), 12000, 5000),
+                ("images/pages-2.img".into(), 0, 5000),
+            ]
+        );
+        // Nothing but the tree and the records: no layer, no ciphertext.
         let mut kept: Vec<String> = std::fs::read_dir(f.root.path().join(".pull/partial/pulled"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         kept.sort();
-        assert_eq!(kept, ["digest", "landed", "tree"]);
+        assert_eq!(kept, ["arrived", "digest", "landed", "tree"]);
 
         // A layer whose bytes do not open (sealed) or whose size is not
         // its places' is refused naming the blob, and is not recorded.

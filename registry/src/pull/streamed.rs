@@ -1,0 +1,86 @@
+//! A pull a restore starts from before it ends (`vsnap pull --stream-fd`,
+//! the shim's restore from `vsnap.io/artifact-ref`):
+//!
+//! 1. the chunks of every file but the pages files, then those of the
+//!    pages files that CRIU reads itself (all but the tasks' lazy pages,
+//!    found in the images that just landed: `vsnap_pages::lazy_spans`);
+//! 2. the manifest, sealed with this host's key, put in the tree, and
+//!    [`Stream::on_head`] told where the tree is: a restore can start;
+//! 3. the lazy pages' chunks, in order, each recorded as it lands
+//!    (`arrived`, partial.rs) for the restore's page server;
+//! 4. once every chunk landed, the publish waits until the restore no
+//!    longer reads the tree: the other end of the gate closed.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use oci_client::manifest::OciDescriptor;
+use vsnap_artifact::{HostKey, Manifest};
+
+use super::fetch::fetch_chunks;
+use super::partial::Partial;
+use crate::error::{RegistryError, Result};
+use crate::index::ArtifactConfig;
+use crate::remote::Remote;
+
+/// A restore follows this pull.
+pub struct Stream {
+    /// Called once the tree holds all a restore reads before CRIU starts
+    /// (its folder), and the sealed manifest.
+    pub on_head: Box<dyn Fn(&Path) + Send + Sync>,
+    /// Read to its end before the publish: the restore holds the other
+    /// end while it reads the tree (its process dying closes it too).
+    pub gate: Option<OwnedFd>,
+}
+
+/// What a streamed fetch did: the bytes of each chunk fetched, and when
+/// the head was ready (ms after the fetch began).
+pub(super) struct Streamed {
+    pub(super) fetched: Vec<u64>,
+    pub(super) head_ms: u64,
+}
+
+/// Steps 1 to 3 of the module's head.
+pub(super) async fn fetch_streamed(
+    remote: &Remote,
+    partial: &Arc<Partial>,
+    todo: Vec<&OciDescriptor>,
+    (config, jobs): (&ArtifactConfig, usize),
+    (root, manifest): (&Path, &Manifest),
+    stream: &Stream,
+) -> Result<Streamed> {
+    let began = std::time::Instant::now();
+    let (early, rest) = partial.split_lazy(todo, None);
+    let mut fetched = fetch_chunks(remote, partial, &early, config, jobs).await?;
+    let images = partial.tree().join("images");
+    let spans = tokio::task::spawn_blocking(move || vsnap_pages::lazy_spans(&images))
+        .await
+        .expect("the reading thread does not panic")
+        .map_err(|e| RegistryError::Invalid(format!("pull: the artifact's images: {e}")))?;
+    let (early, late) = partial.split_lazy(rest, Some(&spans));
+    fetched.extend(fetch_chunks(remote, partial, &early, config, jobs).await?);
+    let mut sealed = manifest.clone();
+    sealed.seal(&HostKey::load_or_create(root)?);
+    partial.put_manifest(&sealed.to_bytes())?;
+    (stream.on_head)(partial.tree());
+    let head_ms = began.elapsed().as_millis() as u64;
+    fetched.extend(fetch_chunks(remote, partial, &late, config, jobs).await?);
+    Ok(Streamed { fetched, head_ms })
+}
+
+/// Step 4: waits (on a blocking thread) until the gate's other end closed.
+pub(super) async fn wait_for_readers(gate: Option<OwnedFd>) {
+    let Some(gate) = gate else {
+        return;
+    };
+    let _ = tokio::task::spawn_blocking(move || {
+        let mut file = File::from(gate);
+        let mut sink = [0u8; 64];
+        // EOF once every writer closed; anything written is ignored.
+        while matches!(file.read(&mut sink), Ok(n) if n > 0) {}
+    })
+    .await;
+}
