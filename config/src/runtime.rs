@@ -131,6 +131,13 @@ pub struct RuntimeConfig {
     /// Deadline of the pull a restore with `vsnap.io/artifact-ref` makes
     /// when the artifact is not here (inside the container's create).
     pub pull_timeout_s: u64,
+    /// That pull streams: the restore starts once the images CRIU reads
+    /// itself are in (its preflight, CRIU and the verification read the
+    /// pull's partial tree) and vsnap's page server places the tasks'
+    /// memory as its chunks land; the artifact is published after the
+    /// restore. Only with `page_placement = "parallel"`. Off: the whole
+    /// pull, then the restore.
+    pub stream_pulls: bool,
     /// After an `auto` plan with `vsnap.io/artifact-ref` created and
     /// published its artifact, push it to that reference (signed with
     /// `fleet_signing_key`), in the background. Off by default.
@@ -286,6 +293,7 @@ impl Default for RuntimeConfig {
             external_masks: true,
             per_pod_env: Vec::new(),
             pull_timeout_s: 900,
+            stream_pulls: true,
             push_created: false,
             fleet_signing_key: None,
             fleet_trusted_keys: Vec::new(),

@@ -66,7 +66,11 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--state",
     "--root-folder",
 ];
-pub const BOOL_FLAGS: &[&str] = &["--strip-snapshot-config-arg", "--artifact-from-state"];
+pub const BOOL_FLAGS: &[&str] = &[
+    "--strip-snapshot-config-arg",
+    "--artifact-from-state",
+    "--streamed",
+];
 
 /// The shim version an artifact records; the hook ships with the shim.
 pub const SHIM_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -89,7 +93,12 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
     };
     let shim_version = flags.value("--shim-version").unwrap_or(SHIM_VERSION);
     // The manifest first: a bad artifact is named even without a state.
-    let manifest = load(&root, name)?;
+    let manifest = match flags.has("--streamed") {
+        // Still arriving: the manifest its pull put in the tree.
+        true => Manifest::load_verified_in(&root, name, &crate::streamed_tree(&root, name))
+            .map_err(|e| Failure::Check(e.to_string()))?,
+        false => load(&root, name)?,
+    };
     let bundle: PathBuf = state.bundle(flags.path("--bundle").as_deref())?;
     let mut spec = read_spec(&bundle)?;
     if flags.has("--strip-snapshot-config-arg") {

@@ -256,6 +256,12 @@ pub const ARTIFACT_ANNOTATION: &str = "vsnap.io/artifact";
 /// `--artifact NAME`, or with `--artifact-from-state` the state's
 /// `vsnap.io/artifact` annotation (for runtimes that install the hook
 /// statically, e.g. from an OCI hooks.d file); checked as a plain name.
+/// `<root>/.pull/partial/<name>/tree`: the artifact `name` while its pull
+/// is under way, which a streamed restore reads (`--streamed`).
+pub fn streamed_tree(root: &std::path::Path, name: &str) -> std::path::PathBuf {
+    root.join(".pull").join("partial").join(name).join("tree")
+}
+
 pub fn artifact_name(flags: &Flags, state: &mut StateSource) -> Result<Option<String>, Failure> {
     let name = match (
         flags.value("--artifact"),

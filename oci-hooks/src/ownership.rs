@@ -29,7 +29,7 @@ pub const VALUE_FLAGS: &[&str] = &[
     "--control-owner",
     "--state",
 ];
-pub const BOOL_FLAGS: &[&str] = &["--artifact-from-state"];
+pub const BOOL_FLAGS: &[&str] = &["--artifact-from-state", "--streamed"];
 
 /// Who may own what the checks look at: root and the invoking uid.
 #[derive(Debug, Clone, Copy)]
@@ -105,9 +105,22 @@ impl Owners {
         Ok(dir)
     }
 
+    /// The tree of the pull of `name` under way that a streamed restore
+    /// reads ([`crate::streamed_tree`]), checked as an artifact is.
+    pub fn check_streamed(self, root: &Path, name: &str) -> Result<PathBuf, String> {
+        let dir = self.check_dir_layout(&crate::streamed_tree(root, name))?;
+        self.check_tree(&dir)?;
+        Ok(dir)
+    }
+
     /// [`check_layout`] with the invoking uid allowed as owner.
     fn check_layout_as_invoker(self, root: &Path, name: &str) -> Result<PathBuf, String> {
-        let dir = root.join(name);
+        self.check_dir_layout(&root.join(name))
+    }
+
+    /// An artifact's folder `dir`: its path, mode, manifest and folders.
+    fn check_dir_layout(self, dir: &Path) -> Result<PathBuf, String> {
+        let dir = dir.to_path_buf();
         if fs::symlink_metadata(&dir).is_err() {
             return Err(format!("artifact {} does not exist", dir.display()));
         }
@@ -195,15 +208,24 @@ pub fn run(flags: &Flags, state: &mut StateSource) -> Result<(), Failure> {
                 .map_err(|_| Failure::Usage(format!("--control-owner {v:?}: not a uid")))?,
         ),
     };
-    check(
-        flags.abs_path("--artifact-root")?.as_deref(),
-        artifact_name(flags, state)?.as_deref(),
-        flags
-            .abs_path("--control-dir")?
-            .as_deref()
-            .map(|d| (d, control_owner)),
-        Owners::current(),
-    )
+    let root = flags.abs_path("--artifact-root")?;
+    let name = artifact_name(flags, state)?;
+    let control = flags.abs_path("--control-dir")?;
+    let control = control.as_deref().map(|d| (d, control_owner));
+    if !flags.has("--streamed") {
+        return check(root.as_deref(), name.as_deref(), control, Owners::current());
+    }
+    // The artifact is still arriving: its pull's tree is checked instead.
+    let (Some(root), Some(name)) = (root.as_deref(), name.as_deref()) else {
+        return Err(Failure::Usage(
+            "--streamed needs --artifact-root and an artifact".into(),
+        ));
+    };
+    check_artifact_name(name)?;
+    Owners::current()
+        .check_streamed(root, name)
+        .map_err(Failure::Check)?;
+    check(Some(root), None, control, Owners::current())
 }
 
 /// `control_dir`: the folder and the uid of the engine that may own it.

@@ -47,6 +47,10 @@ pub enum Error {
     /// restore under too low a memory limit).
     #[error("{0}")]
     OutOfMemory(String),
+    /// What the work was waiting for did not come: the registry or the
+    /// network of a pull that a restore streamed from.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     Other(String),
 }
@@ -88,6 +92,7 @@ impl Error {
             Error::DeadlineExceeded(m) => Error::DeadlineExceeded(named(m)),
             Error::Cancelled(m) => Error::Cancelled(named(m)),
             Error::OutOfMemory(m) => Error::OutOfMemory(named(m)),
+            Error::Unavailable(m) => Error::Unavailable(named(m)),
             Error::Damaged(m) => Error::Damaged(named(m)),
             Error::Other(m) => Error::Other(named(m)),
             Error::Io { context, source } => Error::Io {
@@ -115,6 +120,7 @@ impl Error {
             Error::DeadlineExceeded(_) => Code::DEADLINE_EXCEEDED,
             Error::Cancelled(_) => Code::CANCELLED,
             Error::OutOfMemory(_) => Code::RESOURCE_EXHAUSTED,
+            Error::Unavailable(_) => Code::UNAVAILABLE,
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Code::NOT_FOUND
             }

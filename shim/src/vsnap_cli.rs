@@ -86,7 +86,7 @@ fn is_executable(path: &Path) -> bool {
 
 /// `--config` for the CLI, and what goes to its stdin: the shim's config
 /// file by path, else its body (the defaults: empty) on stdin.
-fn config_args(config: &RuntimeConfig) -> (OsString, Vec<u8>) {
+pub fn config_args(config: &RuntimeConfig) -> (OsString, Vec<u8>) {
     match &config.source {
         ConfigSource::File(path) => (path.clone().into_os_string(), Vec::new()),
         ConfigSource::Body(body) => ("/dev/stdin".into(), body.clone().into_bytes()),

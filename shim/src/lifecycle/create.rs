@@ -136,7 +136,7 @@ impl Creator<'_> {
         crate::snapshot::plan::tenant::check_reference(config, &tenant, &plan)?;
         // A restore from a registry reference whose artifact is not here
         // pulls it first (fetch.rs), so the preflight sees a local artifact.
-        fetch::ensure_local(&req.id, config, self.exits, plan.wanted()).await?;
+        let streamed = fetch::ensure_local(&req.id, config, self.exits, plan.wanted()).await?;
         let image_digest = self.image_digest(&settings, &req.id).await?;
         // Hashes of binaries, nvidia-smi, artifact and /dev/shm files: off
         // the runtime thread. The version probes and nvidia-smi spawned there
@@ -162,6 +162,7 @@ impl Creator<'_> {
                 spec,
                 create_began: began,
                 netns: None,
+                streamed,
             })
         })
         .await

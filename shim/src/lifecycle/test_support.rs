@@ -51,6 +51,7 @@ pub fn common(root: &Path, artifact: &str) -> Common {
         activation_timeout: Duration::from_secs(60),
         activation_source: "activation_timeout_s",
         netns: None,
+        tree: None,
     }
 }
 

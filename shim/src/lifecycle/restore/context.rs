@@ -174,6 +174,7 @@ pub(super) fn restore_job(
         spare_stdio: None,
         pages: None,
         placed: None,
+        criu_began: None,
         // Its own token below the kill's: the verification stops CRIU
         // with it on damage, which is not a kill of the start.
         deadline: Deadline {

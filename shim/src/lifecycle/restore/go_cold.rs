@@ -37,6 +37,8 @@ pub fn after_failure(auto: bool, may_go_cold: bool, phase: PhaseName, e: &Error)
         return AfterFailure::Fails;
     }
     match start_cause(phase.slug(), e) {
+        // Nothing of the artifact is here to set aside.
+        Cause::Stream if may_go_cold => AfterFailure::GoesCold(Cause::Stream),
         c if !c.sets_aside() => AfterFailure::Fails,
         c if may_go_cold => AfterFailure::GoesCold(c),
         c => AfterFailure::SetAside(c),

@@ -41,6 +41,8 @@ pub struct RestoreJob {
     pub pages: Option<PagePlan>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
+    /// When `runc restore` (CRIU) started.
+    pub criu_began: Option<std::time::SystemTime>,
     pub deadline: Deadline,
     /// What tells a restore the OOM killer ended from any other failure.
     pub memory: MemoryWatch,
@@ -83,6 +85,7 @@ impl RestoreJob {
             .cgroup
             .as_deref()
             .map(|c| RestoreOom::before(&self.id, c, m.may_make));
+        self.criu_began = Some(std::time::SystemTime::now());
         let restored = self
             .runc
             .restore(
@@ -155,6 +158,11 @@ impl RestoreJob {
                 Ok(())
             }
             Err(PageError::Damaged(e)) => Err(artifact_error("restore: verify", e)),
+            // The pull it streamed from failed: the registry's, the
+            // network's doing, not the artifact's.
+            Err(e @ PageError::Failed { .. }) if e.phase() == Phase::Stream => {
+                Err(Error::Unavailable(format!("restore: page placement: {e}")))
+            }
             Err(e) => Err(self.deadline.fail(format!("restore: page placement: {e}"))),
         }
     }

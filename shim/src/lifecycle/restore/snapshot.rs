@@ -127,6 +127,7 @@ impl RestoreRun<Snapshot> {
             listener: s.listener,
             rootfs: s.plan.rootfs_unpack,
             pages: self.job.placed,
+            criu_began: self.job.criu_began,
         };
         info!(
             "{}: restored copy validated and listening: {timings:?}",

@@ -46,6 +46,7 @@ pub(super) fn common_part(
         activation_timeout,
         activation_source,
         netns: inputs.netns.clone(),
+        tree: None,
     })
 }
 

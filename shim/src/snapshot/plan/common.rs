@@ -59,11 +59,19 @@ pub struct Common {
     /// The bundle's file the container's own network namespace is bound at
     /// (netns_holder.rs), when the spec gave it one without a path.
     pub netns: Option<PathBuf>,
+    /// A restore streamed from a registry: the pull's partial tree, which
+    /// it reads instead of `<root>/<artifact>` (registry/stream.rs).
+    pub tree: Option<PathBuf>,
 }
 
 impl Common {
+    /// Where the artifact's files are read: `<root>/<artifact>`, or the
+    /// partial tree of the pull a streamed restore reads.
     pub fn artifact_dir(&self) -> PathBuf {
-        artifact::path(&self.root, self.artifact.as_str())
+        match &self.tree {
+            Some(tree) => tree.clone(),
+            None => artifact::path(&self.root, self.artifact.as_str()),
+        }
     }
 
     /// The activation deadline, from now. A restore's Start runs CRIU's

@@ -37,6 +37,9 @@ pub struct Inputs<'a> {
     /// The bundle's file the spec names as its network namespace, set by
     /// [`crate::snapshot::plan::prepare`] (netns_holder.rs).
     pub netns: Option<std::path::PathBuf>,
+    /// The pull a restore streams from (`vsnap.io/artifact-ref`, an
+    /// artifact not here yet): its tree stands for the artifact.
+    pub streamed: Option<crate::snapshot::registry::stream::Streamed>,
 }
 
 /// What identifies the workload and how its engine speaks.

@@ -76,6 +76,11 @@ pub fn after_start(
     cause: Cause,
     error: &str,
 ) -> Option<WriteLock> {
+    if cause == Cause::Stream {
+        // Nothing was published to set aside: only the record.
+        write_record(bundle, name, cause, error);
+        return None;
+    }
     if !cause.sets_aside() {
         return None;
     }

@@ -55,12 +55,11 @@ fn restore_checks(
 ) -> Vec<Vec<String>> {
     let s = &r.common;
     let text = |p: &Path| p.display().to_string();
-    let dir = s.artifact_dir();
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = s.artifact.as_str().to_string();
     let root = text(&s.root);
+    // A restore streamed from a pull reads the pull's tree: the hooks
+    // check that instead of the artifact (oci-hooks' `streamed_tree`).
+    let streamed = s.tree.as_ref().map(|_| "--streamed".to_string());
     let ownership = [
         "ownership",
         "--artifact-root",
@@ -73,6 +72,7 @@ fn restore_checks(
     .map(String::from)
     .into_iter()
     .chain(control_owner)
+    .chain(streamed.clone())
     .collect();
     let mut fingerprint: Vec<String> = [
         "fingerprint",
@@ -93,6 +93,7 @@ fn restore_checks(
     ]
     .map(String::from)
     .to_vec();
+    fingerprint.extend(streamed);
     // prepare appended `--snapshot-config JSON` to a vllm serve argv; the
     // captured workload was taken before that edit.
     if s.profile == Profile::Startup && command.is_vllm_serve() {

@@ -2,6 +2,7 @@
 //! ([`WriteLock`]), a restore reads under a shared one ([`ReadLock`]).
 //! Clones share one hold; the hold ends when the last clone goes.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,10 +14,18 @@ pub struct WriteLock {
     _hold: Arc<ArtifactLock>,
 }
 
-/// A shared lock on an artifact: many readers, no writer.
+/// A shared lock on an artifact: many readers, no writer. For a restore
+/// streamed from a pull, the hold that keeps the pull from publishing
+/// (and so moving the tree) while the restore reads it.
 #[derive(Clone, Debug)]
 pub struct ReadLock {
-    _hold: Arc<ArtifactLock>,
+    _hold: Hold,
+}
+
+#[derive(Clone, Debug)]
+enum Hold {
+    Artifact(#[allow(dead_code)] Arc<ArtifactLock>),
+    Stream(#[allow(dead_code)] Arc<OwnedFd>),
 }
 
 impl WriteLock {
@@ -29,6 +38,15 @@ impl WriteLock {
 impl ReadLock {
     /// The lock, or `Locked` while a writer holds it.
     pub fn take(root: &Path, name: &str) -> Result<Self> {
-        ArtifactLock::shared(root, name).map(|l| Self { _hold: Arc::new(l) })
+        ArtifactLock::shared(root, name).map(|l| Self {
+            _hold: Hold::Artifact(Arc::new(l)),
+        })
+    }
+
+    /// The hold on a streamed pull's tree (registry/stream.rs).
+    pub fn streamed(hold: Arc<OwnedFd>) -> Self {
+        Self {
+            _hold: Hold::Stream(hold),
+        }
     }
 }

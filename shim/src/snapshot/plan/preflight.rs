@@ -25,6 +25,7 @@ use super::prepared_plan::PlanRef;
 use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
+use crate::snapshot::registry::stream::Streamed;
 use crate::snapshot::{artifact_error, criu, plan::tenant, records::journal, rootfs, rootfs::shm};
 
 /// What the restore preflight found in the artifact.
@@ -62,7 +63,7 @@ pub(super) fn prepare_restore(
     let config = inputs.config;
     let root = config.artifact_root.clone();
     let tools = tools_of(config);
-    let checked = ReadLock::take(&root, name.as_str())
+    let checked = read_lock(inputs, &root, name.as_str())
         .map_err(Refusal::of_artifact)
         .and_then(|lock| {
             Ok((
@@ -84,11 +85,24 @@ pub(super) fn prepare_restore(
     let cold = auto
         .then(|| ColdStart::of(inputs.bundle, layer, unpacked))
         .flatten();
-    let common = common_part(inputs, engine, name)?;
+    let mut common = common_part(inputs, engine, name)?;
+    common.tree = inputs.streamed.as_ref().map(|s| s.tree.clone());
     let pages = place_pages.then(|| {
         let dir = common.artifact_dir();
-        criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac)
+        let mut pages = criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac);
+        if let Some(s) = &inputs.streamed {
+            pages.arrivals = Some(s.arrivals());
+            pages.share = None;
+        }
+        pages
     });
+    if let (Some(s), false) = (&inputs.streamed, place_pages) {
+        // CRIU places every page itself: it starts once all arrived.
+        stream_whole(s, found.contents.as_ref()).map_err(|e| {
+            common.cleanup();
+            Refusal::new(Cause::Host, e)
+        })?;
+    }
     let mut plan = RestorePlan {
         common,
         lock: Some(lock),
@@ -125,6 +139,30 @@ pub(super) fn prepare_restore(
     }
     edit_spec(inputs, PlanRef::Restore(&plan), &engine.command)?;
     Ok(Box::new(plan))
+}
+
+/// The artifact's shared lock, or for a restore streamed from a pull, its
+/// hold on the pull's tree.
+fn read_lock(inputs: &Inputs<'_>, root: &Path, name: &str) -> artifact::Result<ReadLock> {
+    match &inputs.streamed {
+        Some(s) => Ok(ReadLock::streamed(s.hold.clone())),
+        None => ReadLock::take(root, name),
+    }
+}
+
+/// Waits for every byte of the pages files (`contents` names them) of a
+/// streamed pull: for a restore whose pages CRIU places itself.
+fn stream_whole(s: &Streamed, contents: Option<&Contents>) -> Result<()> {
+    let arrivals = s.arrivals();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    for (rel, d) in contents.into_iter().flat_map(|c| c.iter()) {
+        if rel.starts_with("images/pages-") {
+            arrivals
+                .wait(rel, 0, d.size, &never)
+                .map_err(|e| Error::FailedPrecondition(format!("restore: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// The container made ready for the restore: the control files of the
@@ -173,7 +211,11 @@ fn preflight(
     engine: &Engine,
 ) -> std::result::Result<Preflight, Refusal> {
     let id = inputs.id;
-    let manifest = Manifest::load_verified(root, name).map_err(Refusal::of_artifact)?;
+    let manifest = match &inputs.streamed {
+        Some(s) => Manifest::load_verified_in(root, name, &s.tree),
+        None => Manifest::load_verified(root, name),
+    }
+    .map_err(Refusal::of_artifact)?;
     let owner = manifest.workload.tenant();
     tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
     if manifest.schema_version < crate::netns_holder::SINCE_FORMAT && inputs.netns.is_some() {
@@ -224,7 +266,10 @@ fn preflight(
         );
     }
     // A truncated or missing file fails the create at once.
-    let dir = artifact::path(root, name);
+    let dir = match &inputs.streamed {
+        Some(s) => s.tree.clone(),
+        None => artifact::path(root, name),
+    };
     artifact::content::verify_sizes(&dir, &manifest.contents).map_err(Refusal::of_artifact)?;
     let carried = match &manifest.rootfs {
         Some(r) => {

@@ -44,7 +44,12 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<PreparedPlan>> {
         engine.workload.rootfs = overlay.image_identity();
     }
     let name = artifact_name(&inputs.plan, &engine.workload)?;
-    let choice = choose(inputs.plan.mode, || OnDisk::look(&root, name.as_str()));
+    // A pull streaming the artifact in stands for it (registry/stream.rs).
+    let streamed = inputs.streamed.is_some();
+    let choice = choose(inputs.plan.mode, || match streamed {
+        true => OnDisk::Published,
+        false => OnDisk::look(&root, name.as_str()),
+    });
     if choice == Choice::Capture {
         return prepare_capture(&mut inputs, engine, name, layer, None)
             .map(|c| c.map(PreparedPlan::Capture));

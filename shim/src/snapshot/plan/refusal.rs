@@ -26,6 +26,11 @@ pub enum Cause {
     /// it, or replacing it): never set aside; `auto` starts cold without a
     /// capture, as when the name is being written.
     Busy,
+    /// The pull a restore streamed from failed (its registry, the
+    /// network): nothing was published, so nothing is set aside; `auto`
+    /// goes on cold without a capture, and the next start pulls again
+    /// from what landed.
+    Stream,
 }
 
 impl Cause {
@@ -37,12 +42,13 @@ impl Cause {
             Cause::Restore => "restore",
             Cause::Container => "container",
             Cause::Busy => "busy",
+            Cause::Stream => "stream",
         }
     }
 
     /// Whether `auto` sets the artifact aside for it.
     pub fn sets_aside(self) -> bool {
-        !matches!(self, Cause::Container | Cause::Busy)
+        !matches!(self, Cause::Container | Cause::Busy | Cause::Stream)
     }
 }
 
@@ -106,6 +112,7 @@ pub fn start_cause(phase_slug: &str, e: &Error) -> Cause {
         // artifact's doing.
         Error::Cancelled(_) | Error::OutOfMemory(_) => Cause::Container,
         Error::Damaged(_) => Cause::Damaged,
+        Error::Unavailable(_) => Cause::Stream,
         _ => match phase_slug {
             "verify" => Cause::Damaged,
             "criu" | "gpu_resume" | "activation" => Cause::Restore,

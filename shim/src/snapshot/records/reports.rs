@@ -27,6 +27,8 @@ pub struct RestoreTimings {
     pub rootfs: Duration,
     /// What vsnap's page server placed (inside `criu_restore`).
     pub pages: Option<pages::Placed>,
+    /// When CRIU started (`runc restore`).
+    pub criu_began: Option<std::time::SystemTime>,
 }
 
 impl RestoreTimings {
@@ -58,6 +60,13 @@ impl RestoreTimings {
             "pages_huge_free_blocks": self.pages.and_then(|p| p.huge_free_blocks),
             "page_faults_served": self.pages.map(|p| p.faults),
             "page_server_tasks": self.pages.map(|p| p.tasks),
+            "criu_began_unix_s": self.criu_began.map(unix),
+            // A restore streamed from a pull: when the last bytes it
+            // waited for arrived (after CRIU began: the two overlapped).
+            "pages_last_arrival_unix_s": self
+                .pages
+                .and_then(|p| p.last_arrival_ms)
+                .map(|ms| ms as f64 / 1000.0),
         });
         let path = bundle.join("vsnap-restore.json");
         if let Err(e) = vsnap_protocol::write_atomic(&path, record.to_string().as_bytes()) {

@@ -28,6 +28,7 @@ fn a_restores_timings_are_written_whole_in_milliseconds_without_page_figures_whe
         listener: ms(3),
         rootfs: ms(7),
         pages: None,
+        criu_began: None,
     }
     .record(dir.path());
     let r = json(&dir.path().join("vsnap-restore.json"));

@@ -18,14 +18,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vsnap_artifact::{ArtifactError, ArtifactLock, ArtifactName, Manifest};
-use vsnap_config::RuntimeConfig;
+use vsnap_config::{PagePlacement, RuntimeConfig};
 
+use super::stream::{self, Start, Streamed};
 use crate::error::{Error, Result};
 use crate::exits::Exits;
 use crate::vsnap_cli::{self, CliError};
-
-/// Chunks transferred at once, as before the transfers moved to the CLI.
-const JOBS: &str = "4";
 
 /// An artifact a plan names with a registry reference (`vsnap.io/artifact`
 /// and `vsnap.io/artifact-ref`), and whether the plan is `auto`.
@@ -40,20 +38,22 @@ pub struct Wanted {
 /// the artifact, through the `vsnap` CLI (`vsnap pull`, vsnap_cli.rs).
 /// Another container pulling the same artifact meanwhile is waited for.
 /// `auto` falls back to a cold start (and a capture) when the pull fails;
-/// `restore` fails naming the reference and why.
+/// `restore` fails naming the reference and why. With `stream_pulls`, it
+/// returns once a restore can start from the pull (stream.rs), which goes
+/// on meanwhile.
 pub async fn ensure_local(
     id: &str,
     config: &RuntimeConfig,
     exits: &Exits,
     wanted: Option<Wanted>,
-) -> Result<()> {
+) -> Result<Option<Streamed>> {
     let Some(Wanted {
         reference,
         name,
         auto,
     }) = wanted
     else {
-        return Ok(());
+        return Ok(None);
     };
     let timeout = Duration::from_secs(config.pull_timeout_s);
     let pulled = tokio::time::timeout(
@@ -62,10 +62,10 @@ pub async fn ensure_local(
     )
     .await;
     match pulled {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(streamed)) => Ok(streamed),
         Ok(Err(e)) if auto && !matches!(e, Error::DeadlineExceeded(_)) => {
             log::warn!("{id}: auto: {e}: starting cold");
-            Ok(())
+            Ok(None)
         }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(pull_deadline(&reference, timeout)),
@@ -85,19 +85,44 @@ async fn pull_if_missing(
     reference: &str,
     name: &str,
     timeout: Duration,
-) -> Result<()> {
+) -> Result<Option<Streamed>> {
     let root = &config.artifact_root;
     let fail = |e: String| Error::FailedPrecondition(format!("restore: pull {reference}: {e}"));
+    let stream = config.stream_pulls && config.page_placement == PagePlacement::Parallel;
     loop {
         if local(root, name).map_err(fail)? {
-            return Ok(());
+            return Ok(None);
         }
         // Another container (or `vsnap pull`) is writing it: wait for it.
         if ArtifactLock::is_held(root, name).map_err(|e| fail(e.to_string()))? {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        let args: Vec<OsString> = ["pull", reference, name, "--jobs", JOBS, "--json"]
+        if stream {
+            let started = Instant::now();
+            match stream::start(config, exits, (reference, name), timeout).await {
+                Ok(Start::Head(s)) => {
+                    log::info!(
+                        "streaming {reference} as {name}: a restore can start after {} ms; the pull goes on",
+                        started.elapsed().as_millis()
+                    );
+                    return Ok(Some(s));
+                }
+                Ok(Start::TimedOut) => return Err(pull_deadline(reference, timeout)),
+                Ok(Start::Failed(reason)) => {
+                    if ArtifactLock::is_held(root, name).unwrap_or(false)
+                        || local(root, name).unwrap_or(false)
+                    {
+                        continue;
+                    }
+                    let prefix = format!("pull {reference}: ");
+                    let reason = reason.strip_prefix(&prefix).unwrap_or(&reason).to_string();
+                    return Err(fail(reason));
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        let args: Vec<OsString> = ["pull", reference, name, "--jobs", stream::JOBS, "--json"]
             .iter()
             .map(OsString::from)
             .collect();
@@ -109,7 +134,7 @@ async fn pull_if_missing(
         };
         if ran.code == 0 {
             log_pulled(reference, name, &ran.stdout, started);
-            return Ok(());
+            return Ok(None);
         }
         // Another pull took the lock between the look and the pull.
         if ArtifactLock::is_held(root, name).unwrap_or(false) || local(root, name).unwrap_or(false)
@@ -199,7 +224,7 @@ impl PushTarget {
             &self.name,
             &self.reference,
             "--jobs",
-            JOBS,
+            stream::JOBS,
             "--json",
         ]
         .iter()

@@ -3,3 +3,4 @@
 //! store: that is the artifact root, which vsnap_artifact keeps.
 
 pub(crate) mod fetch;
+pub(crate) mod stream;
