@@ -1,0 +1,201 @@
+//! A restore from `vsnap.io/artifact-ref` on a host that lacks the
+//! artifact starts while the artifact arrives (`stream_pulls`, on by
+//! default): through a registry behind a slow link, CRIU starts before the
+//! last chunk landed and the copy answers like a cold start; a registry
+//! killed mid-stream fails a `restore` naming the reference and the chunk,
+//! publishes nothing, and lets an `auto` start go on cold.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vsnap_e2e::engine::{free_port, HostEngine};
+use vsnap_e2e::registry::{Registry, SlowProxy};
+use vsnap_e2e::snapshot_env::{answers, assert_has, Env};
+
+use super::harness::{allow, fleet, partial_pulls, vsnap_json};
+
+/// The engine holds this much on top of its own: enough pages that the
+/// link, not the head, is what a streamed pull waits for.
+const RESIDENT: &str = "VSNAP_ENGINE_RESIDENT_MB=96";
+/// Bytes per second each of the pull's 4 connections gets from the proxy.
+const LINK: u64 = 3_000_000;
+
+/// The artifact `ref` captured on A and pushed (signed) to `registry` as
+/// `fleet/ref:v1`; the answers a cold start gives.
+fn pushed(a: &Env, registry: &Registry, donor: &str) -> Vec<(Value, Value, Value)> {
+    a.create_good(donor, "ref", &[RESIDENT]);
+    let cold = HostEngine::start();
+    let reference = answers(cold.port);
+    let r = format!("{}/fleet/ref:v1", registry.host());
+    vsnap_json(a, &["push", "ref", &r]);
+    reference
+}
+
+/// `ctr run` of a copy of `ref` on B with `plan`, from `reference`.
+fn copy_command(
+    b: &Env,
+    id: &str,
+    plan: &str,
+    port: u16,
+    reference: &str,
+) -> std::process::Command {
+    let from = format!("vsnap.io/artifact-ref={reference}");
+    b.run_command(
+        id,
+        plan,
+        "ref",
+        port,
+        &["--annotation", &from, "--env", RESIDENT],
+        &[],
+    )
+}
+
+/// How many streamed pulls B's shims said a restore can start from.
+fn heads(b: &Env) -> usize {
+    let log = std::fs::read_to_string(b.c.dir.join("containerd.log")).unwrap_or_default();
+    log.matches("a restore can start after").count()
+}
+
+/// Waits until B's pull of `ref` reached its head (the `heads`-th; a
+/// restore starts from its tree), then kills `registry`.
+fn kill_mid_stream(b: &Env, registry: &mut Registry, heads_before: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while heads(b) <= heads_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no head of a streamed pull\n{}",
+            b.c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    registry.kill();
+}
+
+#[test]
+fn a_restore_through_a_slow_link_starts_criu_before_the_last_chunk_and_answers() {
+    let (a, mut b, registry) = fleet("fleet-stream");
+    b.rootfs = a.rootfs.clone();
+    let reference = pushed(&a, &registry, "fleet-st-donor");
+    let link = SlowProxy::start(registry.port, LINK);
+    allow(&b, &link.host());
+    let port = free_port();
+    let r = format!("{}/fleet/ref:v1", link.host());
+    let out = vsnap_e2e::cmd::run(
+        copy_command(&b, "fleet-st-copy", "restore", port, &r),
+        None,
+        Duration::from_secs(300),
+    );
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(
+        answers(port),
+        reference,
+        "the streamed copy answers like a cold start"
+    );
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(b.bundle("fleet-st-copy").join("vsnap-restore.json")).unwrap(),
+    )
+    .unwrap();
+    let criu = record["criu_began_unix_s"].as_f64().expect("CRIU's start");
+    let last = record["pages_last_arrival_unix_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a streamed restore records its last arrival: {record}"));
+    assert!(
+        criu < last,
+        "CRIU began at {criu}, before the last chunk arrived at {last}: {record}"
+    );
+    // The pull publishes once the restore let go of its tree.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !(b.artifact_names() == ["ref"] && partial_pulls(&b).is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pulled artifact was not published: {:?}, partial {:?}\n{}",
+            b.artifact_names(),
+            partial_pulls(&b),
+            b.c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(b.manifest("ref")).unwrap()).unwrap();
+    assert_eq!(manifest["origin"]["reference"], r.as_str(), "{manifest}");
+    b.remove("fleet-st-copy");
+    b.assert_nothing_left();
+}
+
+#[test]
+fn a_registry_killed_mid_stream_fails_a_restore_naming_it_and_auto_goes_cold() {
+    let (a, mut b, mut registry) = fleet("fleet-stream-kill");
+    b.rootfs = a.rootfs.clone();
+    pushed(&a, &registry, "fleet-sk-donor");
+    let link = SlowProxy::start(registry.port, LINK);
+    allow(&b, &link.host());
+    let r = format!("{}/fleet/ref:v1", link.host());
+
+    // `restore`: fails at Start, naming the reference and the chunk.
+    let port = free_port();
+    let run = copy_command(&b, "fleet-sk-restore", "restore", port, &r);
+    let running =
+        std::thread::spawn(move || vsnap_e2e::cmd::run(run, None, Duration::from_secs(300)));
+    kill_mid_stream(&b, &mut registry, 0);
+    let out = running.join().unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert_has(
+        &out.stderr,
+        &[
+            "restore: page placement: stream: pull",
+            &r,
+            "did not arrive",
+            "pull: blob sha256:",
+            "images/pages-",
+        ],
+    );
+    b.remove("fleet-sk-restore");
+    assert_eq!(
+        b.artifact_names(),
+        Vec::<String>::new(),
+        "nothing published"
+    );
+    assert_eq!(
+        partial_pulls(&b),
+        ["ref"],
+        "what landed stays for the next pull"
+    );
+
+    // `auto`, the registry back and killed again mid-stream: the same
+    // start goes on cold.
+    let mut again = Registry::start(&b.c.dir);
+    again.copy_content_from(&registry);
+    let link = SlowProxy::start(again.port, LINK);
+    allow(&b, &link.host());
+    let r = format!("{}/fleet/ref:v1", link.host());
+    let port = free_port();
+    let run = copy_command(&b, "fleet-sk-auto", "auto", port, &r);
+    let running =
+        std::thread::spawn(move || vsnap_e2e::cmd::run(run, None, Duration::from_secs(300)));
+    kill_mid_stream(&b, &mut again, 1);
+    let out = running.join().unwrap();
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    // The container's own spec runs cold: the engine serves where its
+    // command line says, not on the plan's port, so the record in the
+    // bundle (written once the cold init started) is what is checked.
+    let fallback = std::fs::read_to_string(b.bundle("fleet-sk-auto").join("vsnap-fallback.json"))
+        .unwrap_or_default();
+    for part in [
+        "\"cause\":\"stream\"",
+        "cold, without a capture",
+        "did not arrive",
+    ] {
+        assert!(
+            fallback.contains(part),
+            "{part} not in {fallback:?}\n{}",
+            b.c.log_tail()
+        );
+    }
+    b.remove("fleet-sk-auto");
+    assert_eq!(
+        b.artifact_names(),
+        Vec::<String>::new(),
+        "nothing published"
+    );
+    b.assert_nothing_left();
+}
