@@ -51,16 +51,14 @@ impl ArtifactLock {
     /// Locks held by processes outside the caller's pid namespace are not
     /// shown there; removal must still take [`ArtifactLock::exclusive`].
     pub fn is_held(root: &Path, name: &str) -> Result<bool> {
-        let path = root.join(".locks").join(format!("{name}.lock"));
-        let md = match std::fs::symlink_metadata(&path) {
-            Ok(md) => md,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(ArtifactError::io(&path, "stat", e)),
-        };
-        let proc_locks = Path::new("/proc/locks");
-        let locks = std::fs::read_to_string(proc_locks)
-            .map_err(|e| ArtifactError::io(proc_locks, "read", e))?;
-        Ok(flock_listed(&locks, md.dev(), md.ino()))
+        held(&root.join(".locks").join(format!("{name}.lock")))
+    }
+
+    /// Whether a pull of `name` is under way: its pull lock
+    /// (`<root>/.pull/locks/<name>.lock`, which `vsnap pull` holds from
+    /// its first chunk to its publish) held, read as [`ArtifactLock::is_held`].
+    pub fn pull_under_way(root: &Path, name: &str) -> Result<bool> {
+        held(&root.join(".pull/locks").join(format!("{name}.lock")))
     }
 
     fn take(root: &Path, name: &str, how: FlockArg) -> Result<Self> {
@@ -82,6 +80,19 @@ impl ArtifactLock {
     }
 }
 
+/// Whether anyone holds a `flock` on the lock file at `path` (`/proc/locks`).
+fn held(path: &Path) -> Result<bool> {
+    let md = match std::fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(ArtifactError::io(path, "stat", e)),
+    };
+    let proc_locks = Path::new("/proc/locks");
+    let locks = std::fs::read_to_string(proc_locks)
+        .map_err(|e| ArtifactError::io(proc_locks, "read", e))?;
+    Ok(flock_listed(&locks, md.dev(), md.ino()))
+}
+
 /// Whether `/proc/locks` lists a granted `flock` on the inode `dev`/`ino`
 /// (`N: FLOCK ADVISORY WRITE PID MAJ:MIN:INO 0 EOF`; waiters, `N: -> FLOCK`,
 /// do not hold it).
@@ -96,6 +107,25 @@ fn flock_listed(proc_locks: &str, dev: u64, ino: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pull_under_way_is_seen_by_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!ArtifactLock::pull_under_way(dir.path(), "a").unwrap());
+        let locks = dir.path().join(".pull/locks");
+        std::fs::create_dir_all(&locks).unwrap();
+        let file = std::fs::File::create(locks.join("a.lock")).unwrap();
+        assert!(!ArtifactLock::pull_under_way(dir.path(), "a").unwrap());
+        file.lock().unwrap();
+        assert!(ArtifactLock::pull_under_way(dir.path(), "a").unwrap());
+        assert!(!ArtifactLock::pull_under_way(dir.path(), "b").unwrap());
+        assert!(
+            !ArtifactLock::is_held(dir.path(), "a").unwrap(),
+            "another lock"
+        );
+        drop(file);
+        assert!(!ArtifactLock::pull_under_way(dir.path(), "a").unwrap());
+    }
 
     #[test]
     fn a_held_lock_is_seen_without_taking_it() {

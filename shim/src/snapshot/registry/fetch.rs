@@ -93,8 +93,12 @@ async fn pull_if_missing(
         if local(root, name).map_err(fail)? {
             return Ok(None);
         }
-        // Another container (or `vsnap pull`) is writing it: wait for it.
-        if ArtifactLock::is_held(root, name).map_err(|e| fail(e.to_string()))? {
+        // Another container (or `vsnap pull`) is pulling or writing it:
+        // wait for it (a streamed pull publishes once its restore let go).
+        let busy = ArtifactLock::is_held(root, name)
+            .and_then(|w| Ok(w || ArtifactLock::pull_under_way(root, name)?))
+            .map_err(|e| fail(e.to_string()))?;
+        if busy {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }

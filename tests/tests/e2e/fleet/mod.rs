@@ -389,6 +389,11 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
         "the pulled copy answers like a cold start"
     );
     b.remove("fleet-fr-copy1");
+    // The restore streamed from the pull, which publishes once the restore
+    // let go of its tree.
+    vsnap_e2e::snapshot_env::poll(Duration::from_secs(60), "the pull's publish", || {
+        b.manifest("ref").exists()
+    });
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(b.manifest("ref")).unwrap()).unwrap();
     assert_eq!(

@@ -77,7 +77,7 @@ fn interrupted_pull_resumes(tag: &str, sealed: bool) {
     assert_eq!(partial_pulls(&b), ["big"]);
     let mut left = list(&b.artifacts.join(".pull/partial/big"));
     left.sort();
-    assert_eq!(left, ["digest", "landed", "tree"]);
+    assert_eq!(left, ["arrived", "digest", "landed", "tree"]);
     let used = disk_use(&b.artifacts.join(".pull"));
     assert!(
         used as f64 <= 1.1 * bytes as f64,
