@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 /// The record's file name in a partial pull's folder.
 pub const FILE: &str = "arrived";
 
+/// Beside it, in the same format: the spans a restore's page server needs
+/// ahead of the pull's order (a page a task touched before it arrived),
+/// which the pull fetches next.
+pub const WANTED: &str = "wanted";
+
 /// One place of a landed chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Arrival {
@@ -130,6 +135,18 @@ impl Coverage {
             .is_some_and(|(_, &e)| e >= end)
     }
 
+    /// Whether any byte of `[start, end)` of `file` is in.
+    pub fn touches(&self, file: &str, start: u64, end: u64) -> bool {
+        let Some(ranges) = self.files.get(file) else {
+            return false;
+        };
+        // The last range starting before `end` is the only one that can.
+        ranges
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    }
+
     /// When the newest arrival was recorded (0: none yet).
     pub fn last_ms(&self) -> u64 {
         self.last_ms
@@ -225,6 +242,8 @@ mod tests {
         c.add(&at(f, 140, 20));
         assert!(c.covers(f, 0, 160) && !c.covers(f, 0, 161));
         assert!(c.covers(f, 5, 5), "an empty span is always there");
+        assert!(c.touches(f, 159, 300) && c.touches(f, 0, 1) && !c.touches(f, 160, 300));
+        assert!(!c.touches("g", 0, 10));
         assert_eq!(c.last_ms(), 7);
     }
 

@@ -18,6 +18,8 @@ pub type Failure = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 /// The arrivals a streamed restore's server waits for.
 pub struct Arrivals {
     record: Mutex<Follower>,
+    /// Where spans are asked for ahead of the pull's order.
+    wanted: std::path::PathBuf,
     /// Where the bytes come from (a registry reference), named in errors.
     source: String,
     failed: Failure,
@@ -39,6 +41,7 @@ impl Arrivals {
     pub fn new(record: &Path, source: &str, failed: Failure) -> Self {
         Arrivals {
             record: Mutex::new(Follower::new(record)),
+            wanted: record.with_file_name(vsnap_artifact::arrivals::WANTED),
             source: source.to_string(),
             failed,
             stopped: AtomicBool::new(false),
@@ -80,6 +83,27 @@ impl Arrivals {
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Asks the pull for `[start, end)` of `file` next, ahead of its order
+    /// (a page a task touched before it arrived). Best effort: the wait
+    /// that follows holds either way.
+    pub fn want(&self, file: &str, start: u64, end: u64) {
+        use vsnap_artifact::arrivals::{append, Arrival};
+        {
+            let mut record = self.record.lock().expect("lock");
+            if record.refresh().is_ok() && record.coverage.covers(file, start, end) {
+                return;
+            }
+        }
+        let asked = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.wanted)
+            .and_then(|mut f| append(&mut f, &[Arrival::now(file, start, end - start)]));
+        if let Err(e) = asked {
+            log::warn!("{}: {e}: the pull keeps its order", self.wanted.display());
         }
     }
 
@@ -138,6 +162,24 @@ mod tests {
         arrivals
             .wait(file, 0, 8192, &stop)
             .expect("what landed before the failure counts");
+    }
+
+    #[test]
+    fn a_span_not_there_yet_is_asked_for_and_one_there_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("arrived");
+        let mut w = std::fs::File::create(&record).unwrap();
+        append(&mut w, &[Arrival::now("images/pages-1.img", 0, 4096)]).unwrap();
+        let arrivals = Arrivals::new(&record, "r", Arc::new(|| None));
+        arrivals.want("images/pages-1.img", 0, 4096);
+        assert!(!dir.path().join("wanted").exists(), "it is there");
+        arrivals.want("images/pages-1.img", 8192, 12288);
+        let asked = std::fs::read_to_string(dir.path().join("wanted")).unwrap();
+        let a = Arrival::parse(asked.trim_end()).unwrap();
+        assert_eq!(
+            (a.file.as_str(), a.offset, a.len),
+            ("images/pages-1.img", 8192, 4096)
+        );
     }
 
     #[test]

@@ -36,8 +36,10 @@ fn place(
         return Ok(());
     }
     if let Some(arrivals) = &task.stream {
-        // A page touched before its chunk arrived: waits for it (the
-        // server's drop or the pull's failure ends the wait).
+        // A page touched before its chunk arrived: asked for ahead of the
+        // pull's order, then waited for (the server's drop or the pull's
+        // failure ends the wait).
+        arrivals.want(&task.pages_rel, offset, offset + len);
         arrivals.wait(
             &task.pages_rel,
             offset,

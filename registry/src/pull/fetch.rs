@@ -40,18 +40,30 @@ pub(super) async fn fetch_chunks(
     config: &ArtifactConfig,
     jobs: usize,
 ) -> Result<Vec<u64>> {
+    let next = futures_util::stream::iter(layers.iter().copied());
+    fetch_in_order(remote, partial, next, config, jobs).await
+}
+
+/// As [`fetch_chunks`], the layers taken from `next` as a fetch frees a
+/// place (it may choose each as it is asked: streamed.rs).
+pub(super) async fn fetch_in_order<'l>(
+    remote: &Remote,
+    partial: &Arc<Partial>,
+    next: impl futures_util::Stream<Item = &'l OciDescriptor>,
+    config: &ArtifactConfig,
+    jobs: usize,
+) -> Result<Vec<u64>> {
     let owners = chunk_owners(config);
-    futures_util::stream::iter(layers.iter())
-        .map(|layer| {
-            let files = owners
-                .get(layer.digest.as_str())
-                .map(|o| o.join(", "))
-                .unwrap_or_default();
-            fetch_and_land(remote, partial, layer, files)
-        })
-        .buffer_unordered(jobs.max(1))
-        .try_collect()
-        .await
+    next.map(|layer| {
+        let files = owners
+            .get(layer.digest.as_str())
+            .map(|o| o.join(", "))
+            .unwrap_or_default();
+        fetch_and_land(remote, partial, layer, files)
+    })
+    .buffer_unordered(jobs.max(1))
+    .try_collect()
+    .await
 }
 
 /// Which file(s) each chunk belongs to, to name them in errors.

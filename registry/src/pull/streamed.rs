@@ -7,20 +7,25 @@
 //! 2. the manifest, sealed with this host's key, put in the tree, and
 //!    [`Stream::on_head`] told where the tree is: a restore can start;
 //! 3. the lazy pages' chunks, in order, each recorded as it lands
-//!    (`arrived`, partial.rs) for the restore's page server;
+//!    (`arrived`, partial.rs) for the restore's page server; a span the
+//!    server asks for ahead of that order (`wanted`: a page a task touched
+//!    before it arrived) is fetched next;
 //! 4. once every chunk landed, the publish waits until the restore no
 //!    longer reads the tree: the other end of the gate closed.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use oci_client::manifest::OciDescriptor;
+use vsnap_artifact::arrivals::Follower;
 use vsnap_artifact::{HostKey, Manifest};
 
-use super::fetch::fetch_chunks;
+use super::fetch::{fetch_chunks, fetch_in_order};
 use super::partial::Partial;
 use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
@@ -65,10 +70,43 @@ pub(super) async fn fetch_streamed(
     let mut sealed = manifest.clone();
     sealed.seal(&HostKey::load_or_create(root)?);
     partial.put_manifest(&sealed.to_bytes())?;
+    let dir = partial.tree().parent().unwrap_or(Path::new("/"));
+    let wanted = dir.join(vsnap_artifact::arrivals::WANTED);
+    // An earlier pull's requests are not this restore's.
+    let _ = std::fs::remove_file(&wanted);
     (stream.on_head)(partial.tree());
     let head_ms = began.elapsed().as_millis() as u64;
-    fetched.extend(fetch_chunks(remote, partial, &late, config, jobs).await?);
+    let schedule = Mutex::new(Schedule {
+        queue: late.into(),
+        wanted: Follower::new(&wanted),
+    });
+    let next = futures_util::stream::poll_fn(|_| {
+        Poll::Ready(schedule.lock().expect("lock").next(partial))
+    });
+    fetched.extend(fetch_in_order(remote, partial, next, config, jobs).await?);
     Ok(Streamed { fetched, head_ms })
+}
+
+/// The lazy pages' chunks still to fetch: in order, but a chunk the page
+/// server asked for (`wanted`) first.
+struct Schedule<'l> {
+    queue: VecDeque<&'l OciDescriptor>,
+    wanted: Follower,
+}
+
+impl<'l> Schedule<'l> {
+    fn next(&mut self, partial: &Partial) -> Option<&'l OciDescriptor> {
+        if self.wanted.refresh().is_ok() && self.wanted.coverage.last_ms() > 0 {
+            let asked = self
+                .queue
+                .iter()
+                .position(|l| partial.wanted(&l.digest, &self.wanted.coverage));
+            if let Some(i) = asked {
+                return self.queue.remove(i);
+            }
+        }
+        self.queue.pop_front()
+    }
 }
 
 /// Step 4: waits (on a blocking thread) until the gate's other end closed.

@@ -50,6 +50,14 @@ impl Partial {
         write_synced(&path, sealed).map_err(Into::into)
     }
 
+    /// Whether a place of layer `digest` holds a byte `wanted` asks for.
+    pub(crate) fn wanted(&self, digest: &str, wanted: &arrivals::Coverage) -> bool {
+        let places = self.places.get(digest).map(Vec::as_slice).unwrap_or(&[]);
+        places
+            .iter()
+            .any(|p| wanted.touches(&self.names[p.file], p.offset, p.offset + p.len))
+    }
+
     /// Splits `layers` into those with a place CRIU reads and the rest,
     /// which only the page server reads: every place of them lies in the
     /// `lazy` spans of a pages file. Both keep their order.

@@ -342,3 +342,35 @@ fn a_pull_that_cannot_fit_is_refused_naming_what_it_needs() {
         "pull: /var/lib/vsnap/artifacts: 99 bytes free, the artifact needs 100 more (200 of its 300 bytes are here)"
     );
 }
+
+#[test]
+fn a_streamed_pull_fetches_what_criu_reads_first_and_a_wanted_chunk_next() {
+    let f = Fixture::new(false);
+    let (p, _) = f.open(DIGEST);
+    let layer = |k: &str| OciDescriptor {
+        digest: f.digest(k),
+        size: f.layer(k).len() as i64,
+        ..Default::default()
+    };
+    let (a, b, c) = (layer("a"), layer("b"), layer("c"));
+    let digests =
+        |ls: Vec<&OciDescriptor>| -> Vec<String> { ls.iter().map(|l| l.digest.clone()).collect() };
+    // Before the images are read: only the pages files' chunks can wait.
+    let (early, late) = p.split_lazy(vec![&a, &b, &c], None);
+    assert_eq!(digests(early), [f.digest("c")]);
+    assert_eq!(digests(late.clone()), [f.digest("a"), f.digest("b")]);
+    // pages-1.img all lazy, pages-2.img CRIU's own: `a` has a place there.
+    let spans = [("images/pages-1.img".to_string(), vec![(0, 17000)])].into();
+    let (early, late) = p.split_lazy(late, Some(&spans));
+    assert_eq!(digests(early), [f.digest("a")]);
+    assert_eq!(digests(late), [f.digest("b")]);
+    // A page of `b` asked for ahead of order.
+    let mut wanted = vsnap_artifact::arrivals::Coverage::default();
+    wanted.add(&vsnap_artifact::arrivals::Arrival::now(
+        "images/pages-1.img",
+        6000,
+        4096,
+    ));
+    assert!(p.wanted(&f.digest("b"), &wanted));
+    assert!(!p.wanted(&f.digest("a"), &wanted) && !p.wanted(&f.digest("c"), &wanted));
+}
