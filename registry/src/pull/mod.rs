@@ -146,6 +146,18 @@ async fn pull_unrecorded(
         threads: opts.verify_threads,
     };
     let (partial, landed) = open_partial(spec).await?;
+    // Another pull of the name held its lock: it may have published this
+    // digest meanwhile (two containers of one node needing it at once).
+    if partial.waited() && published_at(root, &name, &digest) {
+        partial.discard();
+        return Ok(already_here(
+            remote,
+            root,
+            &name,
+            &config,
+            (digest, signed_by),
+        ));
+    }
     timings.assemble = ms(preparing);
     let fetching = std::time::Instant::now();
     let todo = partial.to_fetch(&oci.layers, &landed);
@@ -192,6 +204,40 @@ async fn pull_unrecorded(
     report.timings_ms.verify = verify;
     report.timings_ms.publish = publish;
     Ok(report)
+}
+
+/// Whether `root` holds `name` as pulled from the OCI manifest `digest`.
+fn published_at(root: &Path, name: &str, digest: &str) -> bool {
+    Manifest::load_unverified(root, name)
+        .ok()
+        .and_then(|m| m.origin)
+        .is_some_and(|o| o.manifest_digest == digest)
+}
+
+/// The report of a pull that found its artifact published by another.
+fn already_here(
+    remote: &Remote,
+    root: &Path,
+    name: &str,
+    config: &ArtifactConfig,
+    (digest, signed_by): (String, String),
+) -> PullReport {
+    PullReport {
+        name: name.to_string(),
+        reference: remote.name(),
+        path: vsnap_artifact::path(root, name).display().to_string(),
+        files: config.files.len(),
+        bytes: config.files.iter().map(|f| f.size).sum(),
+        chunks: 0,
+        fetched: 0,
+        fetched_bytes: 0,
+        reused: 0,
+        reused_bytes: 0,
+        signed_by,
+        decrypted_with: None,
+        digest,
+        timings_ms: PullTimings::default(),
+    }
 }
 
 /// The config blob, opened and checked against the layers (their sizes

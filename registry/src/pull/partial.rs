@@ -79,6 +79,8 @@ pub(super) struct Partial {
     sealer: Option<Sealer>,
     /// The pull lock of `name`, held while this lives.
     _lock: File,
+    /// Another pull held that lock when this one asked for it.
+    waited: bool,
 }
 
 /// The partial folder of one name: its tree and the tree's files.
@@ -100,7 +102,7 @@ impl Partial {
         }
         // The download cache of an earlier vsnap: nothing reads it now.
         let _ = std::fs::remove_dir_all(pulls.join("blobs"));
-        let lock = take_lock(&pulls.join("locks").join(format!("{}.lock", spec.name)))?;
+        let (lock, waited) = take_lock(&pulls.join("locks").join(format!("{}.lock", spec.name)))?;
         let dir = pulls.join("partial").join(&spec.name);
         let tree = dir.join("tree");
         let files = spec
@@ -130,6 +132,7 @@ impl Partial {
             places,
             sealer: spec.sealer.clone(),
             _lock: lock,
+            waited,
         };
         let landed = partial.recheck(recorded, spec.threads);
         partial.check_room(&spec.root, &landed)?;
@@ -311,6 +314,16 @@ impl Partial {
     fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.at.dir);
     }
+
+    /// Whether another pull of the name held the pull lock first.
+    pub(super) fn waited(&self) -> bool {
+        self.waited
+    }
+
+    /// Removes the partial folder: nothing of it is needed any more.
+    pub(super) fn discard(&self) {
+        self.remove();
+    }
 }
 
 impl Folder {
@@ -468,8 +481,9 @@ fn open_record(dir: &Path) -> Result<File> {
         .map_err(|e| io(format!("pull: open {}", path.display()), e))
 }
 
-/// The pull lock at `path`, waited for while another pull holds it.
-fn take_lock(path: &Path) -> Result<File> {
+/// The pull lock at `path`, waited for while another pull holds it; and
+/// whether it was.
+fn take_lock(path: &Path) -> Result<(File, bool)> {
     let file = File::options()
         .create(true)
         .truncate(false)
@@ -478,9 +492,18 @@ fn take_lock(path: &Path) -> Result<File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| io(format!("pull: open {}", path.display()), e))?;
-    file.lock()
-        .map_err(|e| io(format!("pull: lock {}", path.display()), e))?;
-    Ok(file)
+    let waited = match file.try_lock() {
+        Ok(()) => false,
+        Err(std::fs::TryLockError::WouldBlock) => {
+            file.lock()
+                .map_err(|e| io(format!("pull: lock {}", path.display()), e))?;
+            true
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(io(format!("pull: lock {}", path.display()), e))
+        }
+    };
+    Ok((file, waited))
 }
 
 /// Starts writing `len` bytes at `offset` of `file` back to the disk, not

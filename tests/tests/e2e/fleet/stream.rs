@@ -22,13 +22,13 @@ const LINK: u64 = 3_000_000;
 
 /// The artifact `ref` captured on A and pushed (signed) to `registry` as
 /// `fleet/ref:v1`; the answers a cold start gives.
-fn pushed(a: &Env, registry: &Registry, donor: &str) -> Vec<(Value, Value, Value)> {
+fn pushed(a: &Env, registry: &Registry, donor: &str) -> (Vec<(Value, Value, Value)>, Value) {
     a.create_good(donor, "ref", &[RESIDENT]);
     let cold = HostEngine::start();
     let reference = answers(cold.port);
     let r = format!("{}/fleet/ref:v1", registry.host());
-    vsnap_json(a, &["push", "ref", &r]);
-    reference
+    let report = vsnap_json(a, &["push", "ref", &r]);
+    (reference, report)
 }
 
 /// `ctr run` of a copy of `ref` on B with `plan`, from `reference`.
@@ -75,7 +75,7 @@ fn kill_mid_stream(b: &Env, registry: &mut Registry, heads_before: usize) {
 fn a_restore_through_a_slow_link_starts_criu_before_the_last_chunk_and_answers() {
     let (a, mut b, registry) = fleet("fleet-stream");
     b.rootfs = a.rootfs.clone();
-    let reference = pushed(&a, &registry, "fleet-st-donor");
+    let (reference, _) = pushed(&a, &registry, "fleet-st-donor");
     let link = SlowProxy::start(registry.port, LINK);
     allow(&b, &link.host());
     let port = free_port();
@@ -198,4 +198,72 @@ fn a_registry_killed_mid_stream_fails_a_restore_naming_it_and_auto_goes_cold() {
         "nothing published"
     );
     b.assert_nothing_left();
+}
+
+#[test]
+fn two_copies_started_at_once_on_a_node_without_the_artifact_share_one_pull() {
+    let (a, mut b, registry) = fleet("fleet-stream-two");
+    b.rootfs = a.rootfs.clone();
+    let (reference, _) = pushed(&a, &registry, "fleet-s2-donor");
+    let link = SlowProxy::start(registry.port, LINK);
+    allow(&b, &link.host());
+    let r = format!("{}/fleet/ref:v1", link.host());
+    let ports = [free_port(), free_port()];
+    let runs: Vec<_> = ["fleet-s2-one", "fleet-s2-two"]
+        .iter()
+        .zip(ports)
+        .map(|(id, port)| {
+            let run = copy_command(&b, id, "restore", port, &r);
+            std::thread::spawn(move || vsnap_e2e::cmd::run(run, None, Duration::from_secs(300)))
+        })
+        .collect();
+    for run in runs {
+        let out = run.join().unwrap();
+        assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    }
+    for port in ports {
+        assert_eq!(
+            answers(port),
+            reference,
+            "each copy answers like a cold start"
+        );
+    }
+    // Every chunk came over the link once: the second copy waited for the
+    // pull under way, or, where both started one, the second found the
+    // artifact published once it had the lock. Both are back, so a second
+    // pull of every chunk would have fetched at least its head by now.
+    let gets = blob_gets(&registry);
+    assert!(
+        gets.len() > 2,
+        "the registry's log shows the pull: {gets:?}"
+    );
+    let twice: Vec<_> = gets.iter().filter(|(_, n)| **n > 1).collect();
+    // A pull resolves the artifact (its config blob, its signature) before
+    // it takes the name's pull lock: two that started at once both read
+    // those two, and no chunk.
+    assert!(
+        twice.len() <= 2,
+        "fetched more than once (the config and the signature aside): {twice:?}"
+    );
+    for id in ["fleet-s2-one", "fleet-s2-two"] {
+        b.remove(id);
+    }
+    b.assert_nothing_left();
+}
+
+/// How many times the registry's log shows a GET of each blob.
+fn blob_gets(registry: &Registry) -> std::collections::BTreeMap<String, usize> {
+    let mut gets = std::collections::BTreeMap::new();
+    for l in registry.log().lines() {
+        if !(l.contains("response completed") && l.contains("http.request.method=GET")) {
+            continue;
+        }
+        let Some(at) = l.find("/blobs/sha256:") else {
+            continue;
+        };
+        if let Some(d) = l.get(at + "/blobs/".len()..at + "/blobs/".len() + 71) {
+            *gets.entry(d.to_string()).or_insert(0) += 1;
+        }
+    }
+    gets
 }
