@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use oci_client::manifest::OciImageManifest;
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use vsnap_artifact::journal::{Op, Record};
 use vsnap_artifact::manifest::Origin;
 use vsnap_artifact::signature::TrustedKeys;
@@ -116,10 +116,7 @@ async fn pull_unrecorded(
     remote: &Remote,
     opts: &PullOptions,
 ) -> Result<PullReport> {
-    if let Some(name) = name {
-        vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
-    }
-    vsnap_artifact::ensure_root(root)?;
+    check_target(root, name)?;
     let started = std::time::Instant::now();
     let mut timings = PullTimings::default();
     remote.login(oci_client::RegistryOperation::Pull).await?;
@@ -130,9 +127,7 @@ async fn pull_unrecorded(
     let sealer = choose_key(remote, &opts.keys, &oci)?;
     let decrypted_with = sealer.as_ref().map(|s| s.key_id().to_string());
     let (config, mut manifest, layers) = describe(remote, &oci, sealer.as_ref()).await?;
-    let name = name.unwrap_or(&manifest.name).to_string();
-    vsnap_artifact::layout::check_name(&name)
-        .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
+    let name = pulled_name(name, &manifest)?;
     timings.resolve = ms(started);
 
     let preparing = std::time::Instant::now();
@@ -150,35 +145,25 @@ async fn pull_unrecorded(
     // digest meanwhile (two containers of one node needing it at once).
     if partial.waited() && published_at(root, &name, &digest) {
         partial.discard();
-        return Ok(already_here(
-            remote,
-            root,
-            &name,
-            &config,
-            (digest, signed_by),
-        ));
+        let found = (name.as_str(), &config, digest, signed_by);
+        return Ok(already_here(remote, root, found));
     }
     timings.assemble = ms(preparing);
     let fetching = std::time::Instant::now();
     let todo = partial.to_fetch(&oci.layers, &landed);
     manifest.name = name.clone();
     manifest.origin = Some(origin(remote, &digest, signed_by.clone()));
-    let fetched = match &opts.stream {
-        Some(stream) => {
-            let on = ((&config, opts.jobs), (root, &manifest));
-            let s = streamed::fetch_streamed(remote, &partial, todo, on.0, on.1, stream).await?;
-            timings.head = Some(s.head_ms);
-            s.fetched
-        }
-        None => fetch_chunks(remote, &partial, &todo, &config, opts.jobs).await?,
-    };
+    let on = ((&config, opts.jobs), (root, &manifest));
+    let fetched = fetch_all(
+        remote,
+        &partial,
+        todo,
+        on,
+        opts.stream.as_ref(),
+        &mut timings,
+    )
+    .await?;
     timings.fetch = ms(fetching);
-    if let Some(stream) = &opts.stream {
-        let waiting = std::time::Instant::now();
-        let gate = stream.gate.as_ref().and_then(|g| g.try_clone().ok());
-        streamed::wait_for_readers(gate).await;
-        timings.readers = Some(ms(waiting));
-    }
     let mut report = PullReport {
         name: name.clone(),
         reference: remote.name(),
@@ -206,6 +191,53 @@ async fn pull_unrecorded(
     Ok(report)
 }
 
+/// Every chunk of `todo` fetched and landed, streamed when a restore
+/// follows (streamed.rs): then the publish waits for it to let go.
+async fn fetch_all(
+    remote: &Remote,
+    partial: &Arc<Partial>,
+    todo: Vec<&OciDescriptor>,
+    ((config, jobs), (root, manifest)): ((&ArtifactConfig, usize), (&Path, &Manifest)),
+    stream: Option<&Stream>,
+    timings: &mut PullTimings,
+) -> Result<Vec<u64>> {
+    let Some(stream) = stream else {
+        return fetch_chunks(remote, partial, &todo, config, jobs).await;
+    };
+    let s = streamed::fetch_streamed(
+        remote,
+        partial,
+        todo,
+        (config, jobs),
+        (root, manifest),
+        stream,
+    )
+    .await?;
+    timings.head = Some(s.head_ms);
+    let waiting = std::time::Instant::now();
+    let gate = stream.gate.as_ref().and_then(|g| g.try_clone().ok());
+    streamed::wait_for_readers(gate).await;
+    timings.readers = Some(ms(waiting));
+    Ok(s.fetched)
+}
+
+/// The artifact root made when missing, and the name asked for (if any)
+/// checked, before anything is fetched.
+fn check_target(root: &Path, name: Option<&str>) -> Result<()> {
+    if let Some(name) = name {
+        vsnap_artifact::layout::check_name(name).map_err(RegistryError::Invalid)?;
+    }
+    Ok(vsnap_artifact::ensure_root(root)?)
+}
+
+/// The name to publish as: the one asked for, else the one it was pushed with.
+fn pulled_name(name: Option<&str>, manifest: &Manifest) -> Result<String> {
+    let name = name.unwrap_or(&manifest.name).to_string();
+    vsnap_artifact::layout::check_name(&name)
+        .map_err(|m| RegistryError::Invalid(format!("pull: the artifact's name: {m}")))?;
+    Ok(name)
+}
+
 /// Whether `root` holds `name` as pulled from the OCI manifest `digest`.
 fn published_at(root: &Path, name: &str, digest: &str) -> bool {
     Manifest::load_unverified(root, name)
@@ -218,9 +250,7 @@ fn published_at(root: &Path, name: &str, digest: &str) -> bool {
 fn already_here(
     remote: &Remote,
     root: &Path,
-    name: &str,
-    config: &ArtifactConfig,
-    (digest, signed_by): (String, String),
+    (name, config, digest, signed_by): (&str, &ArtifactConfig, String, String),
 ) -> PullReport {
     PullReport {
         name: name.to_string(),

@@ -87,22 +87,8 @@ pub(super) fn prepare_restore(
         .flatten();
     let mut common = common_part(inputs, engine, name)?;
     common.tree = inputs.streamed.as_ref().map(|s| s.tree.clone());
-    let pages = place_pages.then(|| {
-        let dir = common.artifact_dir();
-        let mut pages = criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac);
-        if let Some(s) = &inputs.streamed {
-            pages.arrivals = Some(s.arrivals());
-            pages.share = None;
-        }
-        pages
-    });
-    if let (Some(s), false) = (&inputs.streamed, place_pages) {
-        // CRIU places every page itself: it starts once all arrived.
-        stream_whole(s, found.contents.as_ref()).map_err(|e| {
-            common.cleanup();
-            Refusal::new(Cause::Host, e)
-        })?;
-    }
+    let pages =
+        page_plan(inputs, &common, &found, place_pages).inspect_err(|_| common.cleanup())?;
     let mut plan = RestorePlan {
         common,
         lock: Some(lock),
@@ -139,6 +125,32 @@ pub(super) fn prepare_restore(
     }
     edit_spec(inputs, PlanRef::Restore(&plan), &engine.command)?;
     Ok(Box::new(plan))
+}
+
+/// The page server's plan where it places the memory (`place_pages`). A
+/// streamed restore's follows the pull's arrivals, or, where CRIU places
+/// every page itself, waits here for all of them.
+fn page_plan(
+    inputs: &Inputs<'_>,
+    common: &Common,
+    found: &Preflight,
+    place_pages: bool,
+) -> std::result::Result<Option<vsnap_pages::PagePlan>, Refusal> {
+    let streamed = inputs.streamed.as_ref();
+    if !place_pages {
+        if let Some(s) = streamed {
+            // CRIU places every page itself: it starts once all arrived.
+            stream_whole(s, found.contents.as_ref()).map_err(|e| Refusal::new(Cause::Host, e))?;
+        }
+        return Ok(None);
+    }
+    let dir = common.artifact_dir();
+    let mut pages = criu::pages::plan(inputs.config, &dir, found.contents.as_ref(), &found.mac);
+    if let Some(s) = streamed {
+        pages.arrivals = Some(s.arrivals());
+        pages.share = None;
+    }
+    Ok(Some(pages))
 }
 
 /// The artifact's shared lock, or for a restore streamed from a pull, its
@@ -218,20 +230,7 @@ fn preflight(
     .map_err(Refusal::of_artifact)?;
     let owner = manifest.workload.tenant();
     tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
-    if manifest.schema_version < crate::netns_holder::SINCE_FORMAT && inputs.netns.is_some() {
-        // Captured before the shim made a container's own network namespace
-        // (netns_holder.rs): CRIU holds that namespace in the images, and
-        // its workload records it as made by runc. Another format, not
-        // another workload: `auto` captures anew.
-        return Err(Refusal::new(
-            Cause::Host,
-            Error::FailedPrecondition(format!(
-                "restore: preflight: artifact {name} is of format {} and was captured in a network namespace of the container's own, which this vsnap makes itself (format {}): capture it again",
-                manifest.schema_version,
-                crate::netns_holder::SINCE_FORMAT
-            )),
-        ));
-    }
+    check_format(inputs, &manifest, name)?;
     let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
     live.gpus = artifact::gpu::entries(&engine.gpus);
     // Compatibility, not identity (artifact/src/compat.rs): the MAC above
@@ -287,6 +286,28 @@ fn preflight(
         mac: manifest.mac,
         criu: manifest.criu,
     })
+}
+
+/// An artifact captured before the shim made a container's own network
+/// namespace (netns_holder.rs) restores only where the container has none:
+/// CRIU holds that namespace in the images, and its workload records it as
+/// made by runc. Another format, not another workload: `auto` captures anew.
+fn check_format(
+    inputs: &Inputs<'_>,
+    manifest: &Manifest,
+    name: &str,
+) -> std::result::Result<(), Refusal> {
+    if manifest.schema_version < crate::netns_holder::SINCE_FORMAT && inputs.netns.is_some() {
+        return Err(Refusal::new(
+            Cause::Host,
+            Error::FailedPrecondition(format!(
+                "restore: preflight: artifact {name} is of format {} and was captured in a network namespace of the container's own, which this vsnap makes itself (format {}): capture it again",
+                manifest.schema_version,
+                crate::netns_holder::SINCE_FORMAT
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// Before CRIU runs: a restore whose engine would wait for this host's

@@ -77,6 +77,34 @@ pub enum Start {
     TimedOut,
 }
 
+/// The pull's process as the shim follows it.
+struct Pull {
+    pid: i32,
+    exit: tokio::sync::oneshot::Receiver<crate::exits::Exit>,
+    lines: tokio::io::Lines<BufReader<pipe::Receiver>>,
+    /// Its stderr, read to its end by `stderr_read`.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_read: tokio::task::JoinHandle<()>,
+    /// The write end of the gate the pull publishes after, until the
+    /// restore takes it.
+    gate: Option<OwnedFd>,
+}
+
+impl Pull {
+    fn kill(&self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+
+    /// Its last words, once it exited with `code` (stderr ends with it).
+    async fn reason(&mut self, code: i32) -> String {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.stderr_read).await;
+        reason(&self.stderr, code)
+    }
+}
+
 /// Runs `vsnap pull REF NAME --stream-fd 3` and waits for its head, at most
 /// `timeout` from now (which also bounds the whole pull: past it the pull
 /// is killed).
@@ -87,9 +115,61 @@ pub async fn start(
     timeout: Duration,
 ) -> Result<Start, String> {
     let began = Instant::now();
+    let mut pull = spawn(config, exits, reference, name)?;
+    let head = tokio::time::timeout(timeout, async {
+        while let Ok(Some(line)) = pull.lines.next_line().await {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if let Some(tree) = v["head"].as_str() {
+                return Some(PathBuf::from(tree));
+            }
+        }
+        None
+    })
+    .await;
+    let expected = partial_tree(&config.artifact_root, name);
+    let tree = match head {
+        // Only the tree of this name's partial pull, wherever the line
+        // says it is.
+        Ok(Some(tree)) if tree == expected => tree,
+        Ok(Some(tree)) => {
+            pull.kill();
+            return Err(format!(
+                "the pull named {} as its tree, not {}",
+                tree.display(),
+                expected.display()
+            ));
+        }
+        Ok(None) => {
+            let code = (&mut pull.exit).await.map(|e| e.code).unwrap_or(-1);
+            return Ok(Start::Failed(pull.reason(code).await));
+        }
+        Err(_) => {
+            pull.kill();
+            let _ = tokio::time::timeout(Duration::from_secs(10), pull.exit).await;
+            return Ok(Start::TimedOut);
+        }
+    };
+    let streamed = Streamed {
+        reference: reference.to_string(),
+        tree,
+        failure: Arc::new(Mutex::new(None)),
+        hold: Arc::new(pull.gate.take().expect("the gate, once")),
+    };
+    let left = timeout.saturating_sub(began.elapsed());
+    tokio::spawn(follow(pull, streamed.failure.clone(), left, timeout));
+    Ok(Start::Head(streamed))
+}
+
+/// The pull's process, its gate's read end handed over as descriptor 3.
+fn spawn(
+    config: &RuntimeConfig,
+    exits: &Exits,
+    reference: &str,
+    name: &str,
+) -> Result<Pull, String> {
     let cli = vsnap_cli::locate(config)?;
     let (config_arg, input) = vsnap_cli::config_args(config);
-    let (gate_read, gate_write) =
+    let (gate_read, gate) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     let mut cmd = Command::new(&cli);
     cmd.arg("--config").arg(config_arg);
@@ -116,86 +196,46 @@ pub async fn start(
     drop(gate_read);
     let pid = child.id() as i32;
     let exit = exits.watch(pid, mark);
-    let stdin = child.stdin.take().map(OwnedFd::from);
     let stdout = child.stdout.take().map(OwnedFd::from);
-    let stderr = child.stderr.take().map(OwnedFd::from);
-    let mut lines = match stdout.map(pipe::Receiver::from_owned_fd) {
+    let lines = match stdout.map(pipe::Receiver::from_owned_fd) {
         Some(Ok(r)) => BufReader::new(r).lines(),
         _ => return Err("the pull's stdout".into()),
     };
-    tokio::spawn(feed(stdin, input));
-    let failure: Failure = Arc::new(Mutex::new(None));
-    let stderr_text = Arc::new(Mutex::new(Vec::new()));
-    let mut stderr_read = tokio::spawn(read_all(stderr, stderr_text.clone()));
-    let head = tokio::time::timeout(timeout, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            if let Some(tree) = v["head"].as_str() {
-                return Some(PathBuf::from(tree));
-            }
-        }
-        None
+    tokio::spawn(feed(child.stdin.take().map(OwnedFd::from), input));
+    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let err = child.stderr.take().map(OwnedFd::from);
+    let stderr_read = tokio::spawn(read_all(err, stderr.clone()));
+    Ok(Pull {
+        pid,
+        exit,
+        lines,
+        stderr,
+        stderr_read,
+        gate: Some(gate),
     })
-    .await;
-    let kill = move || {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    };
-    let tree = match head {
-        // Only the tree of this name's partial pull, wherever the line
-        // says it is.
-        Ok(Some(tree)) if tree == partial_tree(&config.artifact_root, name) => tree,
-        Ok(Some(tree)) => {
-            kill();
-            return Err(format!(
-                "the pull named {} as its tree, not {}",
-                tree.display(),
-                partial_tree(&config.artifact_root, name).display()
-            ));
-        }
-        Ok(None) => {
-            let code = exit.await.map(|e| e.code).unwrap_or(-1);
-            let _ = tokio::time::timeout(Duration::from_secs(5), &mut stderr_read).await;
-            return Ok(Start::Failed(reason(&stderr_text, code)));
-        }
+}
+
+/// After the head: the pull's end, as `failure` when it did not publish;
+/// killed `left` from now (`timeout` from its start).
+async fn follow(mut pull: Pull, failure: Failure, left: Duration, timeout: Duration) {
+    // The report line, then the end of stdout.
+    while let Ok(Some(_)) = pull.lines.next_line().await {}
+    let code = match tokio::time::timeout(left, &mut pull.exit).await {
+        Ok(exit) => exit.map(|e| e.code).unwrap_or(-1),
         Err(_) => {
-            kill();
-            let _ = tokio::time::timeout(Duration::from_secs(10), exit).await;
-            return Ok(Start::TimedOut);
+            pull.kill();
+            *failure.lock().expect("lock") = Some(format!(
+                "not done within pull_timeout_s ({}s): killed",
+                timeout.as_secs()
+            ));
+            return;
         }
     };
-    let streamed = Streamed {
-        reference: reference.to_string(),
-        tree,
-        failure: failure.clone(),
-        hold: Arc::new(gate_write),
-    };
-    let left = timeout.saturating_sub(began.elapsed());
-    tokio::spawn(async move {
-        // The report line, then the end of stdout.
-        while let Ok(Some(_)) = lines.next_line().await {}
-        let code = match tokio::time::timeout(left, exit).await {
-            Ok(exit) => exit.map(|e| e.code).unwrap_or(-1),
-            Err(_) => {
-                kill();
-                *failure.lock().expect("lock") = Some(format!(
-                    "not done within pull_timeout_s ({}s): killed",
-                    timeout.as_secs()
-                ));
-                return;
-            }
-        };
-        if code != 0 {
-            // Its last words: stderr ends with the process.
-            let _ = tokio::time::timeout(Duration::from_secs(5), stderr_read).await;
-            let why = reason(&stderr_text, code);
-            log::warn!("streamed pull failed: {why}");
-            *failure.lock().expect("lock") = Some(why);
-        }
-    });
-    Ok(Start::Head(streamed))
+    if code != 0 {
+        let why = pull.reason(code).await;
+        log::warn!("streamed pull failed: {why}");
+        *failure.lock().expect("lock") = Some(why);
+    }
 }
 
 /// `<root>/.pull/partial/<name>/tree`: where the pull of `name` writes.
