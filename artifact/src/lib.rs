@@ -6,6 +6,7 @@
 //! `work/` (CRIU logs) and `manifest.json` (0600, written last, MAC'd with a
 //! host-local key, holding a content digest of every file a restore reads). It is built in a staging folder and published atomically.
 
+pub mod at_rest;
 pub mod clocks;
 pub mod compat;
 pub mod content;

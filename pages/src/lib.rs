@@ -44,7 +44,10 @@
 //! - `outcome`: what was placed; `error`: why not;
 //! - `images`: the little of CRIU's image format the server reads;
 //! - `zero_pages`: a capture's all-zero pages left out of its images, as
-//!   holes the server answers with zero pages.
+//!   holes the server answers with zero pages;
+//! - `criu_view`: where the pages files are sealed at rest, the images
+//!   CRIU restores from, with the pages it reads itself in clear (the
+//!   fillers open the rest as they read it).
 //!
 //! The shim is its one user in production (its restore preflight makes a
 //! [`PagePlan`], its restore starts a [`PageServer`] with it, its capture
@@ -53,6 +56,7 @@
 
 mod budget;
 pub mod chunks;
+mod criu_view;
 mod error;
 mod fill;
 mod huge;
@@ -72,6 +76,7 @@ mod verify;
 pub mod zero_pages;
 
 pub use budget::MAX_SLOTS as MAX_FILLERS;
+pub use criu_view::CriuView;
 pub use error::{PageError, Phase};
 pub use outcome::Placed;
 pub use plan::{FillerBudget, PagePlan};

@@ -32,6 +32,10 @@ pub struct PagePlan {
     /// None: placed unchecked (the restore checks them some other way, or
     /// not at all).
     pub verification: Option<Verification>,
+    /// What opens the pages files sealed at rest (the manifest's `sealed`
+    /// with this host's key): each piece is opened in the filler's buffer
+    /// as it is read, before it is hashed and placed. None: in clear.
+    pub sealed: Option<vsnap_artifact::at_rest::Opener>,
 }
 
 /// The host's filler budget: `slots` slots (at most
@@ -54,6 +58,7 @@ impl PagePlan {
             share: None,
             huge: HugePages::default(),
             verification: None,
+            sealed: None,
         }
     }
 

@@ -7,6 +7,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use vsnap_artifact::at_rest::{FileCipher, Opener};
+
 use crate::error::{PageError, Phase};
 use crate::images::{self, LazyPages};
 
@@ -19,6 +21,8 @@ pub(super) struct Task {
     /// `images/pages-<id>.img`.
     pub(super) pages_rel: String,
     pub(super) pages: File,
+    /// Its pages file's cipher, where sealed at rest.
+    pub(super) sealed: Option<FileCipher>,
     pub(super) lazy: LazyPages,
     /// Its VMAs eligible for huge pages, written rather than copied.
     pub(super) huge: Option<Huge>,
@@ -32,6 +36,7 @@ impl Task {
         pid: i32,
         uffd: OwnedFd,
         sender: Option<i32>,
+        opener: Option<&Opener>,
     ) -> Result<Self, PageError> {
         let lazy = images::lazy_pages(images, pid)?;
         let huge = Huge::open(images, pid, sender, &lazy)?;
@@ -42,10 +47,12 @@ impl Task {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| PageError::failed(Phase::Images, path.display(), format!("open: {e}")))?;
+        let pages_rel = format!("images/{name}");
         Ok(Task {
             pid,
             uffd,
-            pages_rel: format!("images/{name}"),
+            sealed: opener.and_then(|o| o.file(&pages_rel)),
+            pages_rel,
             pages,
             lazy,
             huge,

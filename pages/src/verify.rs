@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use vsnap_artifact::at_rest::{FileCipher, Opener};
 use vsnap_artifact::content::ChunkDigest;
 use vsnap_artifact::{ArtifactError, Contents, FileDigest};
 
@@ -56,6 +57,8 @@ pub(super) struct PagesFile {
     pub(super) size: u64,
     digest: Option<FileDigest>,
     pub(super) task: Option<usize>,
+    /// Its cipher, where sealed at rest: each piece is opened as read.
+    sealed: Option<FileCipher>,
 }
 
 /// The files to read after the restore: with verification, exactly the
@@ -66,11 +69,15 @@ pub(super) fn pages_files(
     images: &Path,
     tasks: &[Task],
     verify: Option<&Verification>,
+    sealed: Option<&Opener>,
 ) -> Result<Vec<PagesFile>, PageError> {
-    let files = match verify {
+    let mut files = match verify {
         Some(v) => verified_files(images, tasks, v)?,
         None => task_files(tasks)?,
     };
+    for f in &mut files {
+        f.sealed = sealed.and_then(|o| o.file(&f.rel));
+    }
     for f in &files {
         if let Some(t) = f.task.map(|t| &tasks[t]) {
             let end = t.lazy.ranges.last().map_or(0, |r| r.offset + r.len);
@@ -122,6 +129,7 @@ fn verified_files(
             size,
             digest: Some(digest.clone()),
             task: tasks.iter().position(|t| &t.pages_rel == rel),
+            sealed: None,
         });
     }
     if let Some(t) = tasks
@@ -150,6 +158,7 @@ fn task_files(tasks: &[Task]) -> Result<Vec<PagesFile>, PageError> {
             size,
             digest: None,
             task: Some(i),
+            sealed: None,
         });
     }
     Ok(files)
@@ -175,6 +184,11 @@ pub(super) fn place_chunk(
         PIECE,
         buf,
         |at, data| {
+            // Sealed at rest: opened in the buffer, then hashed (the
+            // digests are of the plaintext) and placed.
+            if let Some(c) = &f.sealed {
+                c.apply(at, data);
+            }
             if let Some(d) = digest.as_mut() {
                 d.update(data);
             }

@@ -173,6 +173,7 @@ pub(super) fn restore_job(
         keep_stdio: false,
         spare_stdio: None,
         pages: None,
+        sealed: None,
         placed: None,
         // Its own token below the kill's: the verification stops CRIU
         // with it on damage, which is not a kill of the start.

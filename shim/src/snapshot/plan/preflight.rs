@@ -43,6 +43,8 @@ struct Preflight {
     mac: String,
     /// The CRIU options its dump used, where it recorded them.
     criu: Option<artifact::CriuOptions>,
+    /// What opens its pages files, sealed at rest.
+    sealed: Option<artifact::at_rest::Opener>,
 }
 
 fn preflight_error(e: ArtifactError) -> Error {
@@ -87,7 +89,8 @@ pub(super) fn prepare_restore(
     let common = common_part(inputs, engine, name)?;
     let pages = place_pages.then(|| {
         let dir = common.artifact_dir();
-        criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac)
+        let sealed = found.sealed.clone();
+        criu::pages::plan(config, &dir, found.contents.as_ref(), &found.mac, sealed)
     });
     let mut plan = RestorePlan {
         common,
@@ -109,6 +112,7 @@ pub(super) fn prepare_restore(
         shared_root: shared_root(inputs, layer),
         hostname: crate::snapshot::criu::pod::hostname_to_set(inputs.spec.value()),
         criu: found.criu,
+        sealed: found.sealed,
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
@@ -233,7 +237,9 @@ fn preflight(
         }
         None => None,
     };
+    let sealed = opener(root, manifest.sealed.as_ref())?;
     Ok(Preflight {
+        sealed,
         oracle: manifest.oracle,
         contents: inputs.config.verify_contents.then_some(manifest.contents),
         carried,
@@ -242,6 +248,19 @@ fn preflight(
         mac: manifest.mac,
         criu: manifest.criu,
     })
+}
+
+/// What opens the artifact's pages files where they are sealed at rest:
+/// its sealing with this host's key.
+fn opener(
+    root: &Path,
+    sealed: Option<&artifact::at_rest::Sealed>,
+) -> std::result::Result<Option<artifact::at_rest::Opener>, Refusal> {
+    let Some(s) = sealed else {
+        return Ok(None);
+    };
+    let key = artifact::HostKey::load(root).map_err(Refusal::of_artifact)?;
+    s.opener(&key).map(Some).map_err(Refusal::of_artifact)
 }
 
 /// Before CRIU runs: a restore whose engine would wait for this host's
