@@ -51,6 +51,9 @@ pub struct PullOptions {
     /// The fleet encryption keys (`fleet_encryption_key`, and the previous
     /// `fleet_decryption_keys`) an encrypted artifact is opened with.
     pub keys: FleetKeys,
+    /// Seal the pulled copy's pages files at rest with this host's key
+    /// (`seal_at_rest`).
+    pub seal_at_rest: bool,
 }
 
 impl PullOptions {
@@ -67,6 +70,7 @@ impl PullOptions {
             verify_threads,
             trusted,
             keys: FleetKeys::from_config(config)?,
+            seal_at_rest: config.seal_at_rest,
         })
     }
 }
@@ -139,6 +143,7 @@ async fn pull_unrecorded(
         layers: layers.clone(),
         sealer,
         threads: opts.verify_threads,
+        seal_at_rest: opts.seal_at_rest,
     };
     let (partial, landed) = open_partial(spec).await?;
     timings.assemble = ms(preparing);

@@ -6,6 +6,8 @@
 //!     digest    the OCI manifest digest being pulled
 //!     landed    a line per chunk that landed: its layer digest, appended
 //!               once its bytes verified and are at every place of it
+//!     sealed    with `seal_at_rest`: the tree's sealing (its salt), so
+//!               that a pull taking the folder over seals alike (sealing.rs)
 //!     tree/     the artifact as it will be published (images/, control/,
 //!               dev-shm/, work/), every file made at its size (sparse)
 //! ```
@@ -41,6 +43,7 @@ use crate::crypt::Sealer;
 use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
 use crate::sha256_digest;
+use sealing::Sealing;
 
 /// Where one chunk's bytes go: a file of the tree (its index), an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -62,6 +65,8 @@ pub(super) struct Spec {
     pub(super) sealer: Option<Sealer>,
     /// Threads that check the chunks a resumed pull finds.
     pub(super) threads: usize,
+    /// Seal the pages files at rest with this host's key as they land.
+    pub(super) seal_at_rest: bool,
 }
 
 pub(super) struct Partial {
@@ -70,6 +75,8 @@ pub(super) struct Partial {
     places: BTreeMap<String, Vec<Place>>,
     journal: Mutex<File>,
     sealer: Option<Sealer>,
+    /// Where the tree is sealed at rest: its pages files' ciphers.
+    at_rest: Option<Sealing>,
     /// The pull lock of `name`, held while this lives.
     _lock: File,
 }
@@ -114,7 +121,13 @@ impl Partial {
             Ok(recorded) => recorded,
             Err(_) => at.start(spec)?,
         };
+        let rels: Vec<&str> = spec.config.files.iter().map(|f| f.path.as_str()).collect();
+        let at_rest = match spec.seal_at_rest {
+            true => Some(Sealing::of(&at.dir, &spec.root, &rels)?),
+            false => None,
+        };
         let partial = Partial {
+            at_rest,
             name: spec.name.to_string(),
             journal: Mutex::new(open_journal(&at.dir.join("landed"))?),
             at,
@@ -158,6 +171,7 @@ impl Partial {
             None => layer,
         };
         let places = self.places.get(digest).map(Vec::as_slice).unwrap_or(&[]);
+        let mut sealed = Vec::new();
         for p in places {
             let path = &self.at.files[p.file].0;
             if plain.len() as u64 != p.len {
@@ -173,7 +187,17 @@ impl Partial {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(path)
                 .map_err(|e| io(format!("pull: open {}", path.display()), e))?;
-            file.write_all_at(&plain, p.offset)
+            // Sealed at rest: sealed at its place as it is written.
+            let bytes = match &self.at_rest {
+                Some(s) if s.seals(p.file) => {
+                    sealed.clear();
+                    sealed.extend_from_slice(&plain);
+                    s.apply(p.file, p.offset, &mut sealed);
+                    &sealed
+                }
+                _ => &plain,
+            };
+            file.write_all_at(bytes, p.offset)
                 .map_err(|e| io(format!("pull: write {}", path.display()), e))?;
             start_writeback(&file, p.offset, p.len);
         }
@@ -240,6 +264,9 @@ impl Partial {
             .ok()?;
         let mut buf = vec![0u8; p.len as usize];
         file.read_exact_at(&mut buf, p.offset).ok()?;
+        if let Some(s) = &self.at_rest {
+            s.apply(p.file, p.offset, &mut buf);
+        }
         Some(buf)
     }
 
@@ -276,12 +303,16 @@ impl Partial {
         }
         let _lock = ArtifactLock::exclusive(root, &self.name)?;
         let phase = std::time::Instant::now();
-        if let Err(e) = content::verify(&self.at.tree, &manifest.contents, threads) {
+        let opener = self.at_rest.as_ref().map(|s| &s.opener);
+        let tree = &self.at.tree;
+        if let Err(e) = content::verify_opened(tree, &manifest.contents, threads, opener) {
             self.remove();
             return Err(e.into());
         }
         let verify = super::report::ms(phase);
         let phase = std::time::Instant::now();
+        // This host's sealing, never the pushing host's.
+        manifest.sealed = self.at_rest.as_ref().map(|s| s.sealed.clone());
         let published = HostKey::load_or_create(root).and_then(|key| {
             manifest.seal(&key);
             Staging::adopt(self.at.tree.clone(), &self.name).publish(root, &manifest.to_bytes())
@@ -488,5 +519,6 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+mod sealing;
 #[cfg(test)]
 mod tests;
