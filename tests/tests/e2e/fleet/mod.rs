@@ -13,6 +13,7 @@ mod disk;
 mod harness;
 mod mirrors;
 mod resume;
+mod sealed;
 
 use std::process::Command;
 use std::time::Duration;
