@@ -8,11 +8,13 @@
 //! data, file-backed and locked memory: `criu/mem.c` skips a lazy entry's
 //! pages when `lazy-pages` is on) and every page of shared memory's pages
 //! files (`pagemap-shmem-*`: the server never sees those). Without it,
-//! CRIU reads every page. The view is a folder of symlinks to the
-//! artifact's images, but each pages file is a new sparse file of the
-//! same size holding, at their own offsets, only the bytes CRIU reads,
-//! opened; the lazy pages stay sealed in the artifact, where the page
-//! server opens them as it places them. The view belongs in memory (the
+//! CRIU reads every page. The view is a folder of copies of the
+//! artifact's other images (small; not symlinks: a restored task opens its
+//! pagemap from inside its own root, where the artifact's path is not),
+//! and each pages file is a new sparse file of the same size holding, at
+//! their own offsets, only the bytes CRIU reads, opened; the lazy pages
+//! stay sealed in the artifact, where the page server opens them as it
+//! places them. The view belongs in memory (the
 //! runtime folder, a tmpfs on a systemd host) and goes when the restore
 //! ends.
 
@@ -65,9 +67,7 @@ impl CriuView {
                     let ranges = read.as_ref().and_then(|r| r.get(&name));
                     view.opened += open_pages(&from, &to, &c, ranges.map(Vec::as_slice))?;
                 }
-                None => {
-                    std::os::unix::fs::symlink(&from, &to).map_err(|e| fail("symlink", &to, e))?
-                }
+                None => copy(&from, &to).map_err(|e| fail("copy", &to, e))?,
             }
         }
         Ok(view)
@@ -82,6 +82,21 @@ impl Drop for CriuView {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A copy of the image `from` at `to` (0600), never through a symlink.
+fn copy(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut src = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)?;
+    let mut dst = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)?;
+    std::io::copy(&mut src, &mut dst).map(drop)
 }
 
 /// With lazy pages: for each task's pages file (by file name), the
