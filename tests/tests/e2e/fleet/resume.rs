@@ -77,7 +77,8 @@ fn interrupted_pull_resumes(tag: &str, sealed: bool) {
     assert_eq!(partial_pulls(&b), ["big"]);
     let mut left = list(&b.artifacts.join(".pull/partial/big"));
     left.sort();
-    assert_eq!(left, ["digest", "landed", "tree"]);
+    // `sealed`: the salt its pages are sealed at rest with (seal_at_rest).
+    assert_eq!(left, ["digest", "landed", "sealed", "tree"]);
     let used = disk_use(&b.artifacts.join(".pull"));
     assert!(
         used as f64 <= 1.1 * bytes as f64,
