@@ -1,4 +1,4 @@
-//! Memory images sealed at rest (`seal_at_rest`, on by default): a secret
+//! Memory images sealed at rest (`seal_at_rest = true`): a secret
 //! given in the engine's environment is in no file under the artifact root
 //! of the capturing host, nor under that of a host that pulled the
 //! artifact, and the pulled copy restores and answers as a cold start
@@ -70,8 +70,9 @@ fn a_secret_in_the_engines_environment_is_in_no_file_at_rest_on_either_host() {
         [] as [String; 0]
     );
 
-    // Sealing on (the default): nowhere under A's artifact root.
+    // Sealing on: nowhere under A's artifact root.
     seal_at_rest(&a, true);
+    seal_at_rest(&b, true);
     a.create_good("fleet-sealed-donor", "sealed", &[&token]);
     let cold = HostEngine::start();
     let reference = answers(cold.port);
