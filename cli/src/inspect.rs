@@ -179,7 +179,7 @@ fn summary(
         row(&["Image size:", &size_and_bytes(m.image_bytes)]),
         row(&["Memory:", &memory(m.memory.as_ref())]),
         row(&["Zero pages:", &zero_pages(m.zero_pages.as_ref())]),
-        row(&["Sealed at rest:", &sealed(m.sealed.as_ref())]),
+        row(&["At rest:", &sealed(m.sealed.as_ref())]),
         row(&["On disk:", &size_and_bytes(disk_bytes)]),
         row(&[
             "Timings:",
@@ -284,10 +284,10 @@ fn zero_pages(z: Option<&vsnap_artifact::ZeroPages>) -> String {
 fn sealed(s: Option<&vsnap_artifact::at_rest::Sealed>) -> String {
     match s {
         Some(s) => format!(
-            "yes: images/pages-*.img sealed with {} under a key of this host's (opened as a restore reads them)",
+            "sealed: images/pages-*.img with {} under a key of this host's (opened as a restore reads them)",
             s.cipher
         ),
-        None => "no: memory images in clear (seal_at_rest off, or made before format 8)".into(),
+        None => "in clear (seal_at_rest off, or made before format 8)".into(),
     }
 }
 
