@@ -119,9 +119,9 @@ pub struct RuntimeConfig {
     /// rest with this host's key: a capture seals them before it publishes,
     /// a pull as each chunk lands, and the page server opens each piece as
     /// it places it. Off by default: opening every byte made a warm restore
-    /// of this project's 2-core machines 0.57x as fast (docs/benchmarks.md),
-    /// below the 0.9 of the fill limit a restore is held to; off, they are
-    /// stored in clear, as before format 8.
+    /// of this project's 2-core machines 0.47-0.57x as fast
+    /// (docs/benchmarks.md), far below the 0.9 of the fill limit a restore is
+    /// held to; off, they are stored in clear, as before format 8.
     pub seal_at_rest: bool,
     /// At capture, tell CRIU that runc's masked folders under `/proc` and
     /// `/sys` (an empty read-only tmpfs each) are external mounts: not

@@ -42,7 +42,7 @@ pub struct RestoreJob {
     pub pages: Option<PagePlan>,
     /// What opens the artifact's pages files where they are sealed at
     /// rest: CRIU then restores from a view of the images with the pages
-    /// it reads itself in clear (`criu_view`).
+    /// it reads itself in clear (`criu_images`).
     pub sealed: Option<Opener>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
