@@ -15,9 +15,17 @@
 //! recorded in the manifest (`sealed`); the artifact's key is
 //! BLAKE3-derived from the host key and the salt, and each file's key from
 //! the artifact's key and the file's name. A key is used for one file of
-//! one artifact only, so the nonce is fixed (zero) and the counter is the
-//! byte offset: no two plaintexts are ever sealed with one keystream
-//! position, apart from the same bytes written again at their own place.
+//! one artifact only, so the IV is fixed and the counter follows the byte
+//! offset (AES-256-CTR: the IV is zero, the 128-bit counter the 16-byte
+//! block's index; ChaCha20: the nonce is the file's 128 GiB span, the
+//! counter the 64-byte block in it): no two plaintexts are ever sealed with
+//! one keystream position, apart from the same bytes written again at
+//! their own place (a resumed pull).
+//!
+//! Every byte of a sealed file is sealed, a file-system hole's too: a
+//! reader opens every byte it reads, so a hole kept as one would open to
+//! noise. (A capture's all-zero pages are holes of the pagemap, not of the
+//! pages file, which is compacted: they are neither stored nor sealed.)
 //!
 //! There is no MAC per piece: integrity is the manifest's, whose content
 //! digests are taken over the plaintext and MAC'd with the host key. A
