@@ -55,6 +55,17 @@ impl HostKey {
         hex(&m.finalize().into_bytes())
     }
 
+    /// A 32-byte key for `purpose` (a BLAKE3 key derivation context)
+    /// derived from this key and `material`: the at-rest sealing's
+    /// per-artifact key (at_rest.rs). Not the host key, nor usable to
+    /// compute a MAC with it.
+    pub(crate) fn derive(&self, purpose: &str, material: &[u8]) -> [u8; KEY_BYTES] {
+        let mut h = blake3::Hasher::new_derive_key(purpose);
+        h.update(&self.0);
+        h.update(material);
+        *h.finalize().as_bytes()
+    }
+
     pub fn verify(&self, bytes: &[u8], mac: &str) -> bool {
         let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("any key length");
         m.update(bytes);

@@ -7,6 +7,7 @@
 //! host-local key, holding a content digest of every file a restore reads). It is built in a staging folder and published atomically.
 
 pub mod arrivals;
+pub mod at_rest;
 pub mod clocks;
 pub mod compat;
 pub mod content;

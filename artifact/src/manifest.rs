@@ -34,11 +34,15 @@ pub use crate::layout::MANIFEST;
 ///   restore repeats by reading them; a shim of format 6 would refuse the
 ///   field. A format 5 or 6 artifact was dumped with the options every
 ///   vsnap of those formats used ([`CriuOptions::before_recorded`]).
-pub const SCHEMA_VERSION: u32 = 7;
+/// - 8: the pages files may be sealed at rest with the host's key
+///   (`sealed`, at_rest.rs), which a restore opens as it reads them; a
+///   shim of format 7 would refuse the field (and could not open them).
+///   A format 6 or 7 artifact is a format 8 one in clear.
+pub const SCHEMA_VERSION: u32 = 8;
 /// Every artifact format this vsnap restores: the current and the two
 /// before it, so that an upgrade of vsnap keeps the artifacts its
-/// predecessors made (5 and 6 differ from 7 by one recorded field each).
-pub const READABLE_SCHEMA_VERSIONS: [u32; 3] = [5, 6, SCHEMA_VERSION];
+/// predecessors made (6 and 7 differ from 8 by one recorded field each).
+pub const READABLE_SCHEMA_VERSIONS: [u32; 3] = [6, 7, SCHEMA_VERSION];
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -93,6 +97,13 @@ pub struct Manifest {
     /// in formats 5 and 6 ([`Manifest::criu_options`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub criu: Option<CriuOptions>,
+    /// How the pages files are sealed at rest with this host's key
+    /// (at_rest.rs): the cipher and the artifact's salt. Absent: in clear
+    /// (`seal_at_rest = false`, or made before format 8). A pull records
+    /// its own (its copy is sealed with its host's key); a push leaves it
+    /// out (a registry's chunks are of the plaintext).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<crate::at_rest::Sealed>,
     /// HMAC-SHA256 with the host key over the manifest without this field.
     #[serde(default)]
     pub mac: String,
@@ -285,6 +296,7 @@ mod tests {
             memory: None,
             zero_pages: None,
             criu: None,
+            sealed: None,
             mac: String::new(),
         }
     }
@@ -423,6 +435,7 @@ mod tests {
         let m = sample(dir.path());
         for (version, extra) in [
             (SCHEMA_VERSION + 1, true),
+            (5, false),
             (4, false),
             (3, false),
             (0, false),
@@ -439,7 +452,7 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (5, 6, {SCHEMA_VERSION})"
+                    "x/manifest.json: schema_version {version} is not an artifact format this vsnap reads (6, 7, {SCHEMA_VERSION})"
                 ),
             );
         }

@@ -24,6 +24,8 @@ struct Report<'a> {
     mac: &'static str,
     in_use: Option<bool>,
     disk_bytes: u64,
+    /// Whether its pages files are sealed at rest (`manifest.sealed`).
+    sealed_at_rest: bool,
     manifest: &'a Manifest,
 }
 
@@ -57,6 +59,7 @@ pub fn run(ctx: &Ctx, name: &str, json: bool, quarantined: bool) -> Outcome {
             mac: mac.as_str(),
             in_use,
             disk_bytes,
+            sealed_at_rest: m.sealed.is_some(),
             manifest: &m,
         });
         return Ok(OK);
@@ -176,6 +179,7 @@ fn summary(
         row(&["Image size:", &size_and_bytes(m.image_bytes)]),
         row(&["Memory:", &memory(m.memory.as_ref())]),
         row(&["Zero pages:", &zero_pages(m.zero_pages.as_ref())]),
+        row(&["At rest:", &sealed(m.sealed.as_ref())]),
         row(&["On disk:", &size_and_bytes(disk_bytes)]),
         row(&[
             "Timings:",
@@ -273,6 +277,17 @@ fn zero_pages(z: Option<&vsnap_artifact::ZeroPages>) -> String {
             z.elided_pages
         ),
         None => "- (none elided: elide_zero_pages off, or captured by an older vsnap)".into(),
+    }
+}
+
+/// Whether the pages files are sealed at rest, and how.
+fn sealed(s: Option<&vsnap_artifact::at_rest::Sealed>) -> String {
+    match s {
+        Some(s) => format!(
+            "sealed: images/pages-*.img with {} under a key of this host's (opened as a restore reads them)",
+            s.cipher
+        ),
+        None => "in clear (seal_at_rest off, or made before format 8)".into(),
     }
 }
 

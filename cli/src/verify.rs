@@ -114,7 +114,7 @@ pub fn run(ctx: &Ctx, name: &str, quick: bool, json: bool) -> Outcome {
     match &manifest {
         Some(m) => {
             checks.push(check_mac(root, m));
-            checks.push(check_contents(&dir, m, quick));
+            checks.push(check_contents(root, &dir, m, quick));
             checks.push(check_host(ctx, m));
             checks.push(check_clocks(m));
         }
@@ -265,14 +265,21 @@ fn check_mac(root: &Path, m: &Manifest) -> Check {
 
 /// Every file a restore reads (images/, control/, dev-shm/) is there, of
 /// its recorded size and, unless `quick`, matches its content digests
-/// chunk by chunk; nothing else is there. What a restore checks too.
-fn check_contents(dir: &Path, m: &Manifest, quick: bool) -> Check {
+/// chunk by chunk (the pages files sealed at rest opened with this host's
+/// key under `root`); nothing else is there. What a restore checks too.
+fn check_contents(root: &Path, dir: &Path, m: &Manifest, quick: bool) -> Check {
     let files = m.contents.len();
     let bytes: u64 = m.contents.values().map(|f| f.size).sum();
     let checked = if quick {
         content::verify_sizes(dir, &m.contents).map(drop)
     } else {
-        content::verify(dir, &m.contents, 2)
+        let opener = m
+            .sealed
+            .as_ref()
+            .map(|s| vsnap_artifact::HostKey::load(root).and_then(|k| s.opener(&k)));
+        opener
+            .transpose()
+            .and_then(|o| content::verify_opened(dir, &m.contents, 2, o.as_ref()))
     };
     match checked {
         Err(e) => Check::failed("contents", vec![e.to_string()]),

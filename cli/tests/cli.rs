@@ -371,3 +371,39 @@ fn verify_fails_changed_images_and_another_host() {
         "{stdout}"
     );
 }
+
+#[test]
+fn inspect_says_whether_the_memory_images_are_sealed_and_verify_opens_them() {
+    use vsnap_artifact::at_rest::{apply_in_place, Sealed};
+    let Some(f) = Fixture::new() else { return };
+    f.make("clear", Duration::ZERO, 100);
+    let (stdout, _) = text(&f.vsnap(&["inspect", "clear"]));
+    assert!(stdout.contains("At rest:       in clear"), "{stdout}");
+    let (_, v) = f.json(&["inspect", "clear", "--json"]);
+    assert_eq!(v["sealed_at_rest"], false, "{v}");
+
+    // Its pages file sealed in place with this host's key, as a capture
+    // with seal_at_rest does, and the manifest saying so.
+    let mut m = f.make("sealed", Duration::ZERO, 5000);
+    let key = HostKey::load(&f.root).unwrap();
+    let sealed = Sealed::fresh().unwrap();
+    let opener = sealed.opener(&key).unwrap();
+    let pages = f.root.join("sealed/images/pages-1.img");
+    apply_in_place(&pages, &opener.file("images/pages-1.img").unwrap()).unwrap();
+    m.sealed = Some(sealed);
+    m.seal(&key);
+    fs::write(f.manifest_path("sealed"), m.to_bytes()).unwrap();
+    let (stdout, _) = text(&f.vsnap(&["inspect", "sealed"]));
+    assert!(
+        stdout.contains("At rest:       sealed: images/pages-*.img with aes-256-ctr"),
+        "{stdout}"
+    );
+    let (_, v) = f.json(&["inspect", "sealed", "--json"]);
+    assert_eq!(v["sealed_at_rest"], true, "{v}");
+    assert_eq!(v["manifest"]["sealed"]["cipher"], "aes-256-ctr", "{v}");
+    let out = f.vsnap(&["verify", "sealed"]);
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+    // Opened with the key the digests hold; read as it lies, they fail.
+    fs::write(&pages, vec![7u8; 5000]).unwrap();
+    assert_ne!(f.vsnap(&["verify", "sealed"]).status.code(), Some(0));
+}

@@ -115,6 +115,14 @@ pub struct RuntimeConfig {
     /// leaves unmapped: they read as zeros). Off: every page CRIU dumped
     /// is stored, hashed and placed, as before.
     pub elide_zero_pages: bool,
+    /// Keep an artifact's memory images (`images/pages-*.img`) sealed at
+    /// rest with this host's key: a capture seals them before it publishes,
+    /// a pull as each chunk lands, and the page server opens each piece as
+    /// it places it. Off by default: opening every byte made a warm restore
+    /// of this project's 2-core machines 0.47-0.57x as fast
+    /// (docs/benchmarks.md), far below the 0.9 of the fill limit a restore is
+    /// held to; off, they are stored in clear, as before format 8.
+    pub seal_at_rest: bool,
     /// At capture, tell CRIU that runc's masked folders under `/proc` and
     /// `/sys` (an empty read-only tmpfs each) are external mounts: not
     /// stored, and bound from the host's one empty read-only tmpfs
@@ -290,6 +298,7 @@ impl Default for RuntimeConfig {
             huge_pages: HugePages::WhenFree,
             memory_preflight: true,
             elide_zero_pages: true,
+            seal_at_rest: false,
             external_masks: true,
             per_pod_env: Vec::new(),
             pull_timeout_s: 900,

@@ -45,6 +45,13 @@ fn huge_pages_are_placed_when_free_unless_told_otherwise() {
 }
 
 #[test]
+fn memory_images_are_sealed_at_rest_only_when_turned_on() {
+    assert!(!RuntimeConfig::default().seal_at_rest);
+    let c = RuntimeConfig::parse("seal_at_rest = true\n", "inline").unwrap();
+    assert!(c.seal_at_rest);
+}
+
+#[test]
 fn zero_pages_are_elided_unless_turned_off() {
     assert!(RuntimeConfig::default().elide_zero_pages);
     let c = RuntimeConfig::parse("elide_zero_pages = false\n", "inline").unwrap();

@@ -47,7 +47,10 @@
 //!   from a registry: what must be in place before CRIU starts;
 //!   `arrivals`: the bytes its fillers and early faults wait for;
 //! - `zero_pages`: a capture's all-zero pages left out of its images, as
-//!   holes the server answers with zero pages.
+//!   holes the server answers with zero pages;
+//! - `criu_view`: where the pages files are sealed at rest, the images
+//!   CRIU restores from, with the pages it reads itself in clear (the
+//!   fillers open the rest as they read it).
 //!
 //! The shim is its one user in production (its restore preflight makes a
 //! [`PagePlan`], its restore starts a [`PageServer`] with it, its capture
@@ -57,6 +60,7 @@
 mod arrivals;
 mod budget;
 pub mod chunks;
+mod criu_view;
 mod error;
 mod fill;
 mod huge;
@@ -78,6 +82,7 @@ pub mod zero_pages;
 
 pub use arrivals::{Arrivals, Failure};
 pub use budget::MAX_SLOTS as MAX_FILLERS;
+pub use criu_view::CriuView;
 pub use error::{PageError, Phase};
 pub use outcome::Placed;
 pub use plan::{FillerBudget, PagePlan};

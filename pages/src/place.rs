@@ -55,6 +55,9 @@ fn place(
             format!("read {len} bytes at {offset} of its pages: {e}"),
         )
     })?;
+    if let Some(c) = &task.sealed {
+        c.apply(offset, data);
+    }
     copy(task, vaddr, data)
 }
 

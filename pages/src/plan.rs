@@ -38,6 +38,10 @@ pub struct PagePlan {
     /// registry): each span of a pages file is read once it arrived.
     /// None: every byte is in place.
     pub arrivals: Option<Arc<Arrivals>>,
+    /// What opens the pages files sealed at rest (the manifest's `sealed`
+    /// with this host's key): each piece is opened in the filler's buffer
+    /// as it is read, before it is hashed and placed. None: in clear.
+    pub sealed: Option<vsnap_artifact::at_rest::Opener>,
 }
 
 /// The host's filler budget: `slots` slots (at most
@@ -61,6 +65,7 @@ impl PagePlan {
             huge: HugePages::default(),
             verification: None,
             arrivals: None,
+            sealed: None,
         }
     }
 

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use vsnap_artifact::at_rest::Opener;
+
 use crate::chunks::{Buffer, CHUNK};
 use crate::error::{PageError, Phase};
 use crate::plan::PagePlan;
@@ -124,7 +126,9 @@ fn serve(
     let mut fault_buf = Buffer::new(FAULT_CHUNK as usize);
     let arrivals = plan.arrivals.clone();
     let stream = arrivals.as_ref();
-    let mut tasks = take_tasks(&conn, images, stop, (&mut fault_buf, &faults), stream)?;
+    let sealed = plan.sealed.as_ref();
+    let reading = (stream, sealed);
+    let mut tasks = take_tasks(&conn, images, stop, (&mut fault_buf, &faults), reading)?;
     let started = Instant::now();
     // The tree is stopped now: the VMAs eligible for huge pages that the
     // policy places so leave the userfaultfd (a fault already queued is
@@ -136,7 +140,7 @@ fn serve(
             h.take(t.pid, &t.uffd)?;
         }
     }
-    let files = pages_files(images, &tasks, plan.verification.as_ref(), stream)?;
+    let files = pages_files(images, &tasks, plan.verification.as_ref(), reading)?;
     let dir = plan.verification.map(|v| v.dir).unwrap_or_default();
     let fill = Fill {
         files: &files,
@@ -186,7 +190,7 @@ fn take_tasks(
     images: &Path,
     stop: &AtomicBool,
     (fault_buf, faults): (&mut Buffer, &AtomicU64),
-    stream: Option<&Arc<super::arrivals::Arrivals>>,
+    reading: (Option<&Arc<super::arrivals::Arrivals>>, Option<&Opener>),
 ) -> Result<Vec<Task>, PageError> {
     let mut tasks: Vec<Task> = Vec::new();
     loop {
@@ -200,7 +204,7 @@ fn take_tasks(
         if ready.contains(&usize::MAX) {
             match receive(conn)? {
                 Message::Task(pid, uffd, sender) => {
-                    tasks.push(Task::open(images, pid, uffd, sender, stream)?)
+                    tasks.push(Task::open(images, pid, uffd, sender, reading)?)
                 }
                 Message::Zombie => {}
                 Message::Finished => return Ok(tasks),
@@ -365,6 +369,60 @@ mod tests {
                     e.contains("images/pages-1.img chunk 1 (bytes 67108864-"),
                     "{e}"
                 );
+            }
+            other => panic!("not a damage: {other}"),
+        }
+    }
+
+    /// A page server of `r`'s artifact (task `pid`) with its pages file
+    /// sealed at rest; `damage` flips a sealed bit of its second chunk.
+    async fn place_sealed(
+        pid: i32,
+        r: &crate::uffd::Region,
+        damage: bool,
+    ) -> Result<Vec<u8>, PageError> {
+        use vsnap_artifact::at_rest::{apply_in_place, Sealed};
+        let (dir, v, data) = artifact(pid, r);
+        let key = vsnap_artifact::HostKey::load_or_create(dir.path()).unwrap();
+        let opener = Sealed::fresh().unwrap().opener(&key).unwrap();
+        let images = dir.path().join("images");
+        let path = images.join("pages-1.img");
+        apply_in_place(&path, &opener.file("images/pages-1.img").unwrap()).unwrap();
+        if damage {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[CHUNK as usize + 4096 * 3 + 17] ^= 0x10;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let plan = PagePlan {
+            sealed: Some(opener),
+            ..verified(&images, 2, v)
+        };
+        let server = PageServer::start(plan, dir.path()).unwrap();
+        let mut conn = connect(dir.path());
+        send_task(&mut conn, pid, r.fd());
+        // A page touched before the restore finished is opened too.
+        let at = r.addr as usize + (1 << 20) + 5;
+        // SAFETY: inside the region, which outlives this thread (joined).
+        let touched =
+            std::thread::spawn(move || unsafe { std::ptr::read_volatile(at as *const u8) });
+        assert_eq!(touched.join().unwrap(), data[(1 << 20) + 5]);
+        conn.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+        server.finish(deadline()).await.map(|_| data)
+    }
+
+    #[tokio::test]
+    async fn sealed_pages_are_opened_as_placed_and_a_changed_sealed_bit_fails_its_chunk() {
+        let len = (CHUNK + (1 << 20)) as usize;
+        let r = region(len, 0);
+        let data = place_sealed(13, &r, false).await.unwrap();
+        // SAFETY: the region is mapped and every page of it is now present.
+        let memory = unsafe { std::slice::from_raw_parts(r.addr, r.len) };
+        assert!(memory == &data[..], "the plaintext is in place");
+        let r = region(len, 0);
+        match place_sealed(14, &r, true).await.unwrap_err() {
+            PageError::Damaged(e) => {
+                let e = e.to_string();
+                assert!(e.contains("images/pages-1.img chunk 1 (bytes"), "{e}");
             }
             other => panic!("not a damage: {other}"),
         }

@@ -8,6 +8,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use vsnap_artifact::at_rest::{FileCipher, Opener};
+
 use crate::error::{PageError, Phase};
 use crate::images::{self, LazyPages};
 
@@ -21,6 +23,8 @@ pub(super) struct Task {
     /// `images/pages-<id>.img`.
     pub(super) pages_rel: String,
     pub(super) pages: File,
+    /// Its pages file's cipher, where sealed at rest.
+    pub(super) sealed: Option<FileCipher>,
     pub(super) lazy: LazyPages,
     /// Its VMAs eligible for huge pages, written rather than copied.
     pub(super) huge: Option<Huge>,
@@ -36,7 +40,7 @@ impl Task {
         pid: i32,
         uffd: OwnedFd,
         sender: Option<i32>,
-        stream: Option<&Arc<Arrivals>>,
+        (stream, opener): (Option<&Arc<Arrivals>>, Option<&Opener>),
     ) -> Result<Self, PageError> {
         let lazy = images::lazy_pages(images, pid)?;
         let huge = Huge::open(images, pid, sender, &lazy)?;
@@ -47,10 +51,12 @@ impl Task {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| PageError::failed(Phase::Images, path.display(), format!("open: {e}")))?;
+        let pages_rel = format!("images/{name}");
         Ok(Task {
             pid,
             uffd,
-            pages_rel: format!("images/{name}"),
+            sealed: opener.and_then(|o| o.file(&pages_rel)),
+            pages_rel,
             pages,
             lazy,
             huge,

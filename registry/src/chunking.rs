@@ -14,6 +14,7 @@ use std::path::Path;
 
 use crate::crypt::Sealer;
 use serde::{Deserialize, Serialize};
+use vsnap_artifact::at_rest::FileCipher;
 
 /// FastCDC bounds, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +91,7 @@ pub fn chunk_file(
     path: &Path,
     params: Params,
     sealer: Option<&Sealer>,
+    opened: Option<&FileCipher>,
 ) -> std::io::Result<(Vec<Piece>, u64)> {
     let file = File::options()
         .read(true)
@@ -100,12 +102,31 @@ pub fn chunk_file(
         return Err(std::io::Error::other("not a regular file"));
     }
     // Read no further than the size it has now: the caller compares sizes.
-    let pieces = chunk_reader_sealed(
-        std::io::BufReader::with_capacity(1 << 20, file.take(md.len())),
-        params,
-        sealer,
-    )?;
+    let opened = Opened {
+        inner: std::io::BufReader::with_capacity(1 << 20, file.take(md.len())),
+        cipher: opened,
+        at: 0,
+    };
+    let pieces = chunk_reader_sealed(opened, params, sealer)?;
     Ok((pieces, md.len()))
+}
+
+/// A file sealed at rest read opened: its chunks are of the plaintext.
+struct Opened<'c, R> {
+    inner: R,
+    cipher: Option<&'c FileCipher>,
+    at: u64,
+}
+
+impl<R: Read> Read for Opened<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(c) = self.cipher {
+            c.apply(self.at, &mut buf[..n]);
+        }
+        self.at += n as u64;
+        Ok(n)
+    }
 }
 
 #[cfg(test)]
@@ -204,10 +225,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("pages-1.img");
         std::fs::write(&f, noise(300_000, 3)).unwrap();
-        let (pieces, size) = chunk_file(&f, SMALL, None).unwrap();
+        let (pieces, size) = chunk_file(&f, SMALL, None, None).unwrap();
         assert_eq!(size, 300_000);
         assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), size);
         std::os::unix::fs::symlink(&f, dir.path().join("link")).unwrap();
-        assert!(chunk_file(&dir.path().join("link"), SMALL, None).is_err());
+        assert!(chunk_file(&dir.path().join("link"), SMALL, None, None).is_err());
     }
 }

@@ -52,7 +52,10 @@ impl ArtifactConfig {
     /// The description of `manifest` with `files`.
     pub fn new(manifest: &Manifest, chunking: Params, files: Vec<FileEntry>) -> Self {
         let mut v = serde_json::to_value(manifest).expect("a manifest serializes");
-        v.as_object_mut().expect("an object").remove("mac");
+        let v_mut = v.as_object_mut().expect("an object");
+        v_mut.remove("mac");
+        // This host's sealing at rest: a puller seals with its own.
+        v_mut.remove("sealed");
         ArtifactConfig {
             schema_version: CONFIG_SCHEMA,
             manifest: v,

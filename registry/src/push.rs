@@ -15,8 +15,9 @@ use vsnap_artifact::journal::{Op, Record};
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde::Serialize;
+use vsnap_artifact::at_rest::FileCipher;
 use vsnap_artifact::signature::FleetSigner;
-use vsnap_artifact::{content, ArtifactLock, Manifest};
+use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
 
 use crate::blobs::{blob_exists, send_blob};
 use crate::chunking::{chunk_file, PARAMS};
@@ -110,6 +111,9 @@ struct Source {
     offset: u64,
     len: u64,
     size: u64,
+    /// The file's cipher where it is sealed at rest: a registry's chunks
+    /// are of the plaintext (the fleet's dedupe and encryption work on it).
+    sealed: Option<FileCipher>,
 }
 
 /// Pushes the artifact `name` of `root` to `remote`; the outcome and the
@@ -318,12 +322,17 @@ fn describe(
 ) -> Result<(Manifest, Vec<FileEntry>, BTreeMap<String, Source>)> {
     let manifest = Manifest::load_verified(root, name)?;
     let dir = vsnap_artifact::path(root, name);
-    content::verify(&dir, &manifest.contents, threads)?;
+    let opener = match &manifest.sealed {
+        Some(s) => Some(s.opener(&HostKey::load(root)?)?),
+        None => None,
+    };
+    content::verify_opened(&dir, &manifest.contents, threads, opener.as_ref())?;
     let mut files = Vec::new();
     let mut layers: BTreeMap<String, Source> = BTreeMap::new();
     for (rel, recorded) in &manifest.contents {
         let path = dir.join(rel);
-        let (pieces, size) = chunk_file(&path, PARAMS, sealer)
+        let opened = opener.as_ref().and_then(|o| o.file(rel));
+        let (pieces, size) = chunk_file(&path, PARAMS, sealer, opened.as_ref())
             .map_err(|e| RegistryError::io(format!("push: read {}", path.display()), e))?;
         if size != recorded.size {
             return Err(RegistryError::Damaged(format!(
@@ -342,6 +351,7 @@ fn describe(
                 offset: p.offset,
                 len: p.len,
                 size: p.size,
+                sealed: opened.clone(),
             });
             chunks.push(p.digest);
         }
@@ -390,5 +400,8 @@ fn read_range(s: &Source) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; s.len as usize];
     file.read_exact_at(&mut buf, s.offset)
         .map_err(|e| RegistryError::io(format!("push: read {}", s.path.display()), e))?;
+    if let Some(c) = &s.sealed {
+        c.apply(s.offset, &mut buf);
+    }
     Ok(buf)
 }

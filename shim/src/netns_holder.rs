@@ -19,10 +19,6 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// The artifact format whose captures name the holder's namespace: an
-/// older capture in a namespace of the container's own is captured again.
-pub const SINCE_FORMAT: u32 = 6;
-
 /// The file in the bundle the namespace is bound at.
 pub const NETNS_FILE: &str = "vsnap-netns";
 

@@ -27,7 +27,9 @@
 //!
 //! With `BENCH_COMPARE` (a line of runtime config, e.g.
 //! `page_placement = "criu"`) every restore is also run under the config
-//! with that line, in ABBA order, and reported beside. `BENCH_COMPARE=
+//! with that line, in ABBA order, and reported beside; a line that acts at
+//! capture (`seal_at_rest = false`, `elide_zero_pages = false`) has an
+//! artifact of its own, captured under it. `BENCH_COMPARE=
 //! no-criu-cache` instead runs the second case's restores with CRIU's
 //! kernel-probe cache taken away (on a host whose `/run` is no tmpfs,
 //! where `vsnap host criu-cache` put it: CRIU then probes in every run).
@@ -169,6 +171,9 @@ struct Case {
     /// The engine's resident block advised `MADV_HUGEPAGE` (its own
     /// artifact): held to the huge-page fill limit.
     huge: bool,
+    /// Restores an artifact of its own, captured under its config (a
+    /// line of capture-time config: `seal_at_rest`, `elide_zero_pages`).
+    own_artifact: bool,
     /// Its artifact's image bytes.
     bytes: u64,
     warm: Vec<Restore>,
@@ -193,6 +198,7 @@ fn main() {
         criu_cache: true,
         shim: None,
         huge: false,
+        own_artifact: false,
         bytes: 0,
         warm: Vec::new(),
         cold: Vec::new(),
@@ -209,6 +215,7 @@ fn main() {
             criu_cache: false,
             shim: None,
             huge: false,
+            own_artifact: false,
             bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
@@ -220,6 +227,7 @@ fn main() {
             criu_cache: true,
             shim: None,
             huge: false,
+            own_artifact: CAPTURE_KEYS.iter().any(|k| compare.trim().starts_with(k)),
             bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
@@ -234,6 +242,7 @@ fn main() {
             criu_cache: true,
             shim: Some(against),
             huge: false,
+            own_artifact: false,
             bytes: 0,
             warm: Vec::new(),
             cold: Vec::new(),
@@ -246,6 +255,7 @@ fn main() {
         criu_cache: true,
         shim: None,
         huge: true,
+        own_artifact: false,
         bytes: 0,
         warm: Vec::new(),
         cold: Vec::new(),
@@ -258,6 +268,11 @@ fn main() {
         use_shim(&e, Some(&against));
         e.create_good("donor-against", "big-against", &[&resident]);
         use_shim(&e, None);
+    }
+    if let Some(c) = cases.iter().find(|c| c.own_artifact) {
+        std::fs::write(&e.config, &c.config).unwrap();
+        e.create_good("donor-compare", "big-compare", &[&resident]);
+        std::fs::write(&e.config, &base).unwrap();
     }
     let images = e.artifact("big").join("images");
     let files = image_files(&images);
@@ -332,6 +347,9 @@ fn main() {
                 let (artifact, env, limit) = match cases[k].huge {
                     true if !cold => ("big-huge", &huge_env[..], huge_fills[huge_fills.len() - 1]),
                     true => ("big-huge", &huge_env[..], limit),
+                    false if cases[k].own_artifact => {
+                        ("big-compare", std::slice::from_ref(&resident), limit)
+                    }
                     false if cases[k].shim.is_some() => {
                         ("big-against", std::slice::from_ref(&resident), limit)
                     }
@@ -382,6 +400,10 @@ fn main() {
         cases,
     });
 }
+
+/// The keys of a `BENCH_COMPARE` line that act at capture: its case
+/// restores an artifact captured under it.
+const CAPTURE_KEYS: [&str; 2] = ["seal_at_rest", "elide_zero_pages"];
 
 /// `BENCH_COMPARE`'s value that compares restores without CRIU's cache.
 const NO_CRIU_CACHE: &str = "no-criu-cache";

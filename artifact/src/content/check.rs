@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use super::files::{covered_files, open_all, open_regular};
 use super::hash::{chunk_count, hash_chunks, hash_chunks_until};
 use super::{Contents, FileDigest, CHUNK};
+use crate::at_rest::Opener;
 use crate::error::{ArtifactError, Result};
 
 /// The error naming chunk `chunk` of `rel` in `dir` as damaged: what a
@@ -115,6 +116,18 @@ pub fn verify(dir: &Path, contents: &Contents, threads: usize) -> Result<()> {
     verify_except(dir, contents, threads, &[])
 }
 
+/// As [`verify`], the files sealed at rest opened with `opener` (the
+/// manifest's `sealed`, with this host's key) as they are hashed.
+pub fn verify_opened(
+    dir: &Path,
+    contents: &Contents,
+    threads: usize,
+    opener: Option<&Opener>,
+) -> Result<()> {
+    let never = AtomicBool::new(false);
+    verify_except_until(dir, contents, threads, &[], opener, &never)
+}
+
 /// As [`verify`], without hashing the files named in `hashed_elsewhere`
 /// (their set membership and size are still checked): for a reader that
 /// checks those chunks itself as it uses them
@@ -130,17 +143,20 @@ pub fn verify_except(
         contents,
         threads,
         hashed_elsewhere,
+        None,
         &AtomicBool::new(false),
     )
 }
 
 /// As [`verify_except`], stopping with [`ArtifactError::Stopped`] once
-/// `stop` is set (a restore that was killed, or ran out of time).
+/// `stop` is set (a restore that was killed, or ran out of time); the
+/// files sealed at rest opened with `opener` as they are hashed.
 pub fn verify_except_until(
     dir: &Path,
     contents: &Contents,
     threads: usize,
     hashed_elsewhere: &[String],
+    opener: Option<&Opener>,
     stop: &AtomicBool,
 ) -> Result<()> {
     let mut files = verify_sizes(dir, contents)?;
@@ -157,6 +173,7 @@ pub fn verify_except_until(
             }
             Err(chunk_mismatch(dir, rel, chunk, files[file].2))
         },
+        opener,
         stop,
     )
 }
@@ -179,10 +196,10 @@ mod tests {
         let dir = artifact();
         let c = digest(dir.path(), 1).unwrap();
         let stop = AtomicBool::new(true);
-        let err = verify_except_until(dir.path(), &c, 2, &[], &stop).unwrap_err();
+        let err = verify_except_until(dir.path(), &c, 2, &[], None, &stop).unwrap_err();
         assert!(matches!(err, ArtifactError::Stopped(_)), "{err}");
         // Not told: it checks every chunk.
-        verify_except_until(dir.path(), &c, 2, &[], &AtomicBool::new(false)).unwrap();
+        verify_except_until(dir.path(), &c, 2, &[], None, &AtomicBool::new(false)).unwrap();
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::CHUNK;
+use crate::at_rest::{FileCipher, Opener};
 use crate::error::{ArtifactError, Result};
 
 pub(super) fn chunk_count(size: u64) -> usize {
@@ -28,16 +29,19 @@ pub(super) fn hash_chunks(
     threads: usize,
     each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
 ) -> Result<()> {
-    hash_chunks_until(dir, files, threads, each, &AtomicBool::new(false))
+    hash_chunks_until(dir, files, threads, each, None, &AtomicBool::new(false))
 }
 
 /// As [`hash_chunks`], stopping (with [`ArtifactError::Stopped`]) before the
 /// next chunk once `stop` is set: a chunk takes tens of milliseconds.
+/// With `opener`, the files sealed at rest are hashed opened (their
+/// digests are of the plaintext).
 pub(super) fn hash_chunks_until(
     dir: &Path,
     files: &[(String, File, u64)],
     threads: usize,
     each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
+    opener: Option<&Opener>,
     stop: &AtomicBool,
 ) -> Result<()> {
     let units: Vec<Unit> = files
@@ -69,7 +73,8 @@ pub(super) fn hash_chunks_until(
                     let (rel, file, size) = &files[u.file];
                     let start = u.chunk as u64 * CHUNK;
                     let len = (size - start).min(CHUNK);
-                    let result = hash_range(file, &mut buf, start, len)
+                    let sealed = opener.and_then(|o| o.file(rel));
+                    let result = hash_range(file, &mut buf, start, len, sealed.as_ref())
                         .map_err(|e| ArtifactError::io(&dir.join(rel), "read", e))
                         .and_then(|digest| each(u.file, u.chunk, digest));
                     if let Err(e) = result {
@@ -92,14 +97,23 @@ pub(super) fn hash_chunks_until(
 const PIECE: usize = 1 << 20;
 
 /// The digest of `len` bytes of `file` at `start`, read `buf.len()` at a
-/// time; a file that got shorter meanwhile is an error. The same digest as
-/// hashing the range at once.
-fn hash_range(file: &File, buf: &mut [u8], start: u64, len: u64) -> std::io::Result<String> {
+/// time (and opened with `sealed`); a file that got shorter meanwhile is an
+/// error. The same digest as hashing the range at once.
+fn hash_range(
+    file: &File,
+    buf: &mut [u8],
+    start: u64,
+    len: u64,
+    sealed: Option<&FileCipher>,
+) -> std::io::Result<String> {
     let mut hasher = blake3::Hasher::new();
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], start + done)?;
+        if let Some(c) = sealed {
+            c.apply(start + done, &mut buf[..n]);
+        }
         hasher.update(&buf[..n]);
         done += n as u64;
     }
@@ -120,7 +134,7 @@ mod tests {
         let mut buf = vec![0u8; 1000];
         let start = CHUNK + 5;
         let len = bytes.len() as u64 - start;
-        let got = hash_range(&file, &mut buf, start, len).unwrap();
+        let got = hash_range(&file, &mut buf, start, len, None).unwrap();
         assert_eq!(
             got,
             blake3::hash(&bytes[start as usize..]).to_hex().to_string()

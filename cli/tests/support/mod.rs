@@ -125,6 +125,7 @@ impl Fixture {
             }),
             zero_pages: Some(vsnap_artifact::ZeroPages::of_pages(5 << 8)),
             criu: None,
+            sealed: None,
             mac: String::new(),
         };
         m.seal(&key);

@@ -180,6 +180,7 @@ impl Host {
             memory: None,
             zero_pages: None,
             criu: None,
+            sealed: None,
             mac: String::new(),
         };
         m.seal(&key);

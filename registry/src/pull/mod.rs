@@ -55,6 +55,9 @@ pub struct PullOptions {
     pub keys: FleetKeys,
     /// A restore starts from this pull before it ends (streamed.rs).
     pub stream: Option<Stream>,
+    /// Seal the pulled copy's pages files at rest with this host's key
+    /// (`seal_at_rest`).
+    pub seal_at_rest: bool,
 }
 
 impl PullOptions {
@@ -72,6 +75,7 @@ impl PullOptions {
             trusted,
             keys: FleetKeys::from_config(config)?,
             stream: None,
+            seal_at_rest: config.seal_at_rest,
         })
     }
 }
@@ -139,6 +143,7 @@ async fn pull_unrecorded(
         layers: layers.clone(),
         sealer,
         threads: opts.verify_threads,
+        seal_at_rest: opts.seal_at_rest,
     };
     let (partial, landed) = open_partial(spec).await?;
     // Another pull of the name held its lock: it may have published this
@@ -153,17 +158,14 @@ async fn pull_unrecorded(
     let todo = partial.to_fetch(&oci.layers, &landed);
     manifest.name = name.clone();
     manifest.origin = Some(origin(remote, &digest, signed_by.clone()));
-    let on = ((&config, opts.jobs), (root, &manifest));
-    let fetched = fetch_all(
-        remote,
-        &partial,
-        todo,
-        on,
+    let on = (
+        (&config, opts.jobs),
+        (root, &manifest),
         opts.stream.as_ref(),
-        &mut timings,
-    )
-    .await?;
-    timings.fetch = ms(fetching);
+    );
+    let fetched = fetch_all(remote, &partial, todo, on, &mut timings).await?;
+    // Not the wait for a streamed restore to let go (`readers`).
+    timings.fetch = ms(fetching).saturating_sub(timings.readers.unwrap_or(0));
     let mut report = PullReport {
         name: name.clone(),
         reference: remote.name(),
@@ -191,14 +193,22 @@ async fn pull_unrecorded(
     Ok(report)
 }
 
+/// What a fetch lands by: the artifact's config and the downloads at once;
+/// the root and the manifest (a streamed pull puts it in the tree early);
+/// the restore that follows, if any.
+type On<'a> = (
+    (&'a ArtifactConfig, usize),
+    (&'a Path, &'a Manifest),
+    Option<&'a Stream>,
+);
+
 /// Every chunk of `todo` fetched and landed, streamed when a restore
 /// follows (streamed.rs): then the publish waits for it to let go.
 async fn fetch_all(
     remote: &Remote,
     partial: &Arc<Partial>,
     todo: Vec<&OciDescriptor>,
-    ((config, jobs), (root, manifest)): ((&ArtifactConfig, usize), (&Path, &Manifest)),
-    stream: Option<&Stream>,
+    ((config, jobs), (root, manifest), stream): On<'_>,
     timings: &mut PullTimings,
 ) -> Result<Vec<u64>> {
     let Some(stream) = stream else {

@@ -9,6 +9,8 @@
 //!     arrived   the same, as places (file, offset, length) with the time:
 //!               what a restore streaming from this pull follows
 //!               (`vsnap_artifact::arrivals`; made afresh by each pull)
+//!     sealed    with `seal_at_rest`: the tree's sealing (its salt), so
+//!               that a pull taking the folder over seals alike (sealing.rs)
 //!     tree/     the artifact as it will be published (images/, control/,
 //!               dev-shm/, work/), every file made at its size (sparse)
 //! ```
@@ -44,6 +46,7 @@ use crate::crypt::Sealer;
 use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
 use crate::sha256_digest;
+use sealing::Sealing;
 
 /// Where one chunk's bytes go: a file of the tree (its index), an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,6 +68,8 @@ pub(super) struct Spec {
     pub(super) sealer: Option<Sealer>,
     /// Threads that check the chunks a resumed pull finds.
     pub(super) threads: usize,
+    /// Seal the pages files at rest with this host's key as they land.
+    pub(super) seal_at_rest: bool,
 }
 
 pub(super) struct Partial {
@@ -77,6 +82,8 @@ pub(super) struct Partial {
     /// Each file of the tree as the artifact names it, in the config's order.
     names: Vec<String>,
     sealer: Option<Sealer>,
+    /// Where the tree is sealed at rest: its pages files' ciphers.
+    at_rest: Option<Sealing>,
     /// The pull lock of `name`, held while this lives.
     _lock: File,
     /// Another pull held that lock when this one asked for it.
@@ -123,7 +130,13 @@ impl Partial {
             Ok(recorded) => recorded,
             Err(_) => at.start(spec)?,
         };
+        let rels: Vec<&str> = spec.config.files.iter().map(|f| f.path.as_str()).collect();
+        let at_rest = match spec.seal_at_rest {
+            true => Some(Sealing::of(&at.dir, &spec.root, &rels)?),
+            false => None,
+        };
         let partial = Partial {
+            at_rest,
             name: spec.name.to_string(),
             journal: Mutex::new(open_journal(&at.dir.join("landed"))?),
             arrived: Mutex::new(open_record(&at.dir)?),
@@ -173,6 +186,7 @@ impl Partial {
             None => layer,
         };
         let places = self.places.get(digest).map(Vec::as_slice).unwrap_or(&[]);
+        let mut sealed = Vec::new();
         for p in places {
             let path = &self.at.files[p.file].0;
             if plain.len() as u64 != p.len {
@@ -188,7 +202,17 @@ impl Partial {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(path)
                 .map_err(|e| io(format!("pull: open {}", path.display()), e))?;
-            file.write_all_at(&plain, p.offset)
+            // Sealed at rest: sealed at its place as it is written.
+            let bytes = match &self.at_rest {
+                Some(s) if s.seals(p.file) => {
+                    sealed.clear();
+                    sealed.extend_from_slice(&plain);
+                    s.apply(p.file, p.offset, &mut sealed);
+                    &sealed
+                }
+                _ => &plain,
+            };
+            file.write_all_at(bytes, p.offset)
                 .map_err(|e| io(format!("pull: write {}", path.display()), e))?;
             start_writeback(&file, p.offset, p.len);
         }
@@ -257,6 +281,9 @@ impl Partial {
             .ok()?;
         let mut buf = vec![0u8; p.len as usize];
         file.read_exact_at(&mut buf, p.offset).ok()?;
+        if let Some(s) = &self.at_rest {
+            s.apply(p.file, p.offset, &mut buf);
+        }
         Some(buf)
     }
 
@@ -293,7 +320,9 @@ impl Partial {
         }
         let _lock = ArtifactLock::exclusive(root, &self.name)?;
         let phase = std::time::Instant::now();
-        if let Err(e) = content::verify(&self.at.tree, &manifest.contents, threads) {
+        let opener = self.at_rest.as_ref().map(|s| &s.opener);
+        let tree = &self.at.tree;
+        if let Err(e) = content::verify_opened(tree, &manifest.contents, threads, opener) {
             self.remove();
             return Err(e.into());
         }
@@ -302,6 +331,8 @@ impl Partial {
         // A streamed pull put the same manifest in the tree at its head:
         // the publish writes it anew, last.
         let _ = std::fs::remove_file(self.at.tree.join(vsnap_artifact::layout::MANIFEST));
+        // This host's sealing, never the pushing host's.
+        manifest.sealed = self.at_rest.as_ref().map(|s| s.sealed.clone());
         let published = HostKey::load_or_create(root).and_then(|key| {
             manifest.seal(&key);
             Staging::adopt(self.at.tree.clone(), &self.name).publish(root, &manifest.to_bytes())
@@ -543,6 +574,7 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+mod sealing;
 mod stream;
 #[cfg(test)]
 mod tests;

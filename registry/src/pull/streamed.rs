@@ -67,9 +67,7 @@ pub(super) async fn fetch_streamed(
         .map_err(|e| RegistryError::Invalid(format!("pull: the artifact's images: {e}")))?;
     let (early, late) = partial.split_lazy(rest, Some(&spans));
     fetched.extend(fetch_chunks(remote, partial, &early, config, jobs).await?);
-    let mut sealed = manifest.clone();
-    sealed.seal(&HostKey::load_or_create(root)?);
-    partial.put_manifest(&sealed.to_bytes())?;
+    partial.put_manifest(manifest.clone(), &HostKey::load_or_create(root)?)?;
     let dir = partial.tree().parent().unwrap_or(Path::new("/"));
     let wanted = dir.join(vsnap_artifact::arrivals::WANTED);
     // An earlier pull's requests are not this restore's.

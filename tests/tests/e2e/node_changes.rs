@@ -175,10 +175,10 @@ fn as_made_by_the_previous_vsnap(e: &Env, name: &str) {
     let previous = vsnap_artifact::READABLE_SCHEMA_VERSIONS[0];
     assert!(previous < vsnap_artifact::SCHEMA_VERSION);
     v["schema_version"] = previous.into();
-    let workload = v["workload"].as_object_mut().unwrap();
-    assert!(workload.remove("per_pod_env").is_some(), "a format 6 list");
     let m = v.as_object_mut().unwrap();
     assert!(m.remove("criu").is_some(), "a format 7 record");
+    // Captured with `seal_at_rest = false`: a format 6 artifact is in clear.
+    assert!(m.remove("sealed").is_none(), "no format 8 sealing");
     v["host"]["shim_version"] = "0.0.1-older".into();
     let mut m: vsnap_artifact::Manifest = serde_json::from_value(v).unwrap();
     m.seal(&vsnap_artifact::HostKey::load(&e.artifacts).unwrap());
@@ -191,7 +191,7 @@ fn an_artifact_of_the_previous_format_restores_and_a_future_format_is_set_aside(
     // Masked folders stored by CRIU itself, as format 4 and some format 5
     // artifacts have them.
     let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str("external_masks = false\n");
+    config.push_str("external_masks = false\nseal_at_rest = false\n");
     std::fs::write(&e.config, config).unwrap();
     e.create_good("ncv-0", "ncv", &[]);
     // Made by the previous vsnap (a rolling upgrade of the shim): it

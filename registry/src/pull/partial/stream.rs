@@ -9,6 +9,7 @@ use std::path::Path;
 use oci_client::manifest::OciDescriptor;
 use vsnap_artifact::arrivals::{self, Arrival};
 use vsnap_artifact::layout::{write_synced, MANIFEST};
+use vsnap_artifact::{HostKey, Manifest};
 
 use super::{io, Partial};
 use crate::error::Result;
@@ -37,17 +38,21 @@ impl Partial {
         &self.at.tree
     }
 
-    /// Writes the sealed manifest into the tree (before the publish, for a
-    /// restore that reads the tree while it is written).
-    /// An earlier streamed pull that died left one: it goes first.
-    pub(crate) fn put_manifest(&self, sealed: &[u8]) -> Result<()> {
+    /// Writes `manifest` into the tree, as the publish will (with this
+    /// host's sealing at rest, MAC'd with `key`), before the publish: for a
+    /// restore that reads the tree while it is written. An earlier
+    /// streamed pull that died left one: it goes first.
+    pub(crate) fn put_manifest(&self, mut manifest: Manifest, key: &HostKey) -> Result<()> {
+        manifest.sealed = self.at_rest.as_ref().map(|s| s.sealed.clone());
+        manifest.seal(key);
+        let sealed = manifest.to_bytes();
         let path = self.at.tree.join(MANIFEST);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(format!("pull: remove {}", path.display()), e)),
         }
-        write_synced(&path, sealed).map_err(Into::into)
+        write_synced(&path, &sealed).map_err(Into::into)
     }
 
     /// Whether a place of layer `digest` holds a byte `wanted` asks for.

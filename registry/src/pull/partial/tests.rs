@@ -88,6 +88,7 @@ impl Fixture {
             layers,
             sealer: self.sealer.clone(),
             threads: 2,
+            seal_at_rest: false,
         }
     }
 
@@ -373,4 +374,58 @@ fn a_streamed_pull_fetches_what_criu_reads_first_and_a_wanted_chunk_next() {
     ));
     assert!(p.wanted(&f.digest("b"), &wanted));
     assert!(!p.wanted(&f.digest("a"), &wanted) && !p.wanted(&f.digest("c"), &wanted));
+}
+
+/// Encrypted in the registry or not, the pulled copy's pages files are
+/// sealed at rest with this host's key as each chunk lands (the control
+/// file stays in clear), a pull taking the folder over seals alike and
+/// keeps what landed, and the published manifest records the sealing.
+#[test]
+fn with_seal_at_rest_each_pages_chunk_is_sealed_where_it_lands() {
+    use vsnap_artifact::at_rest::Sealed;
+    for encrypted in [false, true] {
+        let f = Fixture::new(encrypted);
+        let root = f.root.path();
+        let spec = Spec {
+            seal_at_rest: true,
+            ..f.spec(DIGEST)
+        };
+        let (p, _) = Partial::open(&spec).unwrap();
+        f.land(&p, "a");
+        f.land(&p, "c");
+        drop(p);
+        let dir = root.join(".pull/partial/pulled");
+        let sealed: Sealed =
+            serde_json::from_slice(&std::fs::read(dir.join("sealed")).unwrap()).unwrap();
+        let opener = sealed.opener(&HostKey::load(root).unwrap()).unwrap();
+        let on_disk = f.read("images/pages-2.img");
+        assert_ne!(on_disk, f.chunks["a"], "no plaintext of a pages file");
+        let mut opened = on_disk.clone();
+        opener
+            .file("images/pages-2.img")
+            .unwrap()
+            .apply(0, &mut opened);
+        assert_eq!(opened, f.chunks["a"]);
+        assert_eq!(f.read("control/ready.json"), f.chunks["c"], "in clear");
+        // Taken over: the same sealing, what landed rechecked opened.
+        let (p, landed) = Partial::open(&spec).unwrap();
+        assert_eq!(landed.len(), 2, "encrypted {encrypted}");
+        f.land(&p, "b");
+        p.publish(root, f.manifest(), 2).unwrap();
+        let m = Manifest::load_verified(root, "pulled").unwrap();
+        assert_eq!(m.sealed, Some(sealed));
+        let mut whole = std::fs::read(root.join("pulled/images/pages-1.img")).unwrap();
+        opener
+            .file("images/pages-1.img")
+            .unwrap()
+            .apply(0, &mut whole);
+        assert_eq!(whole, f.content(&["a", "b", "a"]));
+        let dir = vsnap_artifact::path(root, "pulled");
+        content::verify_opened(&dir, &m.contents, 1, Some(&opener)).unwrap();
+        assert!(
+            content::verify(&dir, &m.contents, 1).is_err(),
+            "sealed on disk"
+        );
+        std::fs::remove_dir_all(root.join("pulled")).unwrap();
+    }
 }

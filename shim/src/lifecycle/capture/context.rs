@@ -60,6 +60,8 @@ pub struct CaptureRun {
     pub(super) contents: Option<Contents>,
     /// What the digest phase left out of the page images.
     pub(super) zero_pages: Option<ZeroPages>,
+    /// How the digest phase sealed the pages files at rest.
+    pub(super) sealed: Option<vsnap_artifact::at_rest::Sealed>,
     pub(super) published: Option<PathBuf>,
     /// The phases that ran so far, as the driver timed them.
     pub(super) ran: Timings,
@@ -100,6 +102,7 @@ impl CaptureRun {
             layer: None,
             contents: None,
             zero_pages: None,
+            sealed: None,
             published: None,
             ran: Timings::default(),
             rootfs_packing: Duration::ZERO,

@@ -1,6 +1,7 @@
 //! The artifact made whole: the control dir copied in, the all-zero pages
 //! left out of the page images (vsnap_pages::zero_pages), every file's digest
-//! taken, then the manifest (timings, host and workload identity, clocks,
+//! taken (of the plaintext), the pages files sealed at rest with the host
+//! key (vsnap_artifact::at_rest), then the manifest (timings, host and workload identity, clocks,
 //! the carried layer, the tree's memory) sealed with the host key and the staging dir
 //! published in one rename.
 
@@ -8,6 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use log::info;
+use vsnap_artifact::at_rest::{self, Sealed};
 use vsnap_artifact::rootfs as artifact_rootfs;
 use vsnap_artifact::{
     layout, ArtifactError, Contents, HostIdentity, HostKey, Manifest, Timings, SCHEMA_VERSION,
@@ -67,8 +69,38 @@ impl Phase<CaptureRun> for Digest {
         .await?;
         info!("{}: content digests in {:?}", run.id, t.elapsed());
         run.contents = Some(contents);
+        if run.plan.seal_at_rest {
+            run.sealed = Some(seal(run).await?);
+        }
         Ok(())
     }
+}
+
+/// The staged pages files sealed in place with a key of their own derived
+/// from the host key: until here they were in clear in the staging folder
+/// (root-only, never published so).
+async fn seal(run: &CaptureRun) -> Result<Sealed> {
+    let t = Instant::now();
+    let root = run.plan.common.root.clone();
+    let dir = run.staging().dir.clone();
+    let (sealed, (files, bytes)) = blocking(PhaseName::Digest, move || {
+        let seal = || -> vsnap_artifact::Result<_> {
+            let key = HostKey::load_or_create(&root)?;
+            let sealed = Sealed::fresh()?;
+            let done = at_rest::seal_tree(&dir, &sealed.opener(&key)?)?;
+            Ok((sealed, done))
+        };
+        seal().map_err(|e| artifact_error("capture: seal at rest", e))
+    })
+    .await?;
+    info!(
+        "{}: {} pages files ({bytes} bytes) sealed at rest ({}) in {:?}",
+        run.id,
+        files.len(),
+        sealed.cipher,
+        t.elapsed()
+    );
+    Ok(sealed)
 }
 
 pub struct Publish;
@@ -107,6 +139,7 @@ impl Phase<CaptureRun> for Publish {
 fn manifest(run: &mut CaptureRun) -> Manifest {
     let (contents, clocks) = (run.contents.take(), run.clocks.take());
     let layer = run.layer.take().expect("the carry phase ran");
+    let sealed = run.sealed.take();
     let open_files = std::mem::take(&mut run.volume_files);
     let s = &run.plan;
     let staging = run.staging();
@@ -144,6 +177,7 @@ fn manifest(run: &mut CaptureRun) -> Manifest {
         // The donor still runs: its /dev/shm is there to be read.
         zero_pages: run.zero_pages,
         criu: Some(run.plan.criu.clone()),
+        sealed,
         memory: Some(memory::at_capture(
             &staging.images(),
             &staging.dir.join(shm::ARTIFACT_DIR),

@@ -44,6 +44,7 @@ fn create_plan(root: &Path, checkpoint_timeout: Duration) -> CapturePlan {
         layer: WritableLayer::Shared,
         layer_limit: 0,
         elide_zero_pages: true,
+        seal_at_rest: true,
         push_to: None,
         spec: serde_json::json!({}),
         criu: vsnap_artifact::CriuOptions::snapshot(false, Vec::new()),

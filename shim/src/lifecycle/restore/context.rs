@@ -173,6 +173,7 @@ pub(super) fn restore_job(
         keep_stdio: false,
         spare_stdio: None,
         pages: None,
+        sealed: None,
         placed: None,
         criu_began: None,
         // Its own token below the kill's: the verification stops CRIU

@@ -95,6 +95,7 @@ fn plan(root: &Path, auto: bool, cold: Option<ColdStart>) -> RestorePlan {
         shared_root: None,
         hostname: None,
         criu: None,
+        sealed: None,
     }
 }
 

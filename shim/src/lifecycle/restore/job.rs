@@ -16,7 +16,8 @@ use crate::snapshot::artifact_error;
 use crate::snapshot::criu;
 use crate::snapshot::criu::memory::{self, Limit};
 use crate::snapshot::criu::restore_oom::RestoreOom;
-use vsnap_pages::{PageError, PagePlan, PageServer, Phase, Placed};
+use vsnap_artifact::at_rest::Opener;
+use vsnap_pages::{CriuView, PageError, PagePlan, PageServer, Phase, Placed};
 
 /// A restore under way: everything `runc restore` needs, owned, so that it
 /// runs with no lock on the container.
@@ -39,6 +40,10 @@ pub struct RestoreJob {
     /// What vsnap's page server does, where it places the memory (CRIU
     /// runs in lazy-pages mode); taken when it starts.
     pub pages: Option<PagePlan>,
+    /// What opens the artifact's pages files where they are sealed at
+    /// rest: CRIU then restores from a view of the images with the pages
+    /// it reads itself in clear (`criu_images`).
+    pub sealed: Option<Opener>,
     /// What the page server placed, once the restore ran.
     pub placed: Option<Placed>,
     /// When `runc restore` (CRIU) started.
@@ -71,6 +76,8 @@ impl RestoreJob {
             self.spare_stdio = child_stdio.as_ref().and_then(|s| s.try_clone().ok());
         }
         let console = self.prepared.as_ref().and_then(|p| p.console_path.clone());
+        // The view is kept until CRIU and the page server are done.
+        let (view, image) = self.criu_images()?;
         // Listening before CRIU starts: it connects first thing.
         let pages = match self.pages.take() {
             Some(plan) => Some(
@@ -92,7 +99,7 @@ impl RestoreJob {
                 &self.id,
                 &RestoreFiles {
                     bundle: &self.bundle,
-                    image: &self.image,
+                    image: &image,
                     work: &self.work,
                     pid_file: &self.pid_file,
                     console_socket: console.as_deref(),
@@ -139,7 +146,30 @@ impl RestoreJob {
         if restored.is_err() {
             self.undo().await;
         }
+        drop(view);
         restored
+    }
+
+    /// The images CRIU restores from: the artifact's, or where its pages
+    /// files are sealed at rest a view of them in the bundle (the
+    /// runtime's tmpfs) with the pages CRIU reads itself in clear, the rest
+    /// left to the page server.
+    fn criu_images(&self) -> Result<(Option<CriuView>, PathBuf)> {
+        let Some(opener) = &self.sealed else {
+            return Ok((None, self.image.clone()));
+        };
+        let t = std::time::Instant::now();
+        let dir = self.bundle.join("criu-images");
+        let view = CriuView::make(&self.image, &dir, opener, self.pages.is_some())
+            .map_err(|e| Error::FailedPrecondition(format!("restore: sealed images: {e}")))?;
+        log::info!(
+            "{}: {} bytes of sealed pages opened for CRIU in {:?}",
+            self.id,
+            view.opened,
+            t.elapsed()
+        );
+        let image = view.path().to_path_buf();
+        Ok((Some(view), image))
     }
 
     /// Waits for the page server to place every page (within the deadline,

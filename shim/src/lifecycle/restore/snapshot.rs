@@ -78,6 +78,7 @@ impl Snapshot {
         job.memory.need = self.plan.memory;
         job.keep_stdio = self.plan.may_go_cold();
         job.pages = self.plan.pages.take();
+        job.sealed = self.plan.sealed.clone();
     }
 
     /// Whether the artifact holds GPU state (its restore verifies first

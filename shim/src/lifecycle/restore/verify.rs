@@ -27,6 +27,8 @@ pub struct Verify {
     /// Files hashed already (the carried writable layer, at create) or by
     /// the page server as it places them (pages.rs).
     pub hashed_elsewhere: Vec<String>,
+    /// What opens the pages files sealed at rest, as they are hashed.
+    pub sealed: Option<vsnap_artifact::at_rest::Opener>,
 }
 
 /// A verification under way, in a blocking thread.
@@ -44,6 +46,7 @@ impl Verify {
             contents: s.contents.clone()?,
             beside_criu: s.holds_stopped(),
             hashed_elsewhere,
+            sealed: s.sealed.clone(),
         })
     }
 
@@ -66,6 +69,7 @@ impl Verify {
                 &self.contents,
                 threads,
                 &self.hashed_elsewhere,
+                self.sealed.as_ref(),
                 &stop,
             );
             if verified.is_err() {

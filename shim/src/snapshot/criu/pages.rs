@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use vsnap_artifact::at_rest::Opener;
 use vsnap_artifact::Contents;
 use vsnap_config::RuntimeConfig;
 use vsnap_pages::{PagePlan, Sharing, Verification};
@@ -16,12 +17,14 @@ use vsnap_pages::{PagePlan, Sharing, Verification};
 /// digest of `contents` (with `verify_contents`) as it is placed, and,
 /// with `share_pages`, what is checked shared with the other restores
 /// of the artifact under way (`mac`, the sealed manifest's, names its
-/// bytes to them).
+/// bytes to them); the pages files opened with `sealed` where they are
+/// sealed at rest.
 pub fn plan(
     config: &RuntimeConfig,
     dir: &Path,
     contents: Option<&Contents>,
     mac: &str,
+    sealed: Option<Opener>,
 ) -> PagePlan {
     let verification = contents.and_then(|c| match Verification::of_tasks(dir, c) {
         Ok(v) => Some(v),
@@ -39,6 +42,7 @@ pub fn plan(
         share,
         huge: config.huge_pages,
         verification,
+        sealed,
         ..PagePlan::on_host(dir.join("images"), &config.runtime_dir)
     }
 }

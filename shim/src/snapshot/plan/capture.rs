@@ -28,6 +28,9 @@ pub struct CapturePlan {
     pub layer_limit: u64,
     /// `elide_zero_pages`: all-zero pages left out of the page images.
     pub elide_zero_pages: bool,
+    /// `seal_at_rest`: the pages files sealed with the host key before
+    /// the artifact is published.
+    pub seal_at_rest: bool,
     /// Where an `auto` create pushes its artifact once published
     /// (`push_created` and `vsnap.io/artifact-ref`; fetch.rs).
     pub push_to: Option<fetch::PushTarget>,

@@ -37,6 +37,7 @@ pub(super) fn capture_plan(
         layer,
         layer_limit: config.rootfs_diff_limit_bytes,
         elide_zero_pages: config.elide_zero_pages,
+        seal_at_rest: config.seal_at_rest,
         push_to: fetch::PushTarget::of(config, inputs.plan.wanted()),
         spec: inputs.spec.value().clone(),
         criu: crate::snapshot::criu::options::dump_options(inputs.spec.value(), config),

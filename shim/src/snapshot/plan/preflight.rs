@@ -44,6 +44,8 @@ struct Preflight {
     mac: String,
     /// The CRIU options its dump used, where it recorded them.
     criu: Option<artifact::CriuOptions>,
+    /// What opens its pages files, sealed at rest.
+    sealed: Option<artifact::at_rest::Opener>,
 }
 
 fn preflight_error(e: ArtifactError) -> Error {
@@ -109,6 +111,7 @@ pub(super) fn prepare_restore(
         shared_root: shared_root(inputs, layer),
         hostname: crate::snapshot::criu::pod::hostname_to_set(inputs.spec.value()),
         criu: found.criu,
+        sealed: found.sealed,
     };
     if let Err(e) = make_ready(&mut plan, found.carried, layer) {
         plan.common.cleanup();
@@ -145,7 +148,14 @@ fn page_plan(
         return Ok(None);
     }
     let dir = common.artifact_dir();
-    let mut pages = criu::pages::plan(inputs.config, &dir, found.contents.as_ref(), &found.mac);
+    let sealed = found.sealed.clone();
+    let mut pages = criu::pages::plan(
+        inputs.config,
+        &dir,
+        found.contents.as_ref(),
+        &found.mac,
+        sealed,
+    );
     if let Some(s) = streamed {
         pages.arrivals = Some(s.arrivals());
         pages.share = None;
@@ -230,7 +240,6 @@ fn preflight(
     .map_err(Refusal::of_artifact)?;
     let owner = manifest.workload.tenant();
     tenant::check_restore(&inputs.config.tenants, inputs.tenant, &owner, name)?;
-    check_format(inputs, &manifest, name)?;
     let mut live = HostIdentity::probe_cached(tools, env!("CARGO_PKG_VERSION"), Some(root));
     live.gpus = artifact::gpu::entries(&engine.gpus);
     // Compatibility, not identity (artifact/src/compat.rs): the MAC above
@@ -277,7 +286,9 @@ fn preflight(
         }
         None => None,
     };
+    let sealed = opener(root, manifest.sealed.as_ref())?;
     Ok(Preflight {
+        sealed,
         oracle: manifest.oracle,
         contents: inputs.config.verify_contents.then_some(manifest.contents),
         carried,
@@ -288,26 +299,17 @@ fn preflight(
     })
 }
 
-/// An artifact captured before the shim made a container's own network
-/// namespace (netns_holder.rs) restores only where the container has none:
-/// CRIU holds that namespace in the images, and its workload records it as
-/// made by runc. Another format, not another workload: `auto` captures anew.
-fn check_format(
-    inputs: &Inputs<'_>,
-    manifest: &Manifest,
-    name: &str,
-) -> std::result::Result<(), Refusal> {
-    if manifest.schema_version < crate::netns_holder::SINCE_FORMAT && inputs.netns.is_some() {
-        return Err(Refusal::new(
-            Cause::Host,
-            Error::FailedPrecondition(format!(
-                "restore: preflight: artifact {name} is of format {} and was captured in a network namespace of the container's own, which this vsnap makes itself (format {}): capture it again",
-                manifest.schema_version,
-                crate::netns_holder::SINCE_FORMAT
-            )),
-        ));
-    }
-    Ok(())
+/// What opens the artifact's pages files where they are sealed at rest:
+/// its sealing with this host's key.
+fn opener(
+    root: &Path,
+    sealed: Option<&artifact::at_rest::Sealed>,
+) -> std::result::Result<Option<artifact::at_rest::Opener>, Refusal> {
+    let Some(s) = sealed else {
+        return Ok(None);
+    };
+    let key = artifact::HostKey::load(root).map_err(Refusal::of_artifact)?;
+    s.opener(&key).map(Some).map_err(Refusal::of_artifact)
 }
 
 /// Before CRIU runs: a restore whose engine would wait for this host's

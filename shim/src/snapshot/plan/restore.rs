@@ -70,6 +70,11 @@ pub struct RestorePlan {
     /// artifact of format 5 or 6, which did not record them), repeated by
     /// the restore (criu/options.rs).
     pub criu: Option<vsnap_artifact::CriuOptions>,
+    /// What opens its pages files, sealed at rest with this host's key
+    /// (the manifest's `sealed`); None: in clear. The page server and the
+    /// verification open what they read; CRIU gets a view of the images
+    /// with the pages it reads itself in clear (vsnap_pages::CriuView).
+    pub sealed: Option<vsnap_artifact::at_rest::Opener>,
 }
 
 /// What a cold start of the container needs after its restore failed at

@@ -34,7 +34,10 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
     b.rootfs = a.rootfs.clone();
     let (key, key_id) = encryption_key(&a, "fleet-enc");
     let line = format!("fleet_encryption_key = \"{key}\"\n");
-    configure(&a, &line);
+    // A keeps its memory images in clear (`seal_at_rest = false`): the
+    // scan below must be able to find the secret on A to show it is not
+    // in the registry (fleet/sealed.rs shows the sealed case).
+    configure(&a, &format!("{line}seal_at_rest = false\n"));
     configure(&b, &line);
     // The engine keeps its environment in memory (its stack): a secret
     // value there is in the CRIU pages of the artifact.

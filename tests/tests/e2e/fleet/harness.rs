@@ -122,10 +122,12 @@ pub(super) fn landed_chunks(env: &Env) -> usize {
         .sum()
 }
 
-/// A manifest's JSON without its MAC.
+/// A manifest's JSON without its MAC and its sealing at rest (both the
+/// host's own: a pulled copy has its own).
 pub(super) fn unsealed(bytes: &[u8]) -> Value {
     let mut v: Value = serde_json::from_slice(bytes).unwrap();
     v.as_object_mut().unwrap().remove("mac");
+    v.as_object_mut().unwrap().remove("sealed");
     v
 }
 

@@ -13,6 +13,7 @@ mod disk;
 mod harness;
 mod mirrors;
 mod resume;
+mod sealed;
 mod stream;
 
 use std::process::Command;

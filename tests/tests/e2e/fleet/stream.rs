@@ -123,6 +123,37 @@ fn a_restore_through_a_slow_link_starts_criu_before_the_last_chunk_and_answers()
 }
 
 #[test]
+fn a_streamed_restore_onto_a_host_that_seals_at_rest_answers_and_publishes_sealed() {
+    let (a, mut b, registry) = fleet("fleet-stream-sealed");
+    b.rootfs = a.rootfs.clone();
+    let (reference, _) = pushed(&a, &registry, "fleet-ss-donor");
+    super::harness::configure(&b, "seal_at_rest = true\n");
+    let link = SlowProxy::start(registry.port, LINK);
+    allow(&b, &link.host());
+    let port = free_port();
+    let r = format!("{}/fleet/ref:v1", link.host());
+    let out = vsnap_e2e::cmd::run(
+        copy_command(&b, "fleet-ss-copy", "restore", port, &r),
+        None,
+        Duration::from_secs(300),
+    );
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    // The page server opened each chunk as it arrived sealed.
+    assert_eq!(
+        answers(port),
+        reference,
+        "the copy answers like a cold start"
+    );
+    vsnap_e2e::snapshot_env::poll(Duration::from_secs(60), "the pull's publish", || {
+        b.artifact_names() == ["ref"] && partial_pulls(&b).is_empty()
+    });
+    let inspected = vsnap_json(&b, &["inspect", "ref"]);
+    assert_eq!(inspected["sealed_at_rest"], true, "{inspected}");
+    b.remove("fleet-ss-copy");
+    b.assert_nothing_left();
+}
+
+#[test]
 fn a_registry_killed_mid_stream_fails_a_restore_naming_it_and_auto_goes_cold() {
     let (a, mut b, mut registry) = fleet("fleet-stream-kill");
     b.rootfs = a.rootfs.clone();
