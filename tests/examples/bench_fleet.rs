@@ -6,8 +6,11 @@
 //! streams, each written once into its place in the files, the BLAKE3
 //! content check, fsync and publish) and `cat` copies the registry's stored chunk files (the same
 //! bytes) into one file followed by `sync` of that file, and 4 parallel
-//! `curl`s fetch the same chunks to /dev/null (order pull, cat, curl in even
-//! runs, curl, cat, pull in odd ones). Page cache warm for
+//! `curl`s fetch the same chunks to /dev/null, twice: one `curl` per chunk
+//! (`xargs -P4`: a new process and connection each), and 4 `curl`s each
+//! fetching every 4th chunk over one kept-alive connection, as the pull's 4
+//! connections do (order pull, cat, curls per chunk, curls per connection
+//! in even runs, the reverse in odd ones). Page cache warm for
 //! both (the registry's files were just written or read). Each pull's peak
 //! disk use is sampled every 50 ms (B's artifact root, as `du` counts it:
 //! what the pull keeps to resume, its files, the published artifact).
@@ -81,7 +84,8 @@ fn blob_files(registry: &Registry) -> Vec<String> {
 /// what the registry and the link allow, with no hashing or writing on the
 /// client's side. (The two manifests are stored as blobs too but served
 /// only as manifests: their 404s are expected.)
-fn curl_script(blobs: &[String], host: &str) -> String {
+/// Returns (one curl per chunk, 4 at a time; 4 curls, one connection each).
+fn curl_scripts(blobs: &[String], host: &str) -> (String, String) {
     let urls: Vec<String> = blobs
         .iter()
         .map(|p| {
@@ -92,10 +96,20 @@ fn curl_script(blobs: &[String], host: &str) -> String {
             )
         })
         .collect();
-    format!(
+    let per_chunk = format!(
         "printf '%s\\n' {} | xargs -P4 -n1 curl -s -o /dev/null -w \"%{{http_code}} \"",
         urls.join(" ")
-    )
+    );
+    let mut per_connection = String::new();
+    for g in 0..4 {
+        per_connection.push_str("curl -s -w '%{http_code} '");
+        for u in urls.iter().skip(g).step_by(4) {
+            per_connection.push_str(&format!(" -o /dev/null {u}"));
+        }
+        per_connection.push_str(" & ");
+    }
+    per_connection.push_str("wait");
+    (per_chunk, per_connection)
 }
 
 /// Seconds of `sh -c script`; its stdout.
@@ -117,6 +131,8 @@ struct Runs {
     pulls: Vec<f64>,
     copies: Vec<f64>,
     curls: Vec<f64>,
+    /// 4 curls, one connection each.
+    kept: Vec<f64>,
     peaks: Vec<f64>,
 }
 
@@ -127,11 +143,15 @@ fn one_run(
     i: u64,
     (r, bytes): (&str, u64),
     blobs: &[String],
-    curl: &str,
+    curls: &(String, String),
     runs: &mut Runs,
 ) {
     let copy_to = b.c.dir.join("raw-copy").display().to_string();
-    let steps = if i % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+    let steps = if i % 2 == 0 {
+        [0, 1, 2, 3]
+    } else {
+        [3, 2, 1, 0]
+    };
     for step in steps {
         match step {
             0 => {
@@ -154,12 +174,18 @@ fn one_run(
                 std::fs::remove_file(&copy_to).unwrap();
             }
             _ => {
-                let (s, codes) = timed_sh(curl);
+                let script = if step == 2 { &curls.0 } else { &curls.1 };
+                let (s, codes) = timed_sh(script);
+                let codes: Vec<&str> = codes.split_whitespace().collect();
                 assert!(
-                    codes.split_whitespace().all(|c| c == "200" || c == "404"),
-                    "curl: {codes}"
+                    codes.len() == blobs.len() && codes.iter().all(|c| *c == "200" || *c == "404"),
+                    "curl: {codes:?}"
                 );
-                runs.curls.push(s);
+                if step == 2 {
+                    runs.curls.push(s)
+                } else {
+                    runs.kept.push(s)
+                }
             }
         }
     }
@@ -190,11 +216,11 @@ fn main() {
     eprintln!("pushed {bytes} bytes in {push_s:.2} s: {pushed}");
 
     let blobs = blob_files(&registry);
-    let curl = curl_script(&blobs, &pull_host);
+    let curls = curl_scripts(&blobs, &pull_host);
     let r = r.replace(&registry.host(), &pull_host);
     let mut all = Runs::default();
     for i in 0..runs {
-        one_run(&b, i, (&r, bytes), &blobs, &curl, &mut all);
+        one_run(&b, i, (&r, bytes), &blobs, &curls, &mut all);
     }
     report(&all, &pushed, push_s, runs);
 }
@@ -229,6 +255,21 @@ fn report(all: &Runs, pushed: &serde_json::Value, push_s: f64, runs: u64) {
         "| `curl` of every chunk from the registry to /dev/null, 4 parallel | {h:.2} s | {:.0} |",
         mb / h
     );
+    let k = median(all.kept.clone());
+    println!(
+        "| `curl` of every chunk to /dev/null, 4 processes, one kept-alive connection each | {k:.2} s | {:.0} |",
+        mb / k
+    );
+    let kept: Vec<f64> = all
+        .pulls
+        .iter()
+        .zip(&all.kept)
+        .map(|(p, c)| p / c)
+        .collect();
+    println!(
+        "| pull time / kept-alive curls' time, median of each run's ratio | {:.2}x | |",
+        median(kept.clone())
+    );
     let paired: Vec<f64> = all
         .pulls
         .iter()
@@ -245,7 +286,7 @@ fn report(all: &Runs, pushed: &serde_json::Value, push_s: f64, runs: u64) {
     );
     println!();
     println!(
-        "pull s: {:.2?}; curl s: {:.2?}; cat + sync s: {:.2?}; pull / curl per run: {paired:.3?}; peak disk: {:.3?}",
-        all.pulls, all.curls, all.copies, all.peaks
+        "pull s: {:.2?}; curl s: {:.2?}; kept-alive curl s: {:.2?}; cat + sync s: {:.2?}; pull / curl per run: {paired:.3?}; pull / kept-alive curl per run: {kept:.3?}; peak disk: {:.3?}",
+        all.pulls, all.curls, all.kept, all.copies, all.peaks
     );
 }

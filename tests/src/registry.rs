@@ -147,7 +147,7 @@ impl Drop for Registry {
 
 /// A TCP proxy to `127.0.0.1:<target>` that sends what the target answers
 /// at most `rate` bytes per second per connection, idle or not (a
-/// connection that waited gets no burst after). Stopped on drop.
+/// connection that waited gets at most 50 ms of credit). Stopped on drop.
 pub struct SlowProxy {
     pub port: u16,
     stop: Arc<AtomicBool>,
@@ -252,8 +252,11 @@ fn pump(
     record: Option<Arc<Mutex<Vec<u8>>>>,
 ) {
     let mut buf = vec![0u8; 16 << 10];
-    // When the bytes sent so far are paid for at `rate`: time a connection
-    // sat idle gives it no credit to send faster later.
+    // When the bytes sent so far are paid for at `rate`. A connection that
+    // sat idle gets at most `SLACK` of credit to send faster later: enough
+    // to make up for a sleep that overslept on a busy host, not for a pause
+    // between requests.
+    const SLACK: Duration = Duration::from_millis(50);
     let mut due = Instant::now();
     loop {
         let n = match from.read(&mut buf) {
@@ -268,7 +271,7 @@ fn pump(
         }
         if let Some(rate) = rate {
             let now = Instant::now();
-            due = due.max(now) + Duration::from_secs_f64(n as f64 / rate as f64);
+            due = due.max(now - SLACK) + Duration::from_secs_f64(n as f64 / rate as f64);
             if let Some(wait) = due.checked_duration_since(now) {
                 std::thread::sleep(wait);
             }
