@@ -163,15 +163,15 @@ fn main() {
     report(&all, runs);
 }
 
-/// Every run's numbers: (push, pull) seconds per mode; the encrypted
-/// pulls' phases; the pulls' peak disk over the artifact's bytes per mode.
+/// Every run's numbers: (push, pull) seconds per mode; the pulls' phases
+/// and peak disk over the artifact's bytes per mode.
 #[derive(Default)]
 struct Runs {
     bytes: u64,
     chunks: u64,
     times: [(Vec<f64>, Vec<f64>); 2],
     peaks: [Vec<f64>; 2],
-    phases: Vec<serde_json::Value>,
+    phases: [Vec<String>; 2],
 }
 
 /// Run `i` of `mode` (0 in clear, 1 encrypted): A pushes to a fresh
@@ -201,9 +201,14 @@ fn one_mode(
     let (peak, _) = peak.stop();
     all.peaks[mode].push(peak.saturating_sub(before) as f64 / all.bytes as f64);
     eprintln!("mode {mode} run {i}: pull {}", pulled["timings_ms"]);
-    if mode == 1 {
-        all.phases.push(pulled["timings_ms"].clone());
-    }
+    let ms = |k: &str| pulled["timings_ms"][k].as_u64().unwrap_or(0);
+    all.phases[mode].push(format!(
+        "{} / {} / {} / {}",
+        ms("resolve"),
+        ms("fetch"),
+        ms("verify"),
+        ms("publish")
+    ));
     vsnap(cb, &["rm", &name]);
 }
 
@@ -261,5 +266,8 @@ fn report(all: &Runs, runs: u64) {
         all.times[0].0, all.times[1].0
     );
     println!();
-    println!("encrypted pulls' phases (ms): {:?}", all.phases);
+    println!(
+        "pulls' phases (ms, resolve / fetch / verify / publish), clear: {:?}; encrypted: {:?}",
+        all.phases[0], all.phases[1]
+    );
 }

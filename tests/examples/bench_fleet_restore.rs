@@ -241,12 +241,33 @@ impl Bench {
 
 /// A restore from a reference: time to serve; CRIU's start, the last
 /// page's arrival (streamed) and the publish, in s after `ctr run` began.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct FromRef {
     serve: f64,
     criu: f64,
     last: Option<f64>,
     published: f64,
+    /// Its record's phases ([`phases`]).
+    phases: String,
+}
+
+/// A restore's phases from its `vsnap-restore.json`, ms: preflight, CRIU,
+/// activation, and the verification beside CRIU.
+fn phases(record: &serde_json::Value) -> String {
+    let ms = |k: &str| record[k].as_f64().unwrap_or(f64::NAN);
+    format!(
+        "{:.0} / {:.0} / {:.0} / {:.0}",
+        ms("preflight_ms"),
+        ms("criu_restore_ms"),
+        ms("activation_ms"),
+        ms("verify_ms")
+    )
+}
+
+/// The `vsnap-restore.json` of container `id` on `env`.
+fn record(env: &Env, id: &str) -> serde_json::Value {
+    let record = std::fs::read(env.bundle(id).join("vsnap-restore.json")).unwrap();
+    serde_json::from_slice(&record).unwrap()
 }
 
 impl Bench {
@@ -268,8 +289,7 @@ impl Bench {
         let serve = t.elapsed().as_secs_f64();
         self.b.config = base;
         let published = self.published(began);
-        let record = std::fs::read(self.b.bundle(&id).join("vsnap-restore.json")).unwrap();
-        let record: serde_json::Value = serde_json::from_slice(&record).unwrap();
+        let record = record(&self.b, &id);
         let criu = record["criu_began_unix_s"].as_f64().expect("CRIU's start") - began;
         let last = record["pages_last_arrival_unix_s"].as_f64();
         assert_eq!(last.is_some(), stream == 1, "{id}: {record}");
@@ -280,6 +300,7 @@ impl Bench {
             criu,
             last: last.map(|l| l - began),
             published,
+            phases: phases(&record),
         }
     }
 
@@ -294,8 +315,8 @@ impl Bench {
         (s, pulled["timings_ms"].clone())
     }
 
-    /// A restore of the artifact present on B (ms).
-    fn local(&mut self, i: u64) -> f64 {
+    /// A restore of the artifact present on B (ms), and its phases.
+    fn local(&mut self, i: u64) -> (f64, String) {
         assert!(self.b.manifest(NAME).exists());
         let id = format!("bfr-local-{i}");
         let port = free_port();
@@ -306,9 +327,10 @@ impl Bench {
         let out = self.b.run(&id, "restore", NAME, port, &more);
         assert!(out.ok(), "{id}: {out:?}\n{}", self.b.c.log_tail());
         let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let phases = phases(&record(&self.b, &id));
         self.check(&id, port);
         self.b.remove(&id);
-        ms
+        (ms, phases)
     }
 }
 
@@ -317,6 +339,7 @@ impl Bench {
 struct Samples {
     cold: Vec<f64>,
     local: Vec<f64>,
+    local_phases: Vec<String>,
     /// Per mode: (streamed, staged, pull alone s) per round.
     rounds: [Vec<(FromRef, FromRef, f64)>; 2],
     phases: [Vec<serde_json::Value>; 2],
@@ -345,7 +368,9 @@ fn round(bench: &mut Bench, i: u64, s: &mut Samples) {
         s.rounds[mode].push((streamed, staged, pull));
         s.phases[mode].push(phases);
     }
-    s.local.push(bench.local(i));
+    let (ms, phases) = bench.local(i);
+    s.local.push(ms);
+    s.local_phases.push(phases);
     eprintln!(
         "bench-fleet-restore: run {i}: cold {:.0} ms, local restore {:.0} ms",
         s.cold[i as usize], s.local[i as usize]
@@ -425,12 +450,12 @@ fn report(bench: &Bench, s: &Samples, runs: u64, (resident, init): (&str, &str))
         "Ratios are medians of each round's own ratio; times after `ctr run` began. Per round (s):"
     );
     println!();
-    println!("| round | mode | pull alone | streamed: serve, CRIU began, last page, published | staged: serve, CRIU began | pull phases (ms) |");
-    println!("|---|---|---:|---|---|---|");
+    println!("| round | mode | pull alone | streamed: serve, CRIU began, last page, published | staged: serve, CRIU began | pull phases (ms) | restore phases (ms, preflight / CRIU / activation / verify): streamed; staged |");
+    println!("|---|---|---:|---|---|---|---|");
     for mode in [0, 1] {
         for (i, (st, sg, pull)) in s.rounds[mode].iter().enumerate() {
             println!(
-                "| {i} | {} | {pull:.2} | {:.2}, {:.2}, {:.2}, {:.2} | {:.2}, {:.2} | {} |",
+                "| {i} | {} | {pull:.2} | {:.2}, {:.2}, {:.2}, {:.2} | {:.2}, {:.2} | {} | {}; {} |",
                 MODES[mode],
                 st.serve,
                 st.criu,
@@ -438,15 +463,18 @@ fn report(bench: &Bench, s: &Samples, runs: u64, (resident, init): (&str, &str))
                 st.published,
                 sg.serve,
                 sg.criu,
-                s.phases[mode][i]
+                s.phases[mode][i],
+                st.phases,
+                sg.phases
             );
         }
     }
     println!();
     println!(
-        "cold (ms): {:?}; local restore (ms): {:?}",
+        "cold (ms): {:?}; local restore (ms): {:?}, its phases (preflight / CRIU / activation / verify): {:?}",
         s.cold.iter().map(|x| x.round()).collect::<Vec<_>>(),
-        s.local.iter().map(|x| x.round()).collect::<Vec<_>>()
+        s.local.iter().map(|x| x.round()).collect::<Vec<_>>(),
+        s.local_phases
     );
     println!();
     println!("Every copy answered like the first cold start.");
