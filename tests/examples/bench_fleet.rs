@@ -147,7 +147,7 @@ fn one_run(
     runs: &mut Runs,
 ) {
     let copy_to = b.c.dir.join("raw-copy").display().to_string();
-    let steps = if i % 2 == 0 {
+    let steps = if i.is_multiple_of(2) {
         [0, 1, 2, 3]
     } else {
         [3, 2, 1, 0]

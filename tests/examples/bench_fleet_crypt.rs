@@ -153,7 +153,7 @@ fn main() {
     a.create_good("donor", "big", &[&env]);
     let mut all = Runs::default();
     for i in 0..runs {
-        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        let order: [usize; 2] = if i.is_multiple_of(2) { [0, 1] } else { [1, 0] };
         for mode in order {
             let configs = if mode == 0 { &clear } else { &sealed };
             let hosts = (registry.host(), pull_host.clone());
@@ -236,14 +236,10 @@ fn report(all: &Runs, runs: u64) {
             median(all.peaks[mode].clone())
         );
     }
-    let ratio = |k: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| -> Vec<f64> {
-        k(&all.times[1])
-            .iter()
-            .zip(k(&all.times[0]))
-            .map(|(e, c)| e / c)
-            .collect()
-    };
-    let (push_r, pull_r) = (ratio(|t| &t.0), ratio(|t| &t.1));
+    let ratio =
+        |e: &[f64], c: &[f64]| -> Vec<f64> { e.iter().zip(c).map(|(e, c)| e / c).collect() };
+    let [(push_c, pull_c), (push_e, pull_e)] = &all.times;
+    let (push_r, pull_r) = (ratio(push_e, push_c), ratio(pull_e, pull_c));
     println!(
         "| encrypted / clear, median of each run's ratio | {:.3} | {:.3} | |",
         median(push_r.clone()),

@@ -147,7 +147,7 @@ fn prepare(resident: &str, init: &str) -> Bench {
         append(&a, &plain);
         append(&b, &plain);
     }
-    let env = vec![
+    let env = [
         format!("VSNAP_ENGINE_RESIDENT_MB={resident}"),
         format!("VSNAP_ENGINE_INIT_MS={init}"),
     ];
@@ -231,7 +231,7 @@ impl Bench {
     fn published(&self, since: f64) -> f64 {
         let partial = self.b.artifacts.join(".pull/partial").join(NAME);
         let deadline = Instant::now() + Duration::from_secs(120);
-        while !(self.b.manifest(NAME).exists() && !partial.exists()) {
+        while !self.b.manifest(NAME).exists() || partial.exists() {
             assert!(Instant::now() < deadline, "{NAME} not published");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -273,7 +273,7 @@ fn record(env: &Env, id: &str) -> serde_json::Value {
 impl Bench {
     /// A restore on B with `vsnap.io/artifact-ref`, the artifact absent,
     /// under the `mode`'s config with `stream_pulls` = `stream`.
-    fn from_ref(&mut self, i: u64, mode: usize, stream: usize) -> FromRef {
+    fn restore_ref(&mut self, i: u64, mode: usize, stream: usize) -> FromRef {
         self.absent();
         let id = format!("bfr-m{mode}-s{stream}-{i}");
         let port = free_port();
@@ -348,14 +348,18 @@ struct Samples {
 /// One round on B (module header).
 fn round(bench: &mut Bench, i: u64, s: &mut Samples) {
     s.cold.push(bench.cold(i));
-    let modes = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+    let modes = if i.is_multiple_of(2) { [0, 1] } else { [1, 0] };
     for mode in modes {
         let (mut streamed, mut staged, mut pulled) = (None, None, None);
-        let steps = if i % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        let steps = if i.is_multiple_of(2) {
+            [0, 1, 2]
+        } else {
+            [2, 1, 0]
+        };
         for step in steps {
             match step {
-                0 => streamed = Some(bench.from_ref(i, mode, 1)),
-                1 => staged = Some(bench.from_ref(i, mode, 0)),
+                0 => streamed = Some(bench.restore_ref(i, mode, 1)),
+                1 => staged = Some(bench.restore_ref(i, mode, 0)),
                 _ => pulled = Some(bench.pull(mode)),
             }
         }
