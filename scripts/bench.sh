@@ -23,9 +23,10 @@
 #                  BENCH_AGAINST=SHIM (each round also by that shim binary, ABBA),
 #                  BENCH_SHARE_OFF=1 (each round also with share_pages = false, ABBA)
 #   fallback       BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512, BENCH_INIT_MS=2000
-#   fleet          BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512
-#   fleet-crypt    BENCH_RUNS=3, BENCH_RESIDENT_MB=512
-#   fleet-restore  BENCH_RUNS=3, BENCH_RESIDENT_MB=512, BENCH_INIT_MS=5000
+#   fleet          BENCH_RUNS=3 (pairs), BENCH_RESIDENT_MB=512, BENCH_LINK_MBPS (unset: loopback)
+#   fleet-crypt    BENCH_RUNS=3, BENCH_RESIDENT_MB=512, BENCH_LINK_MBPS (unset: loopback)
+#   fleet-restore  BENCH_RUNS=3 (rounds), BENCH_RESIDENT_MB=512, BENCH_INIT_MS=5000,
+#                  BENCH_LINK_MBPS (unset: loopback)
 #   lifecycle      BENCH_RESTORES=5, BENCH_RESIDENT_MB=1024
 #   real-engine    BENCH_RUNS=5 (restores per case), BENCH_LAYER_MB=0,100,1024
 #   restore-limits BENCH_RUNS=5 (warm restores), BENCH_COLD_RUNS=3, BENCH_RESIDENT_MB=2048,
@@ -49,9 +50,9 @@ declare -A WHAT=(
     [pods]="a restore into a new CNI pod of a Deployment beside a host-network pod's (its twin) and the new pod's cold start"
     [concurrent]="8 restores of one artifact started at once: each copy's phases, aggregate placement vs the fill limit, wall until all serve"
     [fallback]="an \`auto\` start whose artifact is set aside (refused restore + cold start + capture) vs a plain create"
-    [fleet]="\`vsnap push\` to a loopback registry, then \`vsnap pull\` vs a raw cat + sync of the same bytes"
+    [fleet]="\`vsnap push\` to a loopback registry, then \`vsnap pull\` vs a raw cat + sync and parallel curls of the same bytes"
     [fleet-crypt]="\`vsnap push\` and \`vsnap pull\` in clear vs encrypted (fleet_encryption_key), same artifact; seal/open/sha256 per core"
-    [fleet-restore]="a restore from a registry reference on a host without the artifact vs cold start and local restore"
+    [fleet-restore]="a restore from a registry reference on a host without the artifact, streamed and staged, vs the pull alone, cold start and local restore"
     [lifecycle]="State and Stats latency of a shim idle and restoring; a kill of a restoring container until STOPPED"
     [real-engine]="vLLM 0.33.0's snapshot server over the stand-in engine; what carrying the writable layer costs"
     [zero-pages]="an engine half zero pages captured with and without elision: image bytes, digest phase, warm restores"

@@ -151,57 +151,100 @@ fn main() {
 
     let env = format!("VSNAP_ENGINE_RESIDENT_MB={resident}");
     a.create_good("donor", "big", &[&env]);
-    let mut bytes = 0;
-    let mut chunks = 0;
-    // (push, pull) seconds per mode; the encrypted pulls' phases; the
-    // pulls' peak disk over the artifact's bytes per mode.
-    let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
-    let mut peaks = [Vec::new(), Vec::new()];
-    let mut phases = Vec::new();
+    let mut all = Runs::default();
     for i in 0..runs {
-        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        let order: [usize; 2] = if i.is_multiple_of(2) { [0, 1] } else { [1, 0] };
         for mode in order {
-            let [ca, cb] = if mode == 0 { &clear } else { &sealed };
-            let r = format!("{}/bench/m{mode}-{i}:v1", registry.host());
-            let t = Instant::now();
-            let pushed = vsnap(ca, &["push", "big", &r]);
-            times[mode].0.push(t.elapsed().as_secs_f64());
-            assert_eq!(pushed["uploaded"], pushed["unique_chunks"], "{pushed}");
-            assert_eq!(pushed["encrypted_with"].is_string(), mode == 1);
-            bytes = pushed["bytes"].as_u64().unwrap();
-            chunks = pushed["unique_chunks"].as_u64().unwrap();
-            let name = format!("p{mode}-{i}");
-            let r = r.replace(&registry.host(), &pull_host);
-            let before = disk_use(&b.artifacts);
-            let peak = DiskPeak::start(&b.artifacts, Duration::from_millis(50));
-            let t = Instant::now();
-            let pulled = vsnap(cb, &["pull", &r, &name]);
-            times[mode].1.push(t.elapsed().as_secs_f64());
-            let (peak, _) = peak.stop();
-            peaks[mode].push(peak.saturating_sub(before) as f64 / bytes as f64);
-            eprintln!("mode {mode} run {i}: pull {}", pulled["timings_ms"]);
-            if mode == 1 {
-                phases.push(pulled["timings_ms"].clone());
-            }
-            vsnap(cb, &["rm", &name]);
+            let configs = if mode == 0 { &clear } else { &sealed };
+            let hosts = (registry.host(), pull_host.clone());
+            one_mode(&b, configs, &hosts, (i, mode), &mut all);
         }
     }
-    let (seal, open, sha, id) = per_core();
+    report(&all, runs);
+}
 
-    let mb = bytes as f64 / (1 << 20) as f64;
+/// Every run's numbers: (push, pull) seconds per mode; the pulls' phases
+/// and peak disk over the artifact's bytes per mode.
+#[derive(Default)]
+struct Runs {
+    bytes: u64,
+    chunks: u64,
+    times: [(Vec<f64>, Vec<f64>); 2],
+    peaks: [Vec<f64>; 2],
+    phases: [Vec<String>; 2],
+}
+
+/// Run `i` of `mode` (0 in clear, 1 encrypted): A pushes to a fresh
+/// repository (`hosts.0`), B pulls it (through `hosts.1`) and removes it.
+fn one_mode(
+    b: &Env,
+    [ca, cb]: &[String; 2],
+    hosts: &(String, String),
+    (i, mode): (u64, usize),
+    all: &mut Runs,
+) {
+    let r = format!("{}/bench/m{mode}-{i}:v1", hosts.0);
+    let t = Instant::now();
+    let pushed = vsnap(ca, &["push", "big", &r]);
+    all.times[mode].0.push(t.elapsed().as_secs_f64());
+    assert_eq!(pushed["uploaded"], pushed["unique_chunks"], "{pushed}");
+    assert_eq!(pushed["encrypted_with"].is_string(), mode == 1);
+    all.bytes = pushed["bytes"].as_u64().unwrap();
+    all.chunks = pushed["unique_chunks"].as_u64().unwrap();
+    let name = format!("p{mode}-{i}");
+    let r = r.replace(&hosts.0, &hosts.1);
+    let before = disk_use(&b.artifacts);
+    let peak = DiskPeak::start(&b.artifacts, Duration::from_millis(50));
+    let t = Instant::now();
+    let pulled = vsnap(cb, &["pull", &r, &name]);
+    all.times[mode].1.push(t.elapsed().as_secs_f64());
+    let (peak, _) = peak.stop();
+    all.peaks[mode].push(peak.saturating_sub(before) as f64 / all.bytes as f64);
+    eprintln!("mode {mode} run {i}: pull {}", pulled["timings_ms"]);
+    let ms = |k: &str| pulled["timings_ms"][k].as_u64().unwrap_or(0);
+    all.phases[mode].push(format!(
+        "{} / {} / {} / {}",
+        ms("resolve"),
+        ms("fetch"),
+        ms("verify"),
+        ms("publish")
+    ));
+    vsnap(cb, &["rm", &name]);
+}
+
+fn report(all: &Runs, runs: u64) {
+    let (seal, open, sha, id) = per_core();
+    let mb = all.bytes as f64 / (1 << 20) as f64;
+    if let Ok(l) = std::env::var("BENCH_LINK_MBPS") {
+        println!("Pulls through a link of {l} MB/s (the pull's 4 connections share it).");
+        println!();
+    }
     println!(
-        "| {mb:.0} MiB artifact, {chunks} distinct chunks | push s (MiB/s) | pull s (MiB/s) | pull's peak disk / artifact |"
+        "| {mb:.0} MiB artifact, {} distinct chunks | push s (MiB/s) | pull s (MiB/s) | pull's peak disk / artifact |",
+        all.chunks
     );
     println!("|---|---|---|---|");
     for (mode, label) in [(0, "in clear"), (1, "encrypted")] {
-        let (push, pull) = (median(times[mode].0.clone()), median(times[mode].1.clone()));
+        let (push, pull) = (
+            median(all.times[mode].0.clone()),
+            median(all.times[mode].1.clone()),
+        );
         println!(
             "| {label}, median of {runs} | {push:.2} ({:.0}) | {pull:.2} ({:.0}) | {:.3}x |",
             mb / push,
             mb / pull,
-            median(peaks[mode].clone())
+            median(all.peaks[mode].clone())
         );
     }
+    let ratio =
+        |e: &[f64], c: &[f64]| -> Vec<f64> { e.iter().zip(c).map(|(e, c)| e / c).collect() };
+    let [(push_c, pull_c), (push_e, pull_e)] = &all.times;
+    let (push_r, pull_r) = (ratio(push_e, push_c), ratio(pull_e, pull_c));
+    println!(
+        "| encrypted / clear, median of each run's ratio | {:.3} | {:.3} | |",
+        median(push_r.clone()),
+        median(pull_r.clone())
+    );
     println!();
     println!("| one core, 2 MiB chunks | MiB/s |");
     println!("|---|---|");
@@ -210,5 +253,17 @@ fn main() {
     println!("| sha256 of a layer | {sha:.0} |");
     println!("| keyed BLAKE3 alone (the id; part of seal and open) | {id:.0} |");
     println!();
-    println!("encrypted pulls' phases (ms): {phases:?}");
+    println!(
+        "pull s, clear: {:.2?}; encrypted: {:.2?}; encrypted / clear per run: {pull_r:.3?}",
+        all.times[0].1, all.times[1].1
+    );
+    println!(
+        "push s, clear: {:.2?}; encrypted: {:.2?}",
+        all.times[0].0, all.times[1].0
+    );
+    println!();
+    println!(
+        "pulls' phases (ms, resolve / fetch / verify / publish), clear: {:?}; encrypted: {:?}",
+        all.phases[0], all.phases[1]
+    );
 }

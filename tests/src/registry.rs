@@ -146,7 +146,8 @@ impl Drop for Registry {
 }
 
 /// A TCP proxy to `127.0.0.1:<target>` that sends what the target answers
-/// at most `rate` bytes per second per connection. Stopped on drop.
+/// at most `rate` bytes per second per connection, idle or not (a
+/// connection that waited gets at most 50 ms of credit). Stopped on drop.
 pub struct SlowProxy {
     pub port: u16,
     stop: Arc<AtomicBool>,
@@ -251,8 +252,12 @@ fn pump(
     record: Option<Arc<Mutex<Vec<u8>>>>,
 ) {
     let mut buf = vec![0u8; 16 << 10];
-    let start = Instant::now();
-    let mut sent = 0u64;
+    // When the bytes sent so far are paid for at `rate`. A connection that
+    // sat idle gets at most `SLACK` of credit to send faster later: enough
+    // to make up for a sleep that overslept on a busy host, not for a pause
+    // between requests.
+    const SLACK: Duration = Duration::from_millis(50);
+    let mut due = Instant::now();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -264,10 +269,10 @@ fn pump(
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
-        sent += n as u64;
         if let Some(rate) = rate {
-            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-            if let Some(wait) = due.checked_sub(start.elapsed()) {
+            let now = Instant::now();
+            due = due.max(now - SLACK) + Duration::from_secs_f64(n as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(now) {
                 std::thread::sleep(wait);
             }
         }
