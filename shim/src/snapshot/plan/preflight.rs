@@ -143,7 +143,12 @@ fn page_plan(
     if !place_pages {
         if let Some(s) = streamed {
             // CRIU places every page itself: it starts once all arrived.
-            stream_whole(s, found.contents.as_ref()).map_err(|e| Refusal::new(Cause::Host, e))?;
+            s.wait_whole().map_err(|e| {
+                Refusal::new(
+                    Cause::Host,
+                    Error::FailedPrecondition(format!("restore: {e}")),
+                )
+            })?;
         }
         return Ok(None);
     }
@@ -170,21 +175,6 @@ fn read_lock(inputs: &Inputs<'_>, root: &Path, name: &str) -> artifact::Result<R
         Some(s) => Ok(ReadLock::streamed(s.hold.clone())),
         None => ReadLock::take(root, name),
     }
-}
-
-/// Waits for every byte of the pages files (`contents` names them) of a
-/// streamed pull: for a restore whose pages CRIU places itself.
-fn stream_whole(s: &Streamed, contents: Option<&Contents>) -> Result<()> {
-    let arrivals = s.arrivals();
-    let never = std::sync::atomic::AtomicBool::new(false);
-    for (rel, d) in contents.into_iter().flat_map(|c| c.iter()) {
-        if rel.starts_with("images/pages-") {
-            arrivals
-                .wait(rel, 0, d.size, &never)
-                .map_err(|e| Error::FailedPrecondition(format!("restore: {e}")))?;
-        }
-    }
-    Ok(())
 }
 
 /// The container made ready for the restore: the control files of the

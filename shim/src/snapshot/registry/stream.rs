@@ -68,6 +68,30 @@ impl Streamed {
     }
 }
 
+impl Streamed {
+    /// Waits for every byte of the tree's pages files (each made at its
+    /// size when the pull began): for a restore whose pages CRIU places
+    /// itself (a GPU restore). Fails as the pull does.
+    pub fn wait_whole(&self) -> Result<(), String> {
+        let images = self.tree.join("images");
+        let listed =
+            std::fs::read_dir(&images).map_err(|e| format!("{}: {e}", images.display()))?;
+        let arrivals = self.arrivals();
+        let never = std::sync::atomic::AtomicBool::new(false);
+        for entry in listed.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("pages-") && name.ends_with(".img")) {
+                continue;
+            }
+            let size = entry.metadata().map_err(|e| format!("{name}: {e}"))?.len();
+            arrivals
+                .wait(&format!("images/{name}"), 0, size, &never)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// How a streamed pull ended before its head.
 pub enum Start {
     /// A restore can start (the pull goes on in the background).
@@ -268,5 +292,54 @@ async fn read_all(fd: Option<OwnedFd>, into: Arc<Mutex<Vec<u8>>>) {
             }
             into.lock().expect("lock").extend_from_slice(&buf[..n]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vsnap_artifact::arrivals::{append, Arrival};
+
+    /// A streamed pull's partial folder with a 3-page pages file and a
+    /// control file, nothing arrived yet.
+    fn streamed(dir: &Path) -> Streamed {
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("images")).unwrap();
+        std::fs::write(tree.join("images/pages-1.img"), vec![0u8; 3 * 4096]).unwrap();
+        std::fs::write(tree.join("images/pagemap-1.img"), b"x").unwrap();
+        let (_, w) = nix::unistd::pipe().unwrap();
+        Streamed {
+            reference: "reg/a:1".into(),
+            tree,
+            failure: Arc::new(Mutex::new(None)),
+            hold: Arc::new(w),
+        }
+    }
+
+    #[test]
+    fn a_restore_criu_places_alone_waits_for_every_page_and_fails_with_the_pull() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = streamed(dir.path());
+        let mut record = std::fs::File::create(s.record()).unwrap();
+        append(&mut record, &[Arrival::now("images/pages-1.img", 0, 8192)]).unwrap();
+        let waiting = {
+            let s = s.clone();
+            std::thread::spawn(move || s.wait_whole())
+        };
+        append(
+            &mut record,
+            &[Arrival::now("images/pages-1.img", 8192, 4096)],
+        )
+        .unwrap();
+        waiting.join().unwrap().expect("every page arrived");
+
+        let dir = tempfile::tempdir().unwrap();
+        let s = streamed(dir.path());
+        *s.failure.lock().unwrap() = Some("blob sha256:ab: reset".into());
+        let e = s.wait_whole().unwrap_err();
+        assert!(
+            e.contains("pull reg/a:1") && e.ends_with("did not arrive: blob sha256:ab: reset"),
+            "{e}"
+        );
     }
 }
