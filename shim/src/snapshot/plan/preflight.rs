@@ -25,7 +25,6 @@ use super::prepared_plan::PlanRef;
 use super::refusal::{layer_cause, Cause, Refusal};
 use super::restore::{ColdStart, RestorePlan};
 use crate::error::{Error, Result};
-use crate::snapshot::registry::stream::Streamed;
 use crate::snapshot::{artifact_error, criu, plan::tenant, records::journal, rootfs, rootfs::shm};
 
 /// What the restore preflight found in the artifact.
