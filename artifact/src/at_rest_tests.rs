@@ -156,25 +156,3 @@ fn the_manifest_field_names_its_cipher() {
     assert_eq!(back, s);
     assert!(serde_json::from_str::<Sealed>(r#"{"cipher":"rot13","salt":""}"#).is_err());
 }
-
-/// Per-core throughput of each cipher over 2 MiB pieces (the page
-/// server's piece): `cargo test -p vsnap-artifact --release --lib
-/// cipher_throughput -- --ignored --nocapture` (a release build: without
-/// LTO the AES code runs at a third of its speed).
-#[test]
-#[ignore]
-fn cipher_throughput() {
-    for cipher in [Cipher::Aes256Ctr, Cipher::ChaCha20] {
-        let (_root, _, o) = opener(cipher);
-        let c = o.file("images/pages-1.img").unwrap();
-        let mut buf = vec![1u8; 2 << 20];
-        let rounds = 512u64; // 1 GiB
-        let t = std::time::Instant::now();
-        for i in 0..rounds {
-            c.apply(i * buf.len() as u64, &mut buf);
-        }
-        let s = t.elapsed().as_secs_f64();
-        let gib = (rounds * buf.len() as u64) as f64 / (1u64 << 30) as f64;
-        println!("{cipher}: {:.2} GiB/s on one core", gib / s);
-    }
-}

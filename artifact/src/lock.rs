@@ -13,7 +13,7 @@ use crate::error::{ArtifactError, Result};
 
 /// A lock file opened (created 0600 when missing, never through a
 /// symlink, never truncated) for `flock`.
-pub(crate) fn open_lock_file(path: &Path) -> Result<File> {
+pub fn open_lock_file(path: &Path) -> Result<File> {
     File::options()
         .create(true)
         .truncate(false)

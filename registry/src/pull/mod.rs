@@ -149,7 +149,7 @@ async fn pull_unrecorded(
     // Another pull of the name held its lock: it may have published this
     // digest meanwhile (two containers of one node needing it at once).
     if partial.waited() && published_at(root, &name, &digest) {
-        partial.discard();
+        partial.remove();
         let found = (name.as_str(), &config, digest, signed_by);
         return Ok(already_here(remote, root, found));
     }

@@ -342,18 +342,14 @@ impl Partial {
         Ok((verify, super::report::ms(phase)))
     }
 
-    fn remove(&self) {
+    /// Removes the partial folder: nothing of it is needed any more.
+    pub(super) fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.at.dir);
     }
 
     /// Whether another pull of the name held the pull lock first.
     pub(super) fn waited(&self) -> bool {
         self.waited
-    }
-
-    /// Removes the partial folder: nothing of it is needed any more.
-    pub(super) fn discard(&self) {
-        self.remove();
     }
 }
 
@@ -515,14 +511,7 @@ fn open_record(dir: &Path) -> Result<File> {
 /// The pull lock at `path`, waited for while another pull holds it; and
 /// whether it was.
 fn take_lock(path: &Path) -> Result<(File, bool)> {
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| io(format!("pull: open {}", path.display()), e))?;
+    let file = vsnap_artifact::lock::open_lock_file(path)?;
     let waited = match file.try_lock() {
         Ok(()) => false,
         Err(std::fs::TryLockError::WouldBlock) => {

@@ -48,6 +48,15 @@ impl Fixture {
         sha256_digest(&self.layer(k))
     }
 
+    /// The OCI descriptor of chunk `k`'s layer.
+    fn descriptor(&self, k: &str) -> OciDescriptor {
+        OciDescriptor {
+            digest: self.digest(k),
+            size: self.layer(k).len() as i64,
+            ..Default::default()
+        }
+    }
+
     /// The file's bytes as the chunks `ks` make them.
     fn content(&self, ks: &[&str]) -> Vec<u8> {
         ks.iter().flat_map(|k| self.chunks[k].clone()).collect()
@@ -265,11 +274,7 @@ fn a_partial_pull_of_another_digest_is_started_again() {
 fn the_layers_to_fetch_come_in_the_order_of_their_first_place() {
     let f = Fixture::new(false);
     let (p, _) = f.open(DIGEST);
-    let layer = |k: &str| OciDescriptor {
-        digest: f.digest(k),
-        size: f.layer(k).len() as i64,
-        ..Default::default()
-    };
+    let layer = |k: &str| f.descriptor(k);
     let layers = vec![layer("b"), layer("a"), layer("c")];
     let order: Vec<&str> = p
         .to_fetch(&layers, &BTreeSet::new())
@@ -348,11 +353,7 @@ fn a_pull_that_cannot_fit_is_refused_naming_what_it_needs() {
 fn a_streamed_pull_fetches_what_criu_reads_first_and_a_wanted_chunk_next() {
     let f = Fixture::new(false);
     let (p, _) = f.open(DIGEST);
-    let layer = |k: &str| OciDescriptor {
-        digest: f.digest(k),
-        size: f.layer(k).len() as i64,
-        ..Default::default()
-    };
+    let layer = |k: &str| f.descriptor(k);
     let (a, b, c) = (layer("a"), layer("b"), layer("c"));
     let digests =
         |ls: Vec<&OciDescriptor>| -> Vec<String> { ls.iter().map(|l| l.digest.clone()).collect() };

@@ -50,6 +50,20 @@ fn copy_command(
     )
 }
 
+/// A `restore` of `ref` on B from `reference` that must succeed, and the
+/// copy answer as `answers` (a cold start's) do.
+fn restored(b: &Env, id: &str, reference: &str, answers_as: &[(Value, Value, Value)]) {
+    let port = free_port();
+    let run = copy_command(b, id, "restore", port, reference);
+    let out = vsnap_e2e::cmd::run(run, None, Duration::from_secs(300));
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(
+        answers(port),
+        answers_as,
+        "the copy answers like a cold start"
+    );
+}
+
 /// How many streamed pulls B's shims said a restore can start from.
 fn heads(b: &Env) -> usize {
     let log = std::fs::read_to_string(b.c.dir.join("containerd.log")).unwrap_or_default();
@@ -78,19 +92,8 @@ fn a_restore_through_a_slow_link_starts_criu_before_the_last_chunk_and_answers()
     let (reference, _) = pushed(&a, &registry, "fleet-st-donor");
     let link = SlowProxy::start(registry.port, LINK);
     allow(&b, &link.host());
-    let port = free_port();
     let r = format!("{}/fleet/ref:v1", link.host());
-    let out = vsnap_e2e::cmd::run(
-        copy_command(&b, "fleet-st-copy", "restore", port, &r),
-        None,
-        Duration::from_secs(300),
-    );
-    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
-    assert_eq!(
-        answers(port),
-        reference,
-        "the streamed copy answers like a cold start"
-    );
+    restored(&b, "fleet-st-copy", &r, &reference);
     let record: Value = serde_json::from_slice(
         &std::fs::read(b.bundle("fleet-st-copy").join("vsnap-restore.json")).unwrap(),
     )
@@ -130,20 +133,8 @@ fn a_streamed_restore_onto_a_host_that_seals_at_rest_answers_and_publishes_seale
     super::harness::configure(&b, "seal_at_rest = true\n");
     let link = SlowProxy::start(registry.port, LINK);
     allow(&b, &link.host());
-    let port = free_port();
     let r = format!("{}/fleet/ref:v1", link.host());
-    let out = vsnap_e2e::cmd::run(
-        copy_command(&b, "fleet-ss-copy", "restore", port, &r),
-        None,
-        Duration::from_secs(300),
-    );
-    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
-    // The page server opened each chunk as it arrived sealed.
-    assert_eq!(
-        answers(port),
-        reference,
-        "the copy answers like a cold start"
-    );
+    restored(&b, "fleet-ss-copy", &r, &reference);
     vsnap_e2e::snapshot_env::poll(Duration::from_secs(60), "the pull's publish", || {
         b.artifact_names() == ["ref"] && partial_pulls(&b).is_empty()
     });
