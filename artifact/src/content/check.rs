@@ -8,9 +8,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 use super::files::{covered_files, open_all, open_regular};
-use super::hash::{chunk_count, hash_chunks, hash_chunks_until};
+use super::hash::{chunk_count, hash_chunk, hash_chunks, hash_chunks_until};
 use super::{Contents, FileDigest, CHUNK};
-use crate::at_rest::Opener;
+use crate::at_rest::{FileCipher, Opener};
 use crate::error::{ArtifactError, Result};
 
 /// The error naming chunk `chunk` of `rel` in `dir` as damaged: what a
@@ -124,8 +124,50 @@ pub fn verify_opened(
     threads: usize,
     opener: Option<&Opener>,
 ) -> Result<()> {
-    let never = AtomicBool::new(false);
-    verify_except_until(dir, contents, threads, &[], opener, &never)
+    verify_opened_except(dir, contents, threads, opener, &|_, _| false)
+}
+
+/// As [`verify_opened`], without hashing the chunks `checked(rel, chunk)`
+/// names (every file's set membership and size are still checked): for a
+/// writer that checked those chunks with [`verify_chunk`] as each became
+/// whole (a pull, as its chunks land).
+pub fn verify_opened_except(
+    dir: &Path,
+    contents: &Contents,
+    threads: usize,
+    opener: Option<&Opener>,
+    checked: &(dyn Fn(&str, usize) -> bool + Sync),
+) -> Result<()> {
+    let files = verify_sizes(dir, contents)?;
+    let skip = |file: usize, chunk: usize| checked(&files[file].0, chunk);
+    check_chunks(
+        dir,
+        contents,
+        &files,
+        threads,
+        &skip,
+        opener,
+        &AtomicBool::new(false),
+    )
+}
+
+/// Checks chunk `chunk` of the covered file `rel` of `dir` against
+/// `digest`, opened with `sealed` where sealed at rest. The error is the
+/// one [`verify`] gives for that chunk.
+pub fn verify_chunk(
+    dir: &Path,
+    rel: &str,
+    digest: &FileDigest,
+    chunk: usize,
+    sealed: Option<&FileCipher>,
+) -> Result<()> {
+    let (file, _) = open_regular(dir, rel)?;
+    let got = hash_chunk(&file, digest.size, chunk, sealed)
+        .map_err(|e| ArtifactError::io(&dir.join(rel), "read", e))?;
+    if digest.chunks.get(chunk) == Some(&got) {
+        return Ok(());
+    }
+    Err(chunk_mismatch(dir, rel, chunk, digest.size))
 }
 
 /// As [`verify`], without hashing the files named in `hashed_elsewhere`
@@ -161,21 +203,29 @@ pub fn verify_except_until(
 ) -> Result<()> {
     let mut files = verify_sizes(dir, contents)?;
     files.retain(|(rel, _, _)| !hashed_elsewhere.contains(rel));
-    hash_chunks_until(
-        dir,
-        &files,
-        threads,
-        &|file, chunk, digest| {
-            let rel = &files[file].0;
-            let want = contents[rel].chunks.get(chunk).map(String::as_str);
-            if want == Some(digest.as_str()) {
-                return Ok(());
-            }
-            Err(chunk_mismatch(dir, rel, chunk, files[file].2))
-        },
-        opener,
-        stop,
-    )
+    check_chunks(dir, contents, &files, threads, &|_, _| false, opener, stop)
+}
+
+/// Hashes the chunks of `files` but those `skip` names and checks each
+/// against `contents`; the error names the file and the chunk.
+fn check_chunks(
+    dir: &Path,
+    contents: &Contents,
+    files: &[(String, File, u64)],
+    threads: usize,
+    skip: &(dyn Fn(usize, usize) -> bool + Sync),
+    opener: Option<&Opener>,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let each = |file: usize, chunk: usize, digest: String| {
+        let rel = &files[file].0;
+        let want = contents[rel].chunks.get(chunk).map(String::as_str);
+        if want == Some(digest.as_str()) {
+            return Ok(());
+        }
+        Err(chunk_mismatch(dir, rel, chunk, files[file].2))
+    };
+    hash_chunks_until(dir, files, threads, skip, &each, opener, stop)
 }
 
 pub(super) fn damaged(dir: &Path, rel: &str, what: String) -> ArtifactError {

@@ -29,17 +29,20 @@ pub(super) fn hash_chunks(
     threads: usize,
     each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
 ) -> Result<()> {
-    hash_chunks_until(dir, files, threads, each, None, &AtomicBool::new(false))
+    let never = AtomicBool::new(false);
+    hash_chunks_until(dir, files, threads, &|_, _| false, each, None, &never)
 }
 
 /// As [`hash_chunks`], stopping (with [`ArtifactError::Stopped`]) before the
 /// next chunk once `stop` is set: a chunk takes tens of milliseconds.
-/// With `opener`, the files sealed at rest are hashed opened (their
-/// digests are of the plaintext).
+/// The chunks `skip(file, chunk)` names are not hashed (nor given to
+/// `each`). With `opener`, the files sealed at rest are hashed opened
+/// (their digests are of the plaintext).
 pub(super) fn hash_chunks_until(
     dir: &Path,
     files: &[(String, File, u64)],
     threads: usize,
+    skip: &(dyn Fn(usize, usize) -> bool + Sync),
     each: &(dyn Fn(usize, usize, String) -> Result<()> + Sync),
     opener: Option<&Opener>,
     stop: &AtomicBool,
@@ -50,6 +53,7 @@ pub(super) fn hash_chunks_until(
         .flat_map(|(file, (_, _, size))| {
             (0..chunk_count(*size)).map(move |chunk| Unit { file, chunk })
         })
+        .filter(|u| !skip(u.file, u.chunk))
         .collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
@@ -95,6 +99,19 @@ pub(super) fn hash_chunks_until(
 /// cache between the copy out of the page cache and the hash (hashing whole
 /// 64 MiB chunks streamed every byte through memory twice).
 const PIECE: usize = 1 << 20;
+
+/// The digest of chunk `chunk` of `file` (`size` bytes), read a piece at a
+/// time and opened with `sealed` where sealed at rest.
+pub(super) fn hash_chunk(
+    file: &File,
+    size: u64,
+    chunk: usize,
+    sealed: Option<&FileCipher>,
+) -> std::io::Result<String> {
+    let start = chunk as u64 * CHUNK;
+    let len = size.saturating_sub(start).min(CHUNK);
+    hash_range(file, &mut vec![0u8; PIECE], start, len, sealed)
+}
 
 /// The digest of `len` bytes of `file` at `start`, read `buf.len()` at a
 /// time (and opened with `sealed`); a file that got shorter meanwhile is an

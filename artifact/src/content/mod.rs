@@ -25,8 +25,8 @@ mod stream;
 mod testing;
 
 pub use check::{
-    chunk_mismatch, digest, digest_with, verify, verify_except, verify_except_until, verify_opened,
-    verify_sizes,
+    chunk_mismatch, digest, digest_with, verify, verify_chunk, verify_except, verify_except_until,
+    verify_opened, verify_opened_except, verify_sizes,
 };
 pub use stream::{ChunkDigest, VerifyingReader, WrittenDigest};
 

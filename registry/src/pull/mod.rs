@@ -8,8 +8,11 @@
 //!    chunks it landed that still hold. 4. Fetch the other chunks, a few at
 //!    a time, each checked against its digest as it streams, opened when
 //!    sealed and written at its places in the partial pull's tree: once, no
-//!    other copy. 5. Under the artifact's exclusive lock, check every byte
-//!    against the manifest's content digests, seal the manifest with THIS
+//!    other copy; each content chunk of the manifest is checked against
+//!    its digest once its last byte landed (not while a restore streams
+//!    from the pull: it checks what it reads). 5. Under the artifact's
+//!    exclusive lock, check the bytes not checked so against the
+//!    manifest's content digests, seal the manifest with THIS
 //!    host's key and publish the tree atomically. Any failure leaves no
 //!    artifact half-published and the previous one of that name as it was;
 //!    what landed stays for the next pull of NAME to resume from.
@@ -144,6 +147,7 @@ async fn pull_unrecorded(
         sealer,
         threads: opts.verify_threads,
         seal_at_rest: opts.seal_at_rest,
+        check_landing: opts.stream.is_none().then(|| manifest.contents.clone()),
     };
     let (partial, landed) = open_partial(spec).await?;
     // Another pull of the name held its lock: it may have published this

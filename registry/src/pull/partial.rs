@@ -20,8 +20,11 @@
 //! at each of its places in the tree: a chunk used twice is written twice,
 //! both places being bytes of the artifact. No download cache, no
 //! ciphertext and no second plaintext is kept: a pull needs the artifact's
-//! size on disk. With every chunk landed the tree is checked against the
-//! manifest's content digests and renamed into place (`Staging::publish`).
+//! size on disk. Each content chunk of the manifest is checked against its
+//! digest once its last byte landed (checks.rs); with every chunk landed
+//! the rest of the tree is checked (the chunks an earlier pull landed, or
+//! all of it under a streamed restore) and renamed into place
+//! (`Staging::publish`).
 //!
 //! A pull that dies leaves its partial folder, and the next pull of `<name>`
 //! at the same digest takes it over: every chunk `landed` names is checked
@@ -39,14 +42,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use oci_client::manifest::OciDescriptor;
+use vsnap_artifact::content::{self, Contents};
 use vsnap_artifact::layout::Staging;
-use vsnap_artifact::{content, ArtifactLock, HostKey, Manifest};
+use vsnap_artifact::{ArtifactLock, HostKey, Manifest};
 
 use crate::crypt::Sealer;
 use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
 use crate::sha256_digest;
+use checks::Checks;
 use sealing::Sealing;
+use stream::open_record;
 
 /// Where one chunk's bytes go: a file of the tree (its index), an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -70,6 +76,10 @@ pub(super) struct Spec {
     pub(super) threads: usize,
     /// Seal the pages files at rest with this host's key as they land.
     pub(super) seal_at_rest: bool,
+    /// The manifest's content digests, each chunk checked against them as
+    /// it becomes whole (checks.rs); None: at the publish only (a streamed
+    /// pull, whose restore checks what it reads as it reads it).
+    pub(super) check_landing: Option<Contents>,
 }
 
 pub(super) struct Partial {
@@ -84,6 +94,8 @@ pub(super) struct Partial {
     sealer: Option<Sealer>,
     /// Where the tree is sealed at rest: its pages files' ciphers.
     at_rest: Option<Sealing>,
+    /// The chunks checked as they landed (checks.rs).
+    checks: Option<Checks>,
     /// The pull lock of `name`, held while this lives.
     _lock: File,
     /// Another pull held that lock when this one asked for it.
@@ -135,12 +147,18 @@ impl Partial {
             true => Some(Sealing::of(&at.dir, &spec.root, &rels)?),
             false => None,
         };
+        let names: Vec<String> = spec.config.files.iter().map(|f| f.path.clone()).collect();
+        let checks = spec
+            .check_landing
+            .clone()
+            .map(|c| Checks::new(c, names.clone()));
         let partial = Partial {
             at_rest,
+            checks,
             name: spec.name.to_string(),
             journal: Mutex::new(open_journal(&at.dir.join("landed"))?),
             arrived: Mutex::new(open_record(&at.dir)?),
-            names: spec.config.files.iter().map(|f| f.path.clone()).collect(),
+            names,
             at,
             places,
             sealer: spec.sealer.clone(),
@@ -151,6 +169,10 @@ impl Partial {
         partial.check_room(&spec.root, &landed)?;
         for digest in &landed {
             partial.record_arrival(digest)?;
+            // What an earlier pull landed is checked at the publish.
+            if let Some(c) = &partial.checks {
+                c.landed(digest, &partial.places[digest]);
+            }
         }
         Ok((partial, landed))
     }
@@ -224,7 +246,20 @@ impl Partial {
                 io(format!("pull: write {}", record.display()), e)
             })?;
         drop(journal);
-        self.record_arrival(digest)
+        self.record_arrival(digest)?;
+        self.check_whole(digest, places)
+    }
+
+    /// The content chunks layer `digest`, landed at `places`, made whole,
+    /// checked against their digests (checks.rs).
+    fn check_whole(&self, digest: &str, places: &[Place]) -> Result<()> {
+        let Some(checks) = &self.checks else {
+            return Ok(());
+        };
+        for chunk in checks.landed(digest, places) {
+            checks.check(&self.at.tree, chunk, self.at_rest.as_ref())?;
+        }
+        Ok(())
     }
 
     /// Of the chunks an earlier pull recorded, those whose bytes still
@@ -302,7 +337,8 @@ impl Partial {
     }
 
     /// Under the artifact's exclusive lock: the tree checked against the
-    /// manifest's content digests, the manifest sealed with this host's key
+    /// manifest's content digests (the chunks not checked as they landed),
+    /// the manifest sealed with this host's key
     /// and the tree published as `<root>/<name>`; the partial folder is
     /// then removed (with the previous artifact of that name, exchanged
     /// into it). A name in use (`locked`) keeps the partial folder for the
@@ -322,7 +358,10 @@ impl Partial {
         let phase = std::time::Instant::now();
         let opener = self.at_rest.as_ref().map(|s| &s.opener);
         let tree = &self.at.tree;
-        if let Err(e) = content::verify_opened(tree, &manifest.contents, threads, opener) {
+        let checked =
+            |rel: &str, chunk: usize| self.checks.as_ref().is_some_and(|c| c.checked(rel, chunk));
+        let contents = &manifest.contents;
+        if let Err(e) = content::verify_opened_except(tree, contents, threads, opener, &checked) {
             self.remove();
             return Err(e.into());
         }
@@ -493,21 +532,6 @@ fn open_journal(path: &Path) -> Result<File> {
         .map_err(|e| io(format!("pull: open {}", path.display()), e))
 }
 
-/// The record of arrivals in the partial folder `dir` (stream.rs), made
-/// afresh: an earlier pull's record is not this pull's, what it landed is
-/// recorded again once checked.
-fn open_record(dir: &Path) -> Result<File> {
-    let path = dir.join(vsnap_artifact::arrivals::FILE);
-    File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| io(format!("pull: open {}", path.display()), e))
-}
-
 /// The pull lock at `path`, waited for while another pull holds it; and
 /// whether it was.
 fn take_lock(path: &Path) -> Result<(File, bool)> {
@@ -563,6 +587,7 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+mod checks;
 mod sealing;
 mod stream;
 #[cfg(test)]

@@ -60,6 +60,11 @@ impl Sealing {
         }
     }
 
+    /// File `file`'s cipher; None for a file kept in clear.
+    pub(super) fn cipher(&self, file: usize) -> Option<&FileCipher> {
+        self.files[file].as_ref()
+    }
+
     /// Whether file `file` is sealed.
     pub(super) fn seals(&self, file: usize) -> bool {
         self.files[file].is_some()

@@ -98,6 +98,7 @@ impl Fixture {
             sealer: self.sealer.clone(),
             threads: 2,
             seal_at_rest: false,
+            check_landing: None,
         }
     }
 
@@ -336,6 +337,71 @@ fn a_tree_that_does_not_verify_is_not_published_and_is_removed() {
     assert!(e.contains("images/pages-2.img"), "{e}");
     assert!(!root.join("pulled").exists());
     assert!(!root.join(".pull/partial/pulled").exists());
+}
+
+/// Checked as it lands: the landing that makes a content chunk whole
+/// fails when the chunk is not the manifest's, naming the file and the
+/// chunk; a chunk checked so is not hashed again at the publish, one an
+/// earlier pull landed is.
+#[test]
+fn each_content_chunk_is_checked_when_its_last_layer_lands() {
+    for sealed in [false, true] {
+        let f = Fixture::new(sealed);
+        let root = f.root.path();
+        let mut broken = f.manifest();
+        broken
+            .contents
+            .get_mut("images/pages-2.img")
+            .unwrap()
+            .chunks[0] = "00".repeat(32);
+        let checking = |m: &Manifest| Spec {
+            check_landing: Some(m.contents.clone()),
+            seal_at_rest: sealed,
+            ..f.spec(DIGEST)
+        };
+        let (p, _) = Partial::open(&checking(&broken)).unwrap();
+        let e = p
+            .land(&f.digest("a"), f.layer("a"), "its files")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("images/pages-2.img chunk 0") && e.contains("does not match its digest"),
+            "{e}"
+        );
+        drop(p);
+        std::fs::remove_dir_all(root.join(".pull")).unwrap();
+
+        // Every chunk checked as it landed: a byte changed on disk
+        // afterwards (nothing of vsnap writes a landed place again) is not
+        // read by the publish, which hashes nothing.
+        let (p, _) = Partial::open(&checking(&f.manifest())).unwrap();
+        for k in ["a", "b", "c"] {
+            f.land(&p, k);
+        }
+        let ready = f.tree().join("control/ready.json");
+        let mut bytes = std::fs::read(&ready).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(&ready, bytes).unwrap();
+        p.publish(root, f.manifest(), 2).unwrap();
+        std::fs::remove_dir_all(root.join("pulled")).unwrap();
+
+        // Landed by an earlier pull, not checked then: checked at the
+        // publish.
+        let unchecked = Spec {
+            check_landing: None,
+            ..checking(&broken)
+        };
+        let (p, _) = Partial::open(&unchecked).unwrap();
+        f.land(&p, "a");
+        drop(p);
+        let (p, landed) = Partial::open(&checking(&broken)).unwrap();
+        assert_eq!(landed.len(), 1, "sealed {sealed}");
+        f.land(&p, "b");
+        f.land(&p, "c");
+        let e = p.publish(root, broken, 2).unwrap_err().to_string();
+        assert!(e.contains("images/pages-2.img"), "{e}");
+        assert!(!root.join("pulled").exists());
+    }
 }
 
 #[test]
