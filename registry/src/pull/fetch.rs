@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use oci_client::manifest::OciDescriptor;
 use sha2::Digest;
 
@@ -46,6 +46,14 @@ pub(super) async fn fetch_chunks(
 
 /// As [`fetch_chunks`], the layers taken from `next` as a fetch frees a
 /// place (it may choose each as it is asked: streamed.rs).
+///
+/// A fetch frees its place once its bytes are in memory: they land (are
+/// opened, written and checked: partial.rs) on a blocking thread while the
+/// next fetch streams, so the link never waits on the disk or a chunk's
+/// check. At most `jobs` landings are under way; while that many are, no
+/// fetch is read from, which bounds what a pull holds in memory to twice
+/// `jobs` chunks. The first failure, of a fetch or a landing, ends the
+/// pull.
 pub(super) async fn fetch_in_order<'l>(
     remote: &Remote,
     partial: &Arc<Partial>,
@@ -53,17 +61,47 @@ pub(super) async fn fetch_in_order<'l>(
     config: &ArtifactConfig,
     jobs: usize,
 ) -> Result<Vec<u64>> {
-    let owners = chunk_owners(config);
-    next.map(|layer| {
-        let files = owners
-            .get(layer.digest.as_str())
-            .map(|o| o.join(", "))
-            .unwrap_or_default();
-        fetch_and_land(remote, partial, layer, files)
-    })
-    .buffer_unordered(jobs.max(1))
-    .try_collect()
-    .await
+    let (owners, jobs) = (chunk_owners(config), jobs.max(1));
+    let fetching = next
+        .map(|layer| {
+            let files = owners
+                .get(layer.digest.as_str())
+                .map(|o| o.join(", "))
+                .unwrap_or_default();
+            async move {
+                let bytes = fetch_layer(remote, layer, &files).await?;
+                Ok::<_, RegistryError>((layer, bytes, files))
+            }
+        })
+        .buffer_unordered(jobs);
+    futures_util::pin_mut!(fetching);
+    let mut landing = futures_util::stream::FuturesUnordered::new();
+    let mut sizes = Vec::new();
+    loop {
+        tokio::select! {
+            Some(landed) = landing.next(), if !landing.is_empty() => sizes.push(landed?),
+            fetched = fetching.next(), if landing.len() < jobs => match fetched {
+                Some(fetched) => landing.push(land(partial, fetched?)),
+                None => break,
+            },
+        }
+    }
+    while let Some(landed) = landing.next().await {
+        sizes.push(landed?);
+    }
+    Ok(sizes)
+}
+
+/// A fetched layer landed in `partial` on a blocking thread; its size.
+async fn land(
+    partial: &Arc<Partial>,
+    (layer, bytes, files): (&OciDescriptor, Vec<u8>, String),
+) -> Result<u64> {
+    let (partial, digest, size) = (partial.clone(), layer.digest.clone(), layer.size as u64);
+    tokio::task::spawn_blocking(move || partial.land(&digest, bytes, &files))
+        .await
+        .expect("the landing thread does not panic")?;
+    Ok(size)
 }
 
 /// Which file(s) each chunk belongs to, to name them in errors.
@@ -78,21 +116,6 @@ fn chunk_owners(config: &ArtifactConfig) -> BTreeMap<&str, Vec<&str>> {
         }
     }
     owners
-}
-
-/// One layer fetched, then landed on a blocking thread; its bytes.
-async fn fetch_and_land(
-    remote: &Remote,
-    partial: &Arc<Partial>,
-    layer: &OciDescriptor,
-    files: String,
-) -> Result<u64> {
-    let bytes = fetch_layer(remote, layer, &files).await?;
-    let (partial, digest) = (partial.clone(), layer.digest.clone());
-    tokio::task::spawn_blocking(move || partial.land(&digest, bytes, &files))
-        .await
-        .expect("the landing thread does not panic")?;
-    Ok(layer.size as u64)
 }
 
 /// The bytes of `layer`, every one checked against its size and digest
