@@ -51,8 +51,8 @@ use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
 use crate::sha256_digest;
 use checks::Checks;
+use records::{open_journal, open_record};
 use sealing::Sealing;
-use stream::open_record;
 
 /// Where one chunk's bytes go: a file of the tree (its index), an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -171,7 +171,7 @@ impl Partial {
             partial.record_arrival(digest)?;
             // What an earlier pull landed is checked at the publish.
             if let Some(c) = &partial.checks {
-                c.landed(digest, &partial.places[digest]);
+                c.landed(digest, spans(&partial.places[digest]));
             }
         }
         Ok((partial, landed))
@@ -256,8 +256,9 @@ impl Partial {
         let Some(checks) = &self.checks else {
             return Ok(());
         };
-        for chunk in checks.landed(digest, places) {
-            checks.check(&self.at.tree, chunk, self.at_rest.as_ref())?;
+        for chunk in checks.landed(digest, spans(places)) {
+            let cipher = self.at_rest.as_ref().and_then(|s| s.cipher(chunk.0));
+            checks.check(&self.at.tree, chunk, cipher)?;
         }
         Ok(())
     }
@@ -489,6 +490,11 @@ fn places(
     places
 }
 
+/// Each of `places` as (file, offset, length).
+fn spans(places: &[Place]) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+    places.iter().map(|p| (p.file, p.offset, p.len))
+}
+
 /// Whether `free` bytes hold what is still to land of `total` with `here`
 /// landed; else the error saying so.
 fn room(root: &Path, free: u64, total: u64, here: u64) -> Result<()> {
@@ -519,17 +525,6 @@ fn mkdir(dir: &Path) -> Result<()> {
 
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| io(format!("pull: read {}", path.display()), e))
-}
-
-/// `landed`, opened to append (created 0600 when missing).
-fn open_journal(path: &Path) -> Result<File> {
-    File::options()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| io(format!("pull: open {}", path.display()), e))
 }
 
 /// The pull lock at `path`, waited for while another pull holds it; and
@@ -588,6 +583,7 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
 }
 
 mod checks;
+mod records;
 mod sealing;
 mod stream;
 #[cfg(test)]

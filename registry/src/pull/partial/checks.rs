@@ -13,10 +13,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Mutex;
 
+use vsnap_artifact::at_rest::FileCipher;
 use vsnap_artifact::content::{self, Contents, CHUNK};
 
-use super::sealing::Sealing;
-use super::Place;
 use crate::error::Result;
 
 /// What of a tree is still to land and what was checked.
@@ -61,28 +60,33 @@ impl Checks {
         }
     }
 
-    /// Layer `digest` landed at `places`: the content chunks it made whole.
-    pub(super) fn landed(&self, digest: &str, places: &[Place]) -> Vec<(usize, usize)> {
+    /// Layer `digest` landed at `places` (file, offset, length): the
+    /// content chunks it made whole.
+    pub(super) fn landed(
+        &self,
+        digest: &str,
+        places: impl IntoIterator<Item = (usize, u64, u64)>,
+    ) -> Vec<(usize, usize)> {
         let mut s = self.state.lock().expect("not poisoned");
         if !s.counted.insert(digest.to_string()) {
             return Vec::new();
         }
         let mut whole = Vec::new();
-        for p in places {
-            let Some(chunks) = s.left.get_mut(p.file).filter(|c| !c.is_empty()) else {
+        for (file, offset, len) in places {
+            let Some(chunks) = s.left.get_mut(file).filter(|c| !c.is_empty()) else {
                 continue;
             };
-            let end = p.offset + p.len;
-            let first = (p.offset / CHUNK) as usize;
+            let end = offset + len;
+            let first = (offset / CHUNK) as usize;
             for (c, left) in chunks.iter_mut().enumerate().skip(first) {
                 let (start, stop) = (c as u64 * CHUNK, (c as u64 + 1) * CHUNK);
                 if start >= end {
                     break;
                 }
-                let overlap = end.min(stop) - p.offset.max(start);
+                let overlap = end.min(stop) - offset.max(start);
                 *left = left.saturating_sub(overlap);
                 if *left == 0 && overlap > 0 {
-                    whole.push((p.file, c));
+                    whole.push((file, c));
                 }
             }
         }
@@ -90,15 +94,14 @@ impl Checks {
     }
 
     /// Chunk `chunk` of file `file` of `tree` checked against its digest
-    /// (opened where `at_rest` seals it); recorded when it holds.
+    /// (opened with `cipher` where sealed at rest); recorded when it holds.
     pub(super) fn check(
         &self,
         tree: &Path,
         (file, chunk): (usize, usize),
-        at_rest: Option<&Sealing>,
+        cipher: Option<&FileCipher>,
     ) -> Result<()> {
         let rel = &self.names[file];
-        let cipher = at_rest.and_then(|s| s.cipher(file));
         content::verify_chunk(tree, rel, &self.contents[rel], chunk, cipher)?;
         let mut s = self.state.lock().expect("not poisoned");
         s.checked.insert((file, chunk));
@@ -128,8 +131,8 @@ mod tests {
         }
     }
 
-    fn place(file: usize, offset: u64, len: u64) -> Place {
-        Place { file, offset, len }
+    fn place(file: usize, offset: u64, len: u64) -> [(usize, u64, u64); 1] {
+        [(file, offset, len)]
     }
 
     #[test]
@@ -146,16 +149,13 @@ mod tests {
         ];
         let c = Checks::new(contents, names);
         let half = CHUNK / 2;
-        assert!(c.landed("a", &[place(0, 0, half)]).is_empty());
+        assert!(c.landed("a", place(0, 0, half)).is_empty());
         // Across the chunks' border: chunk 0 whole, chunk 1 not yet.
-        assert_eq!(c.landed("b", &[place(0, half, half + 4)]), [(0, 0)]);
+        assert_eq!(c.landed("b", place(0, half, half + 4)), [(0, 0)]);
         // A layer counted once, whatever it is landed again.
-        assert!(c.landed("b", &[place(0, half, half + 4)]).is_empty());
+        assert!(c.landed("b", place(0, half, half + 4)).is_empty());
         // A file the manifest does not cover is never checked.
-        assert_eq!(
-            c.landed("c", &[place(1, 0, 6), place(0, CHUNK + 4, 6)]),
-            [(0, 1)]
-        );
-        assert_eq!(c.landed("d", &[place(2, 0, 5)]), [(2, 0)]);
+        assert_eq!(c.landed("c", [(1, 0, 6), (0, CHUNK + 4, 6)]), [(0, 1)]);
+        assert_eq!(c.landed("d", place(2, 0, 5)), [(2, 0)]);
     }
 }

@@ -4,8 +4,6 @@
 //! the sealed manifest in the tree before the last chunk landed.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use oci_client::manifest::OciDescriptor;
@@ -101,21 +99,6 @@ fn is_pages_file(name: &str) -> bool {
 fn within(spans: &[(u64, u64)], start: u64, end: u64) -> bool {
     let i = spans.partition_point(|&(_, e)| e <= start);
     spans.get(i).is_some_and(|&(s, e)| s <= start && end <= e)
-}
-
-/// The record of arrivals in the partial folder `dir` made
-/// afresh: an earlier pull's record is not this pull's, what it landed is
-/// recorded again once checked.
-pub(super) fn open_record(dir: &Path) -> Result<File> {
-    let path = dir.join(vsnap_artifact::arrivals::FILE);
-    File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| io(format!("pull: open {}", path.display()), e))
 }
 
 #[cfg(test)]
