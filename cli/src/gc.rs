@@ -1,9 +1,11 @@
 //! `vsnap gc`: removes stale writer leftovers, CRIU logs and quarantined
-//! copies older than `--older-than`, then artifacts older than
-//! `--older-than`, then the oldest artifacts until the total is at most
-//! `--max-total-size` (which counts artifacts only). Never an artifact in
-//! use (its lock is held): each removal takes the exclusive lock, as
-//! `vsnap rm` does.
+//! copies older than `--older-than`, the partial folders of interrupted
+//! pulls untouched for longer than `--partial-older-than` (24h by
+//! default), then artifacts older than `--older-than`, then the oldest
+//! artifacts until the total is at most `--max-total-size` (which counts
+//! artifacts only). Never an artifact in use (its lock is held): each
+//! removal takes the exclusive lock, as `vsnap rm` does; nor a partial
+//! folder a pull holds (its pull lock, taken likewise).
 //!
 //! An artifact's age comes from its manifest's `created_at` (the capture
 //! time, MAC-covered), or from its folder's mtime when the manifest cannot
@@ -19,6 +21,7 @@ use vsnap_artifact::layout::bytes_under;
 use vsnap_artifact::quarantine;
 use vsnap_artifact::{check_path_safe, ArtifactError, ArtifactLock, Manifest};
 
+use crate::partial;
 use crate::quarantined;
 use crate::store::{self, RemoveError};
 use crate::table::{row, table};
@@ -28,19 +31,24 @@ use crate::{emit, emit_json, warn, Ctx, Outcome, ERROR, FAILED, OK};
 pub struct Policy {
     pub older_than: Option<Duration>,
     pub max_total_size: Option<u64>,
+    /// Partial folders of interrupted pulls untouched for longer than this
+    /// are removed.
+    pub partial_older_than: Duration,
     pub dry_run: bool,
 }
 
 #[derive(Serialize)]
 struct Action {
     name: String,
-    /// `artifact`, `staging`, `trash`, `criu-log` or `quarantined`.
+    /// `artifact`, `staging`, `trash`, `criu-log`, `quarantined` or
+    /// `partial` (an interrupted pull's folder).
     kind: &'static str,
     age_seconds: u64,
     size_bytes: u64,
     reason: String,
     /// `removed`, `would-remove`, `in-use` (kept), `gone` (removed by
-    /// someone else meanwhile) or `failed`.
+    /// someone else meanwhile), `left-alone` (not gc's to remove: see
+    /// the reason) or `failed`.
     result: &'static str,
     error: Option<String>,
 }
@@ -55,6 +63,9 @@ struct Report {
     max_total_bytes: Option<u64>,
     /// Whether the total after is within `max_total_bytes` (true without one).
     fits: bool,
+    /// Allocated bytes of the partial folders removed (in a dry run: that
+    /// would be); not in the totals.
+    partial_bytes_freed: u64,
 }
 
 struct Candidate {
@@ -69,6 +80,7 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
     let mut actions = leftover_actions(root, &policy)?;
     actions.extend(criu_log_actions(root, &policy));
     actions.extend(quarantine_actions(root, &policy)?);
+    actions.extend(partial_actions(root, &policy)?);
     let candidates = candidates(root)?;
     let total_before: u64 = candidates.iter().map(|c| c.size).sum();
     let kept = remove_older(ctx, &policy, candidates, &mut actions);
@@ -79,6 +91,11 @@ pub fn run(ctx: &Ctx, policy: Policy, json: bool) -> Outcome {
         total_bytes_after: total,
         max_total_bytes: policy.max_total_size,
         fits: policy.max_total_size.is_none_or(|l| total <= l),
+        partial_bytes_freed: actions
+            .iter()
+            .filter(|a| a.kind == "partial" && matches!(a.result, "removed" | "would-remove"))
+            .map(|a| a.size_bytes)
+            .sum(),
         actions,
     };
     let code = exit_code(&report, json);
@@ -240,6 +257,56 @@ fn remove_quarantined(root: &Path, name: &str, limit: Duration) -> Result<(), Re
     }
 }
 
+/// The partial folders of interrupted pulls (partial.rs) untouched for
+/// longer than `--partial-older-than`: removed (or, in a dry run, listed),
+/// each under its name's pull lock, taken without waiting: one a pull holds
+/// (under way, or a restore streaming from it) is kept (`in-use`), and a
+/// pull that starts meanwhile waits for the removal. Entries that are not
+/// the folder of an artifact name (a symlink, a file, another name) are
+/// left alone and listed, whatever their age.
+fn partial_actions(root: &Path, policy: &Policy) -> Result<Vec<Action>, String> {
+    let limit = policy.partial_older_than;
+    let mut actions = Vec::new();
+    for p in partial::list(root).map_err(|e| format!("partial pulls: {e}"))? {
+        let mut action = Action {
+            name: p.shown,
+            kind: "partial",
+            age_seconds: p.age.as_secs(),
+            size_bytes: p.bytes,
+            reason: format!(
+                "partial pull untouched for longer than {}",
+                format_duration(limit)
+            ),
+            result: "would-remove",
+            error: None,
+        };
+        let name = match p.name {
+            Ok(name) if p.age > limit => name,
+            Ok(_) => continue,
+            Err(why) => {
+                action.reason = why;
+                action.result = "left-alone";
+                actions.push(action);
+                continue;
+            }
+        };
+        if policy.dry_run {
+            // Looking only: a dry run takes no lock.
+            if ArtifactLock::pull_under_way(root, &name).unwrap_or(false) {
+                action.result = "in-use";
+            }
+        } else {
+            let removed = partial::remove(root, &name, limit);
+            if let Ok(bytes) = removed {
+                action.size_bytes = bytes;
+            }
+            settle(&mut action, removed.map(drop));
+        }
+        actions.push(action);
+    }
+    Ok(actions)
+}
+
 /// The artifacts with their ages and sizes, oldest first.
 fn candidates(root: &Path) -> Result<Vec<Candidate>, String> {
     let mut candidates = Vec::new();
@@ -384,6 +451,7 @@ fn human(r: &Report) -> String {
             let result = match (a.result, &a.error) {
                 ("in-use", _) => "kept: in use".to_string(),
                 ("would-remove", _) => "would remove".to_string(),
+                ("left-alone", _) => "left alone".to_string(),
                 (_, Some(e)) => format!("failed: {e}"),
                 (result, None) => result.to_string(),
             };
@@ -413,5 +481,12 @@ fn human(r: &Report) -> String {
             ""
         },
     ));
+    if r.actions.iter().any(|a| a.kind == "partial") {
+        out.push_str(&format!(
+            "partial pulls: {} {}\n",
+            human_size(r.partial_bytes_freed),
+            if r.dry_run { "would be freed" } else { "freed" },
+        ));
+    }
     out
 }

@@ -14,6 +14,7 @@ mod inspect;
 mod key;
 mod ls;
 mod metrics;
+mod partial;
 mod quarantined;
 mod rm;
 mod store;
@@ -101,7 +102,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove old artifacts, then the oldest until the total fits, and stale leftovers
+    /// Remove old artifacts, then the oldest until the total fits, stale leftovers and abandoned partial pulls
     Gc {
         /// Remove artifacts older than this (e.g. 7d, 12h, 30m, 1d12h)
         #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
@@ -109,6 +110,9 @@ enum Command {
         /// Then remove the oldest until all artifacts fit (e.g. 50G, 512M; powers of 1024)
         #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
         max_total_size: Option<u64>,
+        /// Remove the partial folders of interrupted pulls (.pull/partial/NAME) no pull worked in for longer than this, unless a pull holds them
+        #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, default_value = "24h")]
+        partial_older_than: Duration,
         /// Show what would be removed, remove nothing
         #[arg(long)]
         dry_run: bool,
@@ -253,6 +257,7 @@ fn run(cli: Cli) -> Outcome {
         Command::Gc {
             older_than,
             max_total_size,
+            partial_older_than,
             dry_run,
             json,
         } => gc::run(
@@ -260,6 +265,7 @@ fn run(cli: Cli) -> Outcome {
             gc::Policy {
                 older_than,
                 max_total_size,
+                partial_older_than,
                 dry_run,
             },
             json,
@@ -376,15 +382,27 @@ mod tests {
             Command::Gc {
                 older_than,
                 max_total_size,
+                partial_older_than,
                 dry_run,
                 json,
             } => {
                 assert_eq!(older_than, Some(Duration::from_secs(7 * 86_400)));
                 assert_eq!(max_total_size, Some(50 << 30));
+                assert_eq!(partial_older_than, Duration::from_secs(86_400), "24h");
                 assert!(dry_run && !json);
             }
             _ => panic!("not gc"),
         }
+        match Cli::try_parse_from(["vsnap", "gc", "--partial-older-than", "2h"]) {
+            Ok(Cli {
+                command: Command::Gc {
+                    partial_older_than, ..
+                },
+                ..
+            }) => assert_eq!(partial_older_than, Duration::from_secs(7200)),
+            _ => panic!("not gc"),
+        }
+        assert!(Cli::try_parse_from(["vsnap", "gc", "--partial-older-than", "x"]).is_err());
         assert!(Cli::try_parse_from(["vsnap", "gc", "--older-than", "7"]).is_err());
         assert!(Cli::try_parse_from(["vsnap", "gc", "--max-total-size", "lots"]).is_err());
         assert!(
