@@ -31,6 +31,7 @@ mod mounts;
 mod netns_holder;
 mod oom;
 mod options;
+mod pipes;
 mod prepared;
 mod process;
 mod requests;

@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::pipe;
 use vsnap_config::{ConfigSource, RuntimeConfig};
 
 use crate::exits::Exits;
+use crate::pipes::{feed, read_all};
 
 /// How one run of the CLI ended.
 #[derive(Debug)]
@@ -146,22 +145,6 @@ pub async fn run(
         stdout: out,
         stderr: err,
     })
-}
-
-async fn feed(fd: Option<OwnedFd>, input: Vec<u8>) {
-    if let Some(fd) = fd {
-        if let Ok(mut w) = pipe::Sender::from_owned_fd(fd) {
-            let _ = w.write_all(&input).await;
-        }
-    }
-}
-
-async fn read_all(fd: Option<OwnedFd>, buf: &mut Vec<u8>) {
-    if let Some(fd) = fd {
-        if let Ok(mut r) = pipe::Receiver::from_owned_fd(fd) {
-            let _ = r.read_to_end(buf).await;
-        }
-    }
 }
 
 #[cfg(test)]

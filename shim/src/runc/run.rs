@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
@@ -17,6 +17,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::exits::{Exit, Exits};
 use crate::inflight::InFlight;
+use crate::pipes::read_all;
 
 use super::failure::{failure, last_error_line};
 use super::invocation::Invocation;
@@ -219,13 +220,5 @@ async fn stop(
         Error::Cancelled(msg)
     } else {
         Error::DeadlineExceeded(msg)
-    }
-}
-
-async fn read_all(fd: Option<OwnedFd>, buf: &mut Vec<u8>) {
-    if let Some(fd) = fd {
-        if let Ok(mut r) = pipe::Receiver::from_owned_fd(fd) {
-            let _ = r.read_to_end(buf).await;
-        }
     }
 }

@@ -20,11 +20,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::unix::pipe;
 use vsnap_config::RuntimeConfig;
 
 use crate::exits::Exits;
+use crate::pipes::{feed, read_shared};
 use crate::vsnap_cli;
 
 /// Chunks transferred at once, by every pull the shim runs.
@@ -228,7 +229,7 @@ fn spawn(
     tokio::spawn(feed(child.stdin.take().map(OwnedFd::from), input));
     let stderr = Arc::new(Mutex::new(Vec::new()));
     let err = child.stderr.take().map(OwnedFd::from);
-    let stderr_read = tokio::spawn(read_all(err, stderr.clone()));
+    let stderr_read = tokio::spawn(read_shared(err, stderr.clone()));
     Ok(Pull {
         pid,
         exit,
@@ -275,24 +276,6 @@ fn reason(stderr: &Mutex<Vec<u8>>, code: i32) -> String {
         stderr: stderr.lock().expect("lock").clone(),
     };
     ran.reason()
-}
-
-async fn feed(fd: Option<OwnedFd>, input: Vec<u8>) {
-    if let Some(Ok(mut w)) = fd.map(pipe::Sender::from_owned_fd) {
-        let _ = w.write_all(&input).await;
-    }
-}
-
-async fn read_all(fd: Option<OwnedFd>, into: Arc<Mutex<Vec<u8>>>) {
-    if let Some(Ok(mut r)) = fd.map(pipe::Receiver::from_owned_fd) {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = r.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            into.lock().expect("lock").extend_from_slice(&buf[..n]);
-        }
-    }
 }
 
 #[cfg(test)]
