@@ -51,7 +51,6 @@ use crate::error::{RegistryError, Result};
 use crate::index::ArtifactConfig;
 use crate::sha256_digest;
 use checks::Checks;
-use disk::{free_bytes, room, write_back, WRITTEN};
 use records::{open_journal, open_record};
 use sealing::Sealing;
 
@@ -209,7 +208,7 @@ impl Partial {
             None => layer,
         };
         let places = self.places.get(digest).map(Vec::as_slice).unwrap_or(&[]);
-        let (mut sealed, mut written) = (Vec::new(), Vec::with_capacity(places.len()));
+        let mut sealed = Vec::new();
         for p in places {
             let path = &self.at.files[p.file].0;
             if plain.len() as u64 != p.len {
@@ -237,8 +236,7 @@ impl Partial {
             };
             file.write_all_at(bytes, p.offset)
                 .map_err(|e| io(format!("pull: write {}", path.display()), e))?;
-            write_back(&file, (p.offset, p.len), libc::SYNC_FILE_RANGE_WRITE);
-            written.push((file, p));
+            start_writeback(&file, p.offset, p.len);
         }
         let mut journal = self.journal.lock().expect("not poisoned");
         journal
@@ -249,12 +247,6 @@ impl Partial {
             })?;
         drop(journal);
         self.record_arrival(digest)?;
-        // Write-behind: the landing waits for its bytes to reach the disk,
-        // not the downloads (fetch.rs), so the disk works at the pace the
-        // chunks land and the fsync before the publish finds them written.
-        for (file, p) in &written {
-            write_back(file, (p.offset, p.len), WRITTEN);
-        }
         self.check_whole(digest, places)
     }
 
@@ -503,6 +495,22 @@ fn spans(places: &[Place]) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
     places.iter().map(|p| (p.file, p.offset, p.len))
 }
 
+/// Whether `free` bytes hold what is still to land of `total` with `here`
+/// landed; else the error saying so.
+fn room(root: &Path, free: u64, total: u64, here: u64) -> Result<()> {
+    let need = total.saturating_sub(here);
+    if need <= free {
+        return Ok(());
+    }
+    Err(io(
+        format!("pull: {}", root.display()),
+        std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!("{free} bytes free, the artifact needs {need} more ({here} of its {total} bytes are here)"),
+        ),
+    ))
+}
+
 fn io(context: String, e: std::io::Error) -> RegistryError {
     RegistryError::io(context, e)
 }
@@ -537,8 +545,44 @@ fn take_lock(path: &Path) -> Result<(File, bool)> {
     Ok((file, waited))
 }
 
+/// Starts writing `len` bytes at `offset` of `file` back to the disk, not
+/// waiting for it: the fsync before the publish then finds most of the
+/// artifact written already, the disk having worked while chunks arrived.
+/// Only a head start: that fsync still decides, and reports any error.
+fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; the call only schedules write-back
+    // of its pages and touches no memory of ours.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+}
+
+/// Bytes an unprivileged writer may still use on the file system of `path`.
+fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("a NUL in the path"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` is written by statvfs
+    // before it is read (only when it returns 0).
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // Both are 64 bits wide here, not on every target.
+    #[allow(clippy::unnecessary_cast)]
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 mod checks;
-mod disk;
 mod records;
 mod sealing;
 mod stream;
