@@ -25,6 +25,12 @@ pub const FILE: &str = "arrived";
 /// which the pull fetches next.
 pub const WANTED: &str = "wanted";
 
+/// What a streamed restore writes into the pull's gate (the pipe whose
+/// end of file lets the pull publish) to abandon the pull: it refused the
+/// artifact, or failed for a reason that is the artifact's. Any byte
+/// written abandons it; the pull then publishes nothing.
+pub const ABANDON: &[u8] = b"x";
+
 /// One place of a landed chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Arrival {

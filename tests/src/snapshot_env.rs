@@ -220,6 +220,31 @@ impl Env {
         }
     }
 
+    /// The node's `tool` (runc or CRIU) upgraded: the runtime config's
+    /// `key` now names the same binary behind a wrapper whose `--version`
+    /// prints `version` instead (a host whose fingerprint changed).
+    pub fn upgrade(&self, tool: &str, key: &str, version: &str) {
+        let real = crate::cmd::which(tool);
+        let wrapper = self.c.dir.join(format!("{tool}-upgraded"));
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then printf '%s\\n' '{version}'; exit 0; fi\nexec {} \"$@\"\n",
+                real.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        // First: a key after a `[table]` header would be the table's.
+        let config = std::fs::read_to_string(&self.config).unwrap();
+        let line = format!("{key} = \"{}\"\n", wrapper.display());
+        std::fs::write(&self.config, line + &config).unwrap();
+    }
+
     /// The operator CLI (`vsnap --root <this test's artifact root> ARGS`).
     pub fn vsnap(&self, args: &[&str]) -> crate::cmd::CmdOutput {
         let bin = crate::containerd::shim_binary().with_file_name("vsnap");

@@ -230,8 +230,15 @@ async fn fetch_all(
     timings.head = Some(s.head_ms);
     let waiting = std::time::Instant::now();
     let gate = stream.gate.as_ref().and_then(|g| g.try_clone().ok());
-    streamed::wait_for_readers(gate).await;
+    let abandoned = streamed::wait_for_readers(gate).await;
     timings.readers = Some(ms(waiting));
+    if abandoned {
+        partial.remove();
+        return Err(RegistryError::Invalid(format!(
+            "pull {}: abandoned by the restore that streamed from it (it refused the artifact, or failed for a reason that is the artifact's): nothing published, the partial pull removed",
+            remote.name()
+        )));
+    }
     Ok(s.fetched)
 }
 

@@ -11,7 +11,13 @@
 //!    server asks for ahead of that order (`wanted`: a page a task touched
 //!    before it arrived) is fetched next;
 //! 4. once every chunk landed, the publish waits until the restore no
-//!    longer reads the tree: the other end of the gate closed.
+//!    longer reads the tree: the other end of the gate closed. A restore
+//!    that refused the artifact, or failed for a reason that is the
+//!    artifact's, writes a byte into the gate first
+//!    (`vsnap_artifact::arrivals::ABANDON`): the pull
+//!    then publishes nothing and removes its partial folder, so that what
+//!    this host refused never lands under the name (where `auto` may have
+//!    captured a fresh artifact meanwhile).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -38,6 +44,7 @@ pub struct Stream {
     pub on_head: Box<dyn Fn(&Path) + Send + Sync>,
     /// Read to its end before the publish: the restore holds the other
     /// end while it reads the tree (its process dying closes it too).
+    /// Anything written into it abandons the pull (step 4).
     pub gate: Option<OwnedFd>,
 }
 
@@ -107,16 +114,51 @@ impl<'l> Schedule<'l> {
     }
 }
 
-/// Step 4: waits (on a blocking thread) until the gate's other end closed.
-pub(super) async fn wait_for_readers(gate: Option<OwnedFd>) {
+/// Step 4: waits (on a blocking thread) until the gate's other end
+/// closed; whether anything was written into it first (the restore
+/// abandoned the pull).
+pub(super) async fn wait_for_readers(gate: Option<OwnedFd>) -> bool {
     let Some(gate) = gate else {
-        return;
+        return false;
     };
-    let _ = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let mut file = File::from(gate);
-        let mut sink = [0u8; 64];
-        // EOF once every writer closed; anything written is ignored.
-        while matches!(file.read(&mut sink), Ok(n) if n > 0) {}
+        let (mut sink, mut written) = ([0u8; 64], false);
+        // EOF once every writer closed.
+        while let Ok(n @ 1..) = file.read(&mut sink) {
+            written |= n > 0;
+        }
+        written
     })
-    .await;
+    .await
+    .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// The gate's end of file lets the pull publish; a byte written
+    /// before it (the restore gave the artifact up) abandons it, however
+    /// many holders close after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_byte_in_the_gate_abandons_the_pull_and_its_end_alone_does_not() {
+        let (read, write) = std::io::pipe().unwrap();
+        let other = write.try_clone().unwrap();
+        drop((write, other));
+        assert!(!wait_for_readers(Some(read.into())).await, "closed only");
+
+        let (read, mut write) = std::io::pipe().unwrap();
+        let other = write.try_clone().unwrap();
+        write.write_all(vsnap_artifact::arrivals::ABANDON).unwrap();
+        drop(write);
+        let waiting = tokio::spawn(wait_for_readers(Some(read.into())));
+        // Still held by `other`: not over yet.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        drop(other);
+        assert!(waiting.await.unwrap(), "abandoned");
+        assert!(!wait_for_readers(None).await, "no gate, nothing to abandon");
+    }
 }

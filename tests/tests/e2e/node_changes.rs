@@ -32,33 +32,9 @@ fn quarantined(e: &Env, name: &str) -> (PathBuf, serde_json::Value) {
     (dir, serde_json::from_slice(&reason).unwrap())
 }
 
-/// The node's `tool` (runc or CRIU) upgraded: the runtime config's
-/// `key` now names the same binary behind a wrapper whose `--version`
-/// prints `version` instead.
-fn upgrade(e: &Env, tool: &str, key: &str, version: &str) {
-    let real = vsnap_e2e::cmd::which(tool);
-    let wrapper = e.c.dir.join(format!("{tool}-upgraded"));
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then printf '%s\\n' '{version}'; exit 0; fi\nexec {} \"$@\"\n",
-            real.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let mut config = std::fs::read_to_string(&e.config).unwrap();
-    config.push_str(&format!("{key} = \"{}\"\n", wrapper.display()));
-    std::fs::write(&e.config, config).unwrap();
-}
-
-/// The node's runc upgraded (see [`upgrade`]).
+/// The node's runc upgraded (see [`Env::upgrade`]).
 fn upgrade_runc(e: &Env) {
-    upgrade(e, "runc", "runc_binary", "runc version 1.1.99");
+    e.upgrade("runc", "runc_binary", "runc version 1.1.99");
 }
 
 /// The first `auto` start publishes `name`; the engine is then removed.
@@ -369,7 +345,7 @@ fn a_copy_whose_canary_does_not_match_is_set_aside_and_the_same_start_goes_on_co
 fn auto_on_an_upgraded_criu_captures_anew() {
     let e = setup("nc-criu");
     let old = published_by_auto(&e, "ncc2");
-    upgrade(&e, "criu", "criu_binary", "Version: 4.9");
+    e.upgrade("criu", "criu_binary", "Version: 4.9");
     let out = e.run("ncc2-r", "restore", "ncc2", free_port(), &[]);
     assert!(!out.ok(), "{out:?}");
     assert_has(&out.stderr, &["restore: preflight", "host.criu_version"]);

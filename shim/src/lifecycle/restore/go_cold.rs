@@ -145,6 +145,13 @@ impl Run for RestoreRun<Snapshot> {
         self.undo_criu(cold).await;
         let lock = match after {
             AfterFailure::SetAside(cause) | AfterFailure::GoesCold(cause) => {
+                // A pull this restore streamed from publishes nothing: the
+                // artifact is set aside before it is even published.
+                if cause.sets_aside() {
+                    if let Some(l) = &self.source.lock {
+                        l.abandon();
+                    }
+                }
                 self.set_aside(cause, e).await
             }
             AfterFailure::Fails => None,

@@ -25,7 +25,7 @@ pub struct ReadLock {
 #[derive(Clone, Debug)]
 enum Hold {
     Artifact(#[allow(dead_code)] Arc<ArtifactLock>),
-    Stream(#[allow(dead_code)] Arc<OwnedFd>),
+    Stream(Arc<OwnedFd>),
 }
 
 impl WriteLock {
@@ -47,6 +47,15 @@ impl ReadLock {
     pub fn streamed(hold: Arc<OwnedFd>) -> Self {
         Self {
             _hold: Hold::Stream(hold),
+        }
+    }
+
+    /// A restore streamed from a pull gives its artifact up: the pull
+    /// publishes nothing once the hold ends (registry/stream.rs). Nothing
+    /// for a local artifact.
+    pub fn abandon(&self) {
+        if let Hold::Stream(gate) = &self._hold {
+            crate::snapshot::registry::stream::abandon(gate);
         }
     }
 }

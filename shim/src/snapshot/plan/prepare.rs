@@ -68,6 +68,15 @@ pub fn prepare(mut inputs: Inputs<'_>) -> Result<Option<PreparedPlan>> {
         }
         // `auto` restores what can be restored here, else creates.
         Err(refusal) if inputs.plan.mode == Mode::Auto => {
+            // A streamed artifact refused here is never published over
+            // what this start captures (registry/stream.rs).
+            if let Some(s) = inputs
+                .streamed
+                .as_ref()
+                .filter(|_| refusal.cause.sets_aside())
+            {
+                s.abandon();
+            }
             match fallback::at_create(&inputs, &name, refusal)? {
                 Fallback::Cold => Ok(None),
                 Fallback::Capture(lock) => {

@@ -11,7 +11,10 @@
 //! the restore let go of the tree: the restore holds the write end of a
 //! pipe whose read end is the pull's descriptor 3 ([`Streamed::hold`]),
 //! dropped where a restore of a local artifact drops its shared lock. A
-//! shim that dies closes it too.
+//! shim that dies closes it too. A restore that refused the artifact, or
+//! failed for a reason that is the artifact's, writes a byte into that
+//! pipe first ([`abandon`]): the pull then publishes nothing, so what this
+//! host refused never lands under the name (where `auto` captures anew).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -52,6 +55,11 @@ pub struct Streamed {
 }
 
 impl Streamed {
+    /// The pull given up: it publishes nothing ([`abandon`]).
+    pub fn abandon(&self) {
+        abandon(&self.hold);
+    }
+
     /// The pull's record of what arrived (`vsnap_artifact::arrivals`).
     pub fn record(&self) -> PathBuf {
         let dir = self.tree.parent().unwrap_or(Path::new("/"));
@@ -261,6 +269,13 @@ async fn follow(mut pull: Pull, failure: Failure, left: Duration, timeout: Durat
         log::warn!("streamed pull failed: {why}");
         *failure.lock().expect("lock") = Some(why);
     }
+}
+
+/// Tells the pull whose gate's write end is `gate` to publish nothing
+/// once the gate closes (`vsnap_artifact::arrivals::ABANDON`). One byte
+/// into a pipe never blocks; a pull already gone is nothing to tell.
+pub fn abandon(gate: &OwnedFd) {
+    let _ = nix::unistd::write(gate, vsnap_artifact::arrivals::ABANDON);
 }
 
 /// `<root>/.pull/partial/<name>/tree`: where the pull of `name` writes.

@@ -273,6 +273,53 @@ fn two_copies_started_at_once_on_a_node_without_the_artifact_share_one_pull() {
     b.assert_nothing_left();
 }
 
+/// `auto` on a host that refuses the streamed artifact (its runc was
+/// upgraded since A captured): the start goes on cold and captures the
+/// artifact anew, and the pull, abandoned by the refusal, publishes
+/// nothing over that capture and removes its partial folder.
+#[test]
+fn an_artifact_refused_under_auto_is_never_published_over_the_fresh_capture() {
+    let (a, mut b, registry) = fleet("fleet-stream-refused");
+    b.rootfs = a.rootfs.clone();
+    pushed(&a, &registry, "fleet-sr-donor");
+    b.upgrade("runc", "runc_binary", "runc version 1.1.99");
+    let r = format!("{}/fleet/ref:v1", registry.host());
+    let run = copy_command(&b, "fleet-sr-auto", "auto", free_port(), &r);
+    let out = vsnap_e2e::cmd::run(run, None, Duration::from_secs(300));
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(heads(&b), 1, "streamed\n{}", b.c.log_tail());
+    let fallback = std::fs::read_to_string(b.bundle("fleet-sr-auto").join("vsnap-fallback.json"))
+        .unwrap_or_default();
+    assert!(
+        fallback.contains("\"cause\":\"host\"") && fallback.contains("runc_version"),
+        "{fallback:?}\n{}",
+        b.c.log_tail()
+    );
+    // The capture of this start publishes `ref`; the pull ends.
+    b.wait_manifest("ref");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !partial_pulls(&b).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pull's partial folder stays: {:?}\n{}",
+            partial_pulls(&b),
+            b.c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let published: Value =
+        serde_json::from_slice(&std::fs::read(b.manifest("ref")).unwrap()).unwrap();
+    assert!(
+        published["origin"].is_null(),
+        "captured here, not the pulled artifact: {}",
+        published["origin"]
+    );
+    let log = std::fs::read_to_string(b.c.dir.join("containerd.log")).unwrap_or_default();
+    assert_has(&log, &["abandoned by the restore"]);
+    b.remove("fleet-sr-auto");
+    b.assert_nothing_left();
+}
+
 /// How many times the registry's log shows a GET of each blob.
 fn blob_gets(registry: &Registry) -> std::collections::BTreeMap<String, usize> {
     let mut gets = std::collections::BTreeMap::new();
