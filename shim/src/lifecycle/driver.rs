@@ -24,6 +24,10 @@ pub const GRACE: Duration = Duration::from_millis(500);
 pub trait Run: Send {
     /// Lets go of the artifact lock: called once per start, on every path.
     fn release_lock(&mut self);
+    /// A start that failed in `phase` with `e`, right before its lock
+    /// goes: what it read from may be given up first (a restore streamed
+    /// from a pull abandons it, so that the pull publishes nothing).
+    fn give_up(&mut self, _phase: PhaseName, _e: &Error) {}
     /// `phase` ran (well or not) and took `took`: the times so far, for a
     /// later phase that records them (a capture's manifest).
     fn ran(&mut self, _phase: PhaseName, _took: Duration) {}
@@ -94,6 +98,9 @@ pub async fn drive<Cx: Run>(
             failed = Some((name, e.in_phase(name.as_str())));
             break;
         }
+    }
+    if let Some((phase, error)) = &failed {
+        cx.give_up(*phase, error);
     }
     cx.release_lock();
     let Some((phase, error)) = failed else {
@@ -169,6 +176,9 @@ mod tests {
         fn release_lock(&mut self) {
             self.released += 1;
             self.ends.push("release");
+        }
+        fn give_up(&mut self, _: PhaseName, _: &Error) {
+            self.ends.push("give up");
         }
         fn record_error(&mut self, phase: PhaseName, _: &Error) {
             self.recorded.push(phase);
@@ -305,8 +315,10 @@ mod tests {
             assert_eq!(cx.released, 1, "{failing}");
             assert_eq!(cx.recorded, [*failing]);
             assert_eq!(cx.aborted, [*failing]);
-            // The record exists before the undo publishes the exit.
-            assert_eq!(cx.ends, ["release", "record", "abort"]);
+            // What is given up is told before the lock goes (a streamed
+            // pull's gate); the record exists before the undo publishes
+            // the exit.
+            assert_eq!(cx.ends, ["give up", "release", "record", "abort"]);
         }
     }
 

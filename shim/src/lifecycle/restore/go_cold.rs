@@ -107,6 +107,20 @@ impl Run for RestoreRun<Snapshot> {
         drop(self.source.lock.take());
     }
 
+    /// A pull this restore streamed from publishes nothing when the
+    /// failure sets the artifact aside (before it was even published):
+    /// told before the lock, its gate, goes.
+    fn give_up(&mut self, phase: PhaseName, e: &Error) {
+        let plan = &self.source.plan;
+        if let AfterFailure::SetAside(c) | AfterFailure::GoesCold(c) =
+            after_failure(plan.auto, plan.may_go_cold(), phase, e)
+        {
+            if let (true, Some(lock)) = (c.sets_aside(), &self.source.lock) {
+                lock.abandon();
+            }
+        }
+    }
+
     fn record_error(&mut self, phase: PhaseName, e: &Error) {
         // CRIU's log is in the bundle, which goes with the task.
         let common = &self.source.plan.common;
@@ -145,13 +159,6 @@ impl Run for RestoreRun<Snapshot> {
         self.undo_criu(cold).await;
         let lock = match after {
             AfterFailure::SetAside(cause) | AfterFailure::GoesCold(cause) => {
-                // A pull this restore streamed from publishes nothing: the
-                // artifact is set aside before it is even published.
-                if cause.sets_aside() {
-                    if let Some(l) = &self.source.lock {
-                        l.abandon();
-                    }
-                }
                 self.set_aside(cause, e).await
             }
             AfterFailure::Fails => None,

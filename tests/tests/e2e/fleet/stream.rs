@@ -295,14 +295,57 @@ fn an_artifact_refused_under_auto_is_never_published_over_the_fresh_capture() {
         "{fallback:?}\n{}",
         b.c.log_tail()
     );
-    // The capture of this start publishes `ref`; the pull ends.
+    assert_abandoned(&b);
+    b.remove("fleet-sr-auto");
+    b.assert_nothing_left();
+}
+
+/// `auto` on B from an artifact whose copies answer their canary wrong
+/// (the engine's fault injection, captured with it): the streamed restore
+/// fails at Start for a cause that sets it aside (`restore`), the same
+/// start goes on cold and captures anew, and the abandoned pull publishes
+/// nothing over that capture.
+#[test]
+fn a_streamed_restore_that_fails_at_start_for_the_artifact_abandons_its_pull() {
+    const DRIFT: &str = "VSNAP_ENGINE_CANARY_DRIFT=1";
+    let (a, mut b, registry) = fleet("fleet-stream-drift");
+    b.rootfs = a.rootfs.clone();
+    a.create_good("fleet-sd-donor", "ref", &[RESIDENT, DRIFT]);
+    vsnap_json(
+        &a,
+        &["push", "ref", &format!("{}/fleet/ref:v1", registry.host())],
+    );
+    let from = format!("vsnap.io/artifact-ref={}/fleet/ref:v1", registry.host());
+    let env = ["--annotation", &from, "--env", RESIDENT, "--env", DRIFT];
+    let run = b.run_command("fleet-sd-auto", "auto", "ref", free_port(), &env, &[]);
+    let out = vsnap_e2e::cmd::run(run, None, Duration::from_secs(300));
+    assert!(out.ok(), "{out:?}\n{}", b.c.log_tail());
+    assert_eq!(heads(&b), 1, "streamed\n{}", b.c.log_tail());
+    let fallback = std::fs::read_to_string(b.bundle("fleet-sd-auto").join("vsnap-fallback.json"))
+        .unwrap_or_default();
+    for part in ["\"cause\":\"restore\"", "canary", "cold, capturing"] {
+        assert!(
+            fallback.contains(part),
+            "{part} not in {fallback:?}\n{}",
+            b.c.log_tail()
+        );
+    }
+    assert_abandoned(&b);
+    b.remove("fleet-sd-auto");
+    b.assert_nothing_left();
+}
+
+/// After a start that gave a streamed artifact up: B's own capture is
+/// published as `ref` (no `origin`: not the pulled artifact), and the
+/// pull, abandoned, removed its partial folder and said so.
+fn assert_abandoned(b: &Env) {
     b.wait_manifest("ref");
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !partial_pulls(&b).is_empty() {
+    while !partial_pulls(b).is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the pull's partial folder stays: {:?}\n{}",
-            partial_pulls(&b),
+            partial_pulls(b),
             b.c.log_tail()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -316,8 +359,6 @@ fn an_artifact_refused_under_auto_is_never_published_over_the_fresh_capture() {
     );
     let log = std::fs::read_to_string(b.c.dir.join("containerd.log")).unwrap_or_default();
     assert_has(&log, &["abandoned by the restore"]);
-    b.remove("fleet-sr-auto");
-    b.assert_nothing_left();
 }
 
 /// How many times the registry's log shows a GET of each blob.
