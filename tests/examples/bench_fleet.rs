@@ -26,8 +26,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vsnap_e2e::bench::{env_num, median, vsnap_json};
-use vsnap_e2e::cmd::run;
-use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::disk::{disk_use, DiskPeak};
 use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{setup, Env};
@@ -40,34 +38,13 @@ fn vsnap(env: &Env, args: &[&str]) -> serde_json::Value {
 /// trusts A's key, as in a fleet.
 fn configure(a: &Env, b: &Env, hosts: [String; 2]) {
     for e in [a, b] {
-        let mut config = std::fs::read_to_string(&e.config).unwrap();
         for host in &hosts {
-            if !config.contains(&format!("[registries.\"{host}\"]")) {
-                config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
-            }
+            e.allow_registry(host);
         }
-        std::fs::write(&e.config, config).unwrap();
     }
-    let (private, public) = (a.c.dir.join("k"), a.c.dir.join("k.pub"));
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.args(["key", "generate", "--private"])
-        .arg(&private)
-        .arg("--public")
-        .arg(&public);
-    assert!(run(cmd, None, Duration::from_secs(30)).ok());
-    for (e, line) in [
-        (
-            a,
-            format!("fleet_signing_key = \"{}\"\n", private.display()),
-        ),
-        (
-            b,
-            format!("fleet_trusted_keys = [\"{}\"]\n", public.display()),
-        ),
-    ] {
-        let config = std::fs::read_to_string(&e.config).unwrap();
-        std::fs::write(&e.config, format!("{line}{config}")).unwrap();
-    }
+    let (private, public) = a.fleet_key_pair("k");
+    a.prepend_config(&format!("fleet_signing_key = \"{private}\"\n"));
+    b.prepend_config(&format!("fleet_trusted_keys = [\"{public}\"]\n"));
 }
 
 /// The registry's chunk files: what a raw copy reads.
@@ -197,12 +174,7 @@ fn main() {
     let a = setup("bench-fleet-a");
     let b = setup("bench-fleet-b");
     let registry = Registry::start(&a.c.dir);
-    let link = std::env::var("BENCH_LINK_MBPS").ok().map(|_| {
-        SlowProxy::start(
-            registry.port,
-            env_num("BENCH_LINK_MBPS", 125) * 1_000_000 / 4,
-        )
-    });
+    let link = vsnap_e2e::bench::link(&registry);
     let pull_host = link.as_ref().map_or(registry.host(), SlowProxy::host);
     configure(&a, &b, [registry.host(), pull_host.clone()]);
 

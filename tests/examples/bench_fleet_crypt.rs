@@ -18,13 +18,10 @@
 //! a host whose registry is across a network and not on its own cores.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vsnap_artifact::encryption::EncryptionKey;
 use vsnap_e2e::bench::{env_num, median, vsnap_json};
-use vsnap_e2e::cmd::run;
-use vsnap_e2e::containerd::shim_binary;
 use vsnap_e2e::disk::{disk_use, DiskPeak};
 use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{setup, Env};
@@ -35,19 +32,6 @@ fn vsnap(config: &str, args: &[&str]) -> serde_json::Value {
 }
 
 /// `lines` first in `env`'s runtime config.
-fn prepend(env: &Env, lines: &str) {
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
-}
-
-/// A copy of `env`'s config with `line` first: (path).
-fn variant(env: &Env, tag: &str, line: &str) -> String {
-    let path = env.c.dir.join(format!("{tag}.toml"));
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&path, format!("{line}{config}")).unwrap();
-    path.display().to_string()
-}
-
 /// MiB/s of `f` over `bytes`, best of 3.
 fn rate(bytes: usize, mut f: impl FnMut()) -> f64 {
     let mut best = f64::MAX;
@@ -109,45 +93,22 @@ fn main() {
     let registry = Registry::start(&a.c.dir);
     // Pulls go through a link of BENCH_LINK_MBPS when it is set (4
     // connections share it: the pull's --jobs).
-    let link = std::env::var("BENCH_LINK_MBPS").ok().map(|_| {
-        SlowProxy::start(
-            registry.port,
-            env_num("BENCH_LINK_MBPS", 125) * 1_000_000 / 4,
-        )
-    });
+    let link = vsnap_e2e::bench::link(&registry);
     let pull_host = link.as_ref().map_or(registry.host(), SlowProxy::host);
     for e in [&a, &b] {
-        let mut config = std::fs::read_to_string(&e.config).unwrap();
-        for host in [registry.host(), pull_host.clone()] {
-            if config.contains(&format!("[registries.\"{host}\"]")) {
-                continue;
-            }
-            config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
-        }
-        std::fs::write(&e.config, config).unwrap();
+        e.allow_registry(&registry.host());
+        e.allow_registry(&pull_host);
     }
-    let (private, public) = (a.c.dir.join("k"), a.c.dir.join("k.pub"));
-    let enc = a.c.dir.join("enc.key");
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.args(["key", "generate", "--private"])
-        .arg(&private)
-        .arg("--public")
-        .arg(&public);
-    assert!(run(cmd, None, Duration::from_secs(30)).ok());
-    let mut cmd = Command::new(shim_binary().with_file_name("vsnap"));
-    cmd.args(["key", "generate-encryption"]).arg(&enc);
-    assert!(run(cmd, None, Duration::from_secs(30)).ok());
-    prepend(
-        &a,
-        &format!("fleet_signing_key = \"{}\"\n", private.display()),
-    );
-    prepend(
-        &b,
-        &format!("fleet_trusted_keys = [\"{}\"]\n", public.display()),
-    );
-    let enc_line = format!("fleet_encryption_key = \"{}\"\n", enc.display());
+    let (private, public) = a.fleet_key_pair("k");
+    let (enc, _) = a.fleet_encryption_key("enc");
+    a.prepend_config(&format!("fleet_signing_key = \"{private}\"\n"));
+    b.prepend_config(&format!("fleet_trusted_keys = [\"{public}\"]\n"));
+    let enc_line = format!("fleet_encryption_key = \"{enc}\"\n");
     let clear = [a.config.clone(), b.config.clone()];
-    let sealed = [variant(&a, "enc", &enc_line), variant(&b, "enc", &enc_line)];
+    let sealed = [
+        a.config_variant("enc-config", &enc_line),
+        b.config_variant("enc-config", &enc_line),
+    ];
 
     let env = format!("VSNAP_ENGINE_RESIDENT_MB={resident}");
     a.create_good("donor", "big", &[&env]);

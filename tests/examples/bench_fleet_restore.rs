@@ -46,25 +46,6 @@ fn vsnap(config: &str, args: &[&str]) -> serde_json::Value {
     vsnap_json(Path::new(config), args)
 }
 
-fn prepend(env: &Env, lines: &str) {
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
-}
-
-fn append(env: &Env, lines: &str) {
-    let mut config = std::fs::read_to_string(&env.config).unwrap();
-    config.push_str(lines);
-    std::fs::write(&env.config, config).unwrap();
-}
-
-/// A copy of `env`'s config with `lines` first: (path).
-fn variant(env: &Env, tag: &str, lines: &str) -> String {
-    let path = env.c.dir.join(format!("{tag}.toml"));
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&path, format!("{lines}{config}")).unwrap();
-    path.display().to_string()
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -93,33 +74,14 @@ struct Bench {
 /// Keys on A and B: A signs (and seals with the fleet key), B trusts A's
 /// key. Returns the line that names the encryption key.
 fn keys(a: &Env, b: &Env) -> String {
-    let (private, public) = (a.c.dir.join("fleet.key"), a.c.dir.join("fleet.pub"));
-    let (private, public) = (private.display().to_string(), public.display().to_string());
-    let enc = a.c.dir.join("enc.key").display().to_string();
-    let keygen = [
-        "key",
-        "generate",
-        "--private",
-        &private,
-        "--public",
-        &public,
-    ];
-    let mut cmd =
-        std::process::Command::new(vsnap_e2e::containerd::shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config").arg(&a.config).args(keygen);
-    assert!(vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(30)).ok());
-    let mut cmd =
-        std::process::Command::new(vsnap_e2e::containerd::shim_binary().with_file_name("vsnap"));
-    cmd.arg("--config")
-        .arg(&a.config)
-        .args(["key", "generate-encryption", &enc]);
-    assert!(vsnap_e2e::cmd::run(cmd, None, Duration::from_secs(30)).ok());
+    let (private, public) = a.fleet_key_pair("fleet");
+    let (enc, _) = a.fleet_encryption_key("enc");
     let shared = a.c.dir.join("fingerprint.key");
     std::fs::write(&shared, [0x33u8; 32]).unwrap();
     std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let shared = format!("fleet_fingerprint_key = \"{}\"\n", shared.display());
-    prepend(a, &format!("fleet_signing_key = \"{private}\"\n{shared}"));
-    prepend(b, &format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"));
+    a.prepend_config(&format!("fleet_signing_key = \"{private}\"\n{shared}"));
+    b.prepend_config(&format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"));
     format!("fleet_encryption_key = \"{enc}\"\n")
 }
 
@@ -130,22 +92,12 @@ fn prepare(resident: &str, init: &str) -> Bench {
     let mut b = setup("bfr-b");
     b.rootfs = a.rootfs.clone();
     let registry = Registry::start(&a.c.dir);
-    let link = std::env::var("BENCH_LINK_MBPS").ok().map(|_| {
-        SlowProxy::start(
-            registry.port,
-            env_num("BENCH_LINK_MBPS", 125) * 1_000_000 / 4,
-        )
-    });
+    let link = vsnap_e2e::bench::link(&registry);
     let pull_host = link.as_ref().map_or(registry.host(), SlowProxy::host);
     let enc_line = keys(&a, &b);
-    let mut hosts = vec![registry.host()];
-    if pull_host != registry.host() {
-        hosts.push(pull_host.clone());
-    }
-    for host in &hosts {
-        let plain = format!("[registries.\"{host}\"]\nplain_http = true\n");
-        append(&a, &plain);
-        append(&b, &plain);
+    for e in [&a, &b] {
+        e.allow_registry(&registry.host());
+        e.allow_registry(&pull_host);
     }
     let env = [
         format!("VSNAP_ENGINE_RESIDENT_MB={resident}"),
@@ -156,7 +108,7 @@ fn prepare(resident: &str, init: &str) -> Bench {
     let manifest = a.create_good("bfr-donor", NAME, &env_refs);
     let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
     let bytes = manifest["image_bytes"].as_u64().unwrap_or(0);
-    let a_enc = variant(&a, "enc", &enc_line);
+    let a_enc = a.config_variant("enc-config", &enc_line);
     let mut refs = [String::new(), String::new()];
     for (mode, config) in [(0, &a.config), (1, &a_enc)] {
         let r = format!("{}/fleet/{NAME}-{mode}:v1", registry.host());
@@ -165,7 +117,7 @@ fn prepare(resident: &str, init: &str) -> Bench {
         assert_eq!(pushed["encrypted_with"].is_string(), mode == 1, "{pushed}");
         refs[mode] = r.replace(&registry.host(), &pull_host);
     }
-    let config = |tag: &str, lines: &str| variant(&b, tag, lines);
+    let config = |tag: &str, lines: &str| b.config_variant(tag, lines);
     let configs = [
         [
             config("clear-staged", "stream_pulls = false\n"),

@@ -9,6 +9,15 @@ use std::time::Duration;
 use crate::cmd::run;
 use crate::containerd::shim_binary;
 
+/// With `BENCH_LINK_MBPS` set, a proxy in front of `registry` that gives
+/// the pull's 4 connections that many MB/s between them; else none.
+pub fn link(registry: &crate::registry::Registry) -> Option<crate::registry::SlowProxy> {
+    std::env::var("BENCH_LINK_MBPS").ok().map(|_| {
+        let per_connection = env_num("BENCH_LINK_MBPS", 125) * 1_000_000 / 4;
+        crate::registry::SlowProxy::start(registry.port, per_connection)
+    })
+}
+
 /// The environment variable `name` as a number, or `default`.
 pub fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)

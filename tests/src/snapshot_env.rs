@@ -239,10 +239,70 @@ impl Env {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        // First: a key after a `[table]` header would be the table's.
+        self.prepend_config(&format!("{key} = \"{}\"\n", wrapper.display()));
+    }
+
+    /// Puts top-level keys first in the runtime config: a key after a
+    /// `[table]` header would be the table's.
+    pub fn prepend_config(&self, lines: &str) {
         let config = std::fs::read_to_string(&self.config).unwrap();
-        let line = format!("{key} = \"{}\"\n", wrapper.display());
-        std::fs::write(&self.config, line + &config).unwrap();
+        std::fs::write(&self.config, format!("{lines}{config}")).unwrap();
+    }
+
+    /// A copy of the runtime config with `lines` first, as `<tag>.toml` in
+    /// this instance's folder: its path.
+    pub fn config_variant(&self, tag: &str, lines: &str) -> String {
+        let path = self.c.dir.join(format!("{tag}.toml"));
+        let config = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(&path, format!("{lines}{config}")).unwrap();
+        path.display().to_string()
+    }
+
+    /// Lets the runtime config reach the registry `host` over plain HTTP
+    /// (a loopback registry); once per host.
+    pub fn allow_registry(&self, host: &str) {
+        let mut config = std::fs::read_to_string(&self.config).unwrap();
+        let table = format!("[registries.\"{host}\"]\n");
+        if !config.contains(&table) {
+            config.push_str(&format!("{table}plain_http = true\n"));
+            std::fs::write(&self.config, config).unwrap();
+        }
+    }
+
+    /// A fleet signing key pair made with `vsnap key generate` in this
+    /// instance's folder: (private, public).
+    pub fn fleet_key_pair(&self, tag: &str) -> (String, String) {
+        let private = self.c.dir.join(format!("{tag}.key")).display().to_string();
+        let public = self.c.dir.join(format!("{tag}.pub")).display().to_string();
+        let args = [
+            "key",
+            "generate",
+            "--private",
+            &private,
+            "--public",
+            &public,
+        ];
+        let out = self.vsnap_configured(&args);
+        assert!(out.ok(), "{out:?}");
+        (private, public)
+    }
+
+    /// A fleet encryption key made with `vsnap key generate-encryption` in
+    /// this instance's folder: (path, key id).
+    pub fn fleet_encryption_key(&self, tag: &str) -> (String, String) {
+        let path = self.c.dir.join(format!("{tag}.key")).display().to_string();
+        let out = self.vsnap_configured(&["key", "generate-encryption", &path, "--json"]);
+        assert!(out.ok(), "{out:?}");
+        let made: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        (path, made["key_id"].as_str().unwrap().to_string())
+    }
+
+    /// `vsnap --config <this runtime config> ARGS`.
+    pub fn vsnap_configured(&self, args: &[&str]) -> crate::cmd::CmdOutput {
+        let bin = crate::containerd::shim_binary().with_file_name("vsnap");
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("--config").arg(&self.config).args(args);
+        crate::cmd::run(cmd, None, Duration::from_secs(300))
     }
 
     /// The operator CLI (`vsnap --root <this test's artifact root> ARGS`).

@@ -1,9 +1,7 @@
 //! A fleet whose artifacts are sealed with the fleet encryption key: no
 //! secret in the registry in clear, the key named by id, a key rotated.
 
-use super::harness::{
-    configure, encryption_key, fleet, key_pair, landed_chunks, vsnap_json, vsnap_with,
-};
+use super::harness::{fleet, landed_chunks, vsnap_json, vsnap_with};
 use serde_json::Value;
 use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::snapshot_env::{answers, assert_has};
@@ -32,13 +30,13 @@ fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
 fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
     let (a, mut b, registry) = fleet("fleet-enc");
     b.rootfs = a.rootfs.clone();
-    let (key, key_id) = encryption_key(&a, "fleet-enc");
+    let (key, key_id) = a.fleet_encryption_key("fleet-enc");
     let line = format!("fleet_encryption_key = \"{key}\"\n");
     // A keeps its memory images in clear (`seal_at_rest = false`): the
     // scan below must be able to find the secret on A to show it is not
     // in the registry (fleet/sealed.rs shows the sealed case).
-    configure(&a, &format!("{line}seal_at_rest = false\n"));
-    configure(&b, &line);
+    a.prepend_config(&format!("{line}seal_at_rest = false\n"));
+    b.prepend_config(&line);
     // The engine keeps its environment in memory (its stack): a secret
     // value there is in the CRIU pages of the artifact.
     const SECRET: &str = "vsnap-e2e-secret-4f1c9a7e2b8d6053";
@@ -76,7 +74,7 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
 
     // A pull with another fleet's key: refused naming the key it needs,
     // nothing fetched, nothing published.
-    let (other, _) = encryption_key(&b, "other-enc");
+    let (other, _) = b.fleet_encryption_key("other-enc");
     let wrong = vsnap_with(
         &b,
         "wrong",
@@ -94,7 +92,7 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
 
     // Another key signs the same manifest in the same repository: its
     // signature is added, the fleet's stays, B's pull still trusts it.
-    let (rogue, _) = key_pair(&a, "rogue");
+    let (rogue, _) = a.fleet_key_pair("rogue");
     let out = vsnap_with(
         &a,
         "rogue",
@@ -122,7 +120,7 @@ fn an_encrypted_push_leaves_no_secret_in_the_registry_and_restores_on_b() {
 
     // Rotation: a new current key, the old one kept to decrypt. What was
     // pushed under the old key still pulls; a push now seals with the new.
-    let (new, new_id) = encryption_key(&a, "fleet-enc-2");
+    let (new, new_id) = a.fleet_encryption_key("fleet-enc-2");
     let rotated =
         format!("fleet_encryption_key = \"{new}\"\nfleet_decryption_keys = [\"{key}\"]\n");
     let out = vsnap_with(&b, "rotated", &rotated, &["pull", &r, "old", "--json"]);

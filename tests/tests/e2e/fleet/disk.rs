@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::harness::{configure, encryption_key, fleet, vsnap, vsnap_json, vsnap_with};
+use super::harness::{fleet, vsnap, vsnap_json, vsnap_with};
 use vsnap_e2e::disk::{disk_use, DiskPeak};
 
 /// Most disk a pull may take beyond what the root held before it, as a
@@ -15,7 +15,7 @@ const MOST: f64 = 1.1;
 #[test]
 fn a_pull_takes_at_most_1_1x_the_artifact_on_disk_in_clear_and_encrypted() {
     let (a, b, registry) = fleet("fleet-disk");
-    let (key, _) = encryption_key(&a, "fleet-disk-enc");
+    let (key, _) = a.fleet_encryption_key("fleet-disk-enc");
     let sealing = format!("fleet_encryption_key = \"{key}\"\n");
     a.create_good(
         "fleet-disk-donor",
@@ -34,7 +34,7 @@ fn a_pull_takes_at_most_1_1x_the_artifact_on_disk_in_clear_and_encrypted() {
     );
     assert!(out.ok(), "{out:?}");
     // B holds the key: it pulls both (one in clear needs none).
-    configure(&b, &sealing);
+    b.prepend_config(&sealing);
 
     let mut measured = Vec::new();
     for (what, r) in [("clear", &clear), ("encrypted", &sealed)] {

@@ -31,46 +31,13 @@ pub(super) fn vsnap_json(env: &Env, args: &[&str]) -> Value {
     serde_json::from_str(&out.stdout).unwrap()
 }
 
-/// Lets `env`'s runtime config reach `host` over plain HTTP (loopback).
-pub(super) fn allow(env: &Env, host: &str) {
-    let mut config = std::fs::read_to_string(&env.config).unwrap();
-    config.push_str(&format!("[registries.\"{host}\"]\nplain_http = true\n"));
-    std::fs::write(&env.config, config).unwrap();
-}
-
-/// Puts top-level keys first in `env`'s runtime config (before any table).
-pub(super) fn configure(env: &Env, lines: &str) {
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("{lines}{config}")).unwrap();
-}
-
-/// A fleet key pair made with `vsnap key generate` in `env`'s folder:
-/// (private, public).
-pub(super) fn key_pair(env: &Env, tag: &str) -> (String, String) {
-    let private = env.c.dir.join(format!("{tag}.key")).display().to_string();
-    let public = env.c.dir.join(format!("{tag}.pub")).display().to_string();
-    let out = vsnap(
-        env,
-        &[
-            "key",
-            "generate",
-            "--private",
-            &private,
-            "--public",
-            &public,
-        ],
-    );
-    assert!(out.ok(), "{out:?}");
-    (private, public)
-}
-
 /// Two hosts and the registry between them (dropped first: declared last).
 /// A signs what it pushes with the fleet key, B trusts it; both key the
 /// workload fingerprints with the fleet's shared fingerprint key.
 pub(super) fn fleet(tag: &str) -> (Env, Env, Registry) {
     let (a, b, registry) = fleet_with(tag, None);
-    allow(&a, &registry.host());
-    allow(&b, &registry.host());
+    a.allow_registry(&registry.host());
+    b.allow_registry(&registry.host());
     (a, b, registry)
 }
 
@@ -80,16 +47,13 @@ pub(super) fn fleet_with(tag: &str, auth: Option<(&str, &str)>) -> (Env, Env, Re
     let a = setup(&format!("{tag}-a"));
     let b = setup(&format!("{tag}-b"));
     let registry = Registry::start_with(&a.c.dir, auth);
-    let (private, public) = key_pair(&a, "fleet");
+    let (private, public) = a.fleet_key_pair("fleet");
     let shared = a.c.dir.join("fleet-fingerprint.key");
     std::fs::write(&shared, [0x5au8; 32]).unwrap();
     std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let shared = format!("fleet_fingerprint_key = \"{}\"\n", shared.display());
-    configure(&a, &format!("fleet_signing_key = \"{private}\"\n{shared}"));
-    configure(
-        &b,
-        &format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"),
-    );
+    a.prepend_config(&format!("fleet_signing_key = \"{private}\"\n{shared}"));
+    b.prepend_config(&format!("fleet_trusted_keys = [\"{public}\"]\n{shared}"));
     (a, b, registry)
 }
 
@@ -129,14 +93,6 @@ pub(super) fn unsealed(bytes: &[u8]) -> Value {
     v.as_object_mut().unwrap().remove("mac");
     v.as_object_mut().unwrap().remove("sealed");
     v
-}
-
-/// A fleet encryption key made with `vsnap key generate-encryption` in
-/// `env`'s folder: (path, key id).
-pub(super) fn encryption_key(env: &Env, tag: &str) -> (String, String) {
-    let path = env.c.dir.join(format!("{tag}.key")).display().to_string();
-    let made = vsnap_json(env, &["key", "generate-encryption", &path]);
-    (path, made["key_id"].as_str().unwrap().to_string())
 }
 
 /// `vsnap --config CONFIG ARGS`, CONFIG being `env`'s runtime config with

@@ -10,7 +10,7 @@ use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::registry::{RecordingProxy, Registry};
 use vsnap_e2e::snapshot_env::{answers, assert_has, Env};
 
-use super::harness::{configure, fleet_with, vsnap_json};
+use super::harness::{fleet_with, vsnap_json};
 
 const PASSWORD: &str = "s3cret-mirror-pw";
 
@@ -63,7 +63,7 @@ fn a_mirror_in_hosts_toml_serves_pulls_with_the_registry_down_and_never_gets_cre
     let path = hosts_folder(&a.c.dir.join("certs.d"), &origin, &proxy.host());
     for env in [&a, &b] {
         with_credentials(env, &host, &password_file);
-        configure(env, &path);
+        env.prepend_config(&path);
     }
     a.create_good("fleet-mirror-donor", "m", &[]);
     let cold = HostEngine::start();

@@ -20,8 +20,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use harness::{
-    configure, fleet, fleet_with, key_pair, landed, landed_chunks, partial_pulls, unsealed, vsnap,
-    vsnap_json,
+    fleet, fleet_with, landed, landed_chunks, partial_pulls, unsealed, vsnap, vsnap_json,
 };
 use serde_json::Value;
 use vsnap_e2e::cmd::run;
@@ -143,7 +142,7 @@ fn unsigned_and_untrusted_artifacts_are_refused_before_any_chunk_is_fetched() {
     assert_has(&out.stderr, &["fleet signature", "not signed"]);
 
     // Signed by a key B does not trust.
-    let (other, _) = key_pair(&a, "other");
+    let (other, _) = a.fleet_key_pair("other");
     let r = format!("{host}/fleet/t:rogue");
     push_with("rogue", &format!("fleet_signing_key = \"{other}\""), &r);
     let out = vsnap(&b, &["pull", &r]);
@@ -424,7 +423,7 @@ fn a_restore_from_a_reference_pulls_what_is_missing_and_refuses_the_untrusted() 
 fn an_auto_create_pushes_what_it_published_when_the_config_asks() {
     let (a, mut b, registry) = fleet("fleet-autopush");
     b.rootfs = a.rootfs.clone();
-    configure(&a, "push_created = true\n");
+    a.prepend_config("push_created = true\n");
     let r = format!("{}/fleet/autopush:v1", registry.host());
     // Not in the registry yet: `auto` starts cold, captures, publishes, and
     // then pushes to its reference in the background, signed.

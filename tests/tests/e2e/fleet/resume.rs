@@ -7,10 +7,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::harness::{
-    allow, configure, encryption_key, fleet, landed, partial_pulls, vsnap, vsnap_command,
-    vsnap_json,
-};
+use super::harness::{fleet, landed, partial_pulls, vsnap, vsnap_command, vsnap_json};
 use serde_json::Value;
 use vsnap_e2e::containerd::list;
 use vsnap_e2e::disk::disk_use;
@@ -30,10 +27,10 @@ fn an_interrupted_encrypted_pull_resumes_and_fetches_only_what_is_missing() {
 fn interrupted_pull_resumes(tag: &str, sealed: bool) {
     let (a, b, registry) = fleet(tag);
     if sealed {
-        let (key, _) = encryption_key(&a, &format!("{tag}-key"));
+        let (key, _) = a.fleet_encryption_key(&format!("{tag}-key"));
         let line = format!("fleet_encryption_key = \"{key}\"\n");
-        configure(&a, &line);
-        configure(&b, &line);
+        a.prepend_config(&line);
+        b.prepend_config(&line);
     }
     a.create_good(
         &format!("{tag}-donor"),
@@ -47,7 +44,7 @@ fn interrupted_pull_resumes(tag: &str, sealed: bool) {
     // Through a slow link (4 MiB/s per connection), so the pull is still
     // running when the first chunks have landed on B.
     let proxy = SlowProxy::start(registry.port, 4 << 20);
-    allow(&b, &proxy.host());
+    b.allow_registry(&proxy.host());
     let slow = format!("{}/fleet/big:v1", proxy.host());
     let mut child = vsnap_command(&b, &["pull", &slow])
         .stdin(Stdio::null())

@@ -12,7 +12,7 @@ use vsnap_e2e::engine::{free_port, HostEngine};
 use vsnap_e2e::registry::{Registry, SlowProxy};
 use vsnap_e2e::snapshot_env::{answers, assert_has, Env};
 
-use super::harness::{allow, fleet, partial_pulls, vsnap_json};
+use super::harness::{fleet, partial_pulls, vsnap_json};
 
 /// The engine holds this much on top of its own: enough pages that the
 /// link, not the head, is what a streamed pull waits for.
@@ -91,7 +91,7 @@ fn a_restore_through_a_slow_link_starts_criu_before_the_last_chunk_and_answers()
     b.rootfs = a.rootfs.clone();
     let (reference, _) = pushed(&a, &registry, "fleet-st-donor");
     let link = SlowProxy::start(registry.port, LINK);
-    allow(&b, &link.host());
+    b.allow_registry(&link.host());
     let r = format!("{}/fleet/ref:v1", link.host());
     restored(&b, "fleet-st-copy", &r, &reference);
     let record: Value = serde_json::from_slice(
@@ -130,9 +130,9 @@ fn a_streamed_restore_onto_a_host_that_seals_at_rest_answers_and_publishes_seale
     let (a, mut b, registry) = fleet("fleet-stream-sealed");
     b.rootfs = a.rootfs.clone();
     let (reference, _) = pushed(&a, &registry, "fleet-ss-donor");
-    super::harness::configure(&b, "seal_at_rest = true\n");
+    b.prepend_config("seal_at_rest = true\n");
     let link = SlowProxy::start(registry.port, LINK);
-    allow(&b, &link.host());
+    b.allow_registry(&link.host());
     let r = format!("{}/fleet/ref:v1", link.host());
     restored(&b, "fleet-ss-copy", &r, &reference);
     vsnap_e2e::snapshot_env::poll(Duration::from_secs(60), "the pull's publish", || {
@@ -150,7 +150,7 @@ fn a_registry_killed_mid_stream_fails_a_restore_naming_it_and_auto_goes_cold() {
     b.rootfs = a.rootfs.clone();
     pushed(&a, &registry, "fleet-sk-donor");
     let link = SlowProxy::start(registry.port, LINK);
-    allow(&b, &link.host());
+    b.allow_registry(&link.host());
     let r = format!("{}/fleet/ref:v1", link.host());
 
     // `restore`: fails at Start, naming the reference and the chunk.
@@ -188,7 +188,7 @@ fn a_registry_killed_mid_stream_fails_a_restore_naming_it_and_auto_goes_cold() {
     let mut again = Registry::start(&b.c.dir);
     again.copy_content_from(&registry);
     let link = SlowProxy::start(again.port, LINK);
-    allow(&b, &link.host());
+    b.allow_registry(&link.host());
     let r = format!("{}/fleet/ref:v1", link.host());
     let port = free_port();
     let run = copy_command(&b, "fleet-sk-auto", "auto", port, &r);
@@ -228,7 +228,7 @@ fn two_copies_started_at_once_on_a_node_without_the_artifact_share_one_pull() {
     b.rootfs = a.rootfs.clone();
     let (reference, _) = pushed(&a, &registry, "fleet-s2-donor");
     let link = SlowProxy::start(registry.port, LINK);
-    allow(&b, &link.host());
+    b.allow_registry(&link.host());
     let r = format!("{}/fleet/ref:v1", link.host());
     let ports = [free_port(), free_port()];
     let runs: Vec<_> = ["fleet-s2-one", "fleet-s2-two"]
